@@ -1,0 +1,113 @@
+"""`dpgrid run | plan`: the command line. `run` hands its arguments to Hydra (so multirun `-m`,
+`hydra.run.dir=...` and launchers work as in any Hydra app); `plan` composes the same config and
+prints the grid's privacy plan without training. User errors: one line on stderr, exit code 2."""
+
+import json
+import sys
+import time
+import warnings
+
+USAGE = """usage: dpgrid run [-m] [OVERRIDES...]     run one private grid (-m: Hydra multirun sweep)
+       dpgrid plan [--json] [OVERRIDES...]  print the grid's privacy plan, no training
+
+overrides are Hydra's: dataset=mnist strategy=fixed_threshold privacy.epsilon=3 grid.k=7 ...
+datasets: digits (embedded, default), mnist, fashion_mnist, ag_news
+strategies: online (default), fixed_threshold, fixed_quantile, adamwosm, nodp"""
+
+
+def fail(message) -> None:
+    print(f"dpgrid: error: {message}", file=sys.stderr)
+    raise SystemExit(2)
+
+
+def compose(overrides: list):
+    """The resolved config for `overrides`, as `dpgrid run` would see it (no output directory)."""
+    from hydra import compose as hydra_compose, initialize_config_module
+    from hydra.errors import HydraException
+    from omegaconf.errors import OmegaConfBaseException
+
+    try:
+        with initialize_config_module(version_base="1.3", config_module="dpgrid.conf"):
+            return hydra_compose("config", overrides=overrides)
+    except (HydraException, OmegaConfBaseException) as e:
+        fail(str(e).strip().splitlines()[0])
+
+
+def plan_command(args: list) -> None:
+    from . import DpgridError, grid, strategies
+    from .models import build_model, count_parameters
+    from .privacy import make_plan
+
+    as_json = "--json" in args
+    cfg = compose([a for a in args if a != "--json"])
+    start = time.perf_counter()
+    try:
+        strategy_cls = strategies.get(cfg.strategy.name)
+        configs = grid.configurations(cfg.strategy, cfg.grid)
+        grid.select(configs, cfg.grid.only)
+        plan = make_plan(cfg, int(cfg.dataset.n_train), strategy_cls, configs,
+                         count_parameters(build_model(cfg.dataset)))
+    except DpgridError as e:
+        fail(e)
+    seconds = time.perf_counter() - start
+    if as_json:
+        print(json.dumps(plan.to_dict(), indent=2))
+        return
+    print(f"{plan.strategy} on {plan.dataset}: K = {plan.n_configs} configurations x {plan.seeds} seeds, "
+          f"k = {plan.k}, {plan.model_parameters:,} parameters")
+    print(f"  N = {plan.n_train}, B = {plan.batch_size}, q = {plan.sample_rate:.5g}, "
+          f"T = {plan.steps} steps per run, {plan.epochs} epochs")
+    if plan.epsilon_spent is None:
+        print("  non-private: no clipping, no noise")
+    else:
+        runs = f"{plan.composed_runs} runs ({'seeds accounted' if plan.account_seeds else 'seeds not accounted'})"
+        print(f"  budget (eps, delta) = ({plan.epsilon:g}, {plan.delta:g}) for the whole grid: {runs} x {plan.steps} steps")
+        print(f"  noise multiplier nu = {plan.noise_multiplier:.5g}  (RDP, Opacus); eps spent = {plan.epsilon_spent:.5g}")
+        for name, value in plan.per_query.items():
+            print(f"  {name} = {value:.5g}")
+    for c in plan.configurations:
+        print("   ", c["config_id"], " ".join(f"{k}={v:.4g}" for k, v in c.items() if k != "config_id"))
+    print(f"  (planned in {seconds:.2f} s)")
+
+
+def run_command(args: list) -> None:
+    import hydra
+    from hydra.core.hydra_config import HydraConfig
+
+    from . import DpgridError
+    from .runner import describe_best, run_grid
+
+    if not ({"-m", "--multirun"} & set(args)):
+        compose([a for a in args if not a.startswith("-")])  # bad names and syntax: one line, exit 2
+
+    @hydra.main(version_base="1.3", config_path="pkg://dpgrid.conf", config_name="config")
+    def task(cfg) -> None:
+        out = HydraConfig.get().runtime.output_dir
+        try:
+            summary = run_grid(cfg, out)
+        except DpgridError as e:
+            fail(e)
+        print(describe_best(summary, cfg.dataset.task))
+        print(f"results: {out}")
+
+    sys.argv = ["dpgrid run", *args]
+    task()
+
+
+def main(argv=None) -> None:
+    argv = sys.argv[1:] if argv is None else list(argv)
+    warnings.filterwarnings("ignore", module="opacus")  # opacus warns about secure RNG at import time
+    if not argv or argv[0] in ("-h", "--help", "help"):
+        print(USAGE)
+        return
+    command, args = argv[0], argv[1:]
+    if command == "run":
+        run_command(args)
+    elif command == "plan":
+        plan_command(args)
+    else:
+        fail(f"unknown command {command!r}; valid: run, plan")
+
+
+if __name__ == "__main__":
+    main()

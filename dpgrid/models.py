@@ -1,0 +1,65 @@
+"""The paper's models (appendix Tables 5-7) and a small model for the embedded digits set.
+
+Parameter counts (paper Table 1): CNN 551,322; AutoEncoder 48,705; BagOfWords 113,156.
+"""
+
+from torch import nn
+
+
+def cnn() -> nn.Sequential:
+    """MNIST CNN, Table 5. 28 -> conv8(pad 3) 27 -> maxpool2(stride 1) 26 -> conv4 23; 32*23*23 = 16928.
+
+    Table 5 lists a ReLU after the last layer too; the logits stay linear (SPEC §5).
+    """
+    return nn.Sequential(
+        nn.Conv2d(1, 16, 8, stride=1, padding=3), nn.ReLU(),
+        nn.MaxPool2d(2, stride=1),
+        nn.Conv2d(16, 32, 4, stride=1), nn.ReLU(),
+        nn.Flatten(),
+        nn.Linear(32 * 23 * 23, 32), nn.ReLU(),
+        nn.Linear(32, 10),
+    )
+
+
+def autoencoder() -> nn.Sequential:
+    """FashionMNIST convolutional autoencoder, Table 6: 3x3 convs 1-8-16-32-64, transposed back to 1."""
+    widths = [1, 8, 16, 32, 64]
+    layers = []
+    for c_in, c_out in zip(widths, widths[1:]):
+        layers += [nn.Conv2d(c_in, c_out, 3), nn.LeakyReLU()]
+    back = widths[::-1]
+    for c_in, c_out in zip(back, back[1:]):
+        layers += [nn.ConvTranspose2d(c_in, c_out, 3), nn.LeakyReLU() if c_out > 1 else nn.Sigmoid()]
+    return nn.Sequential(*layers)
+
+
+def bag_of_words(max_words: int = 15, embedding_dim: int = 50) -> nn.Sequential:
+    """AG News fully connected model over concatenated GloVe vectors, Table 7 (logits stay linear)."""
+    return nn.Sequential(
+        nn.Linear(max_words * embedding_dim, 128), nn.LeakyReLU(),
+        nn.Linear(128, 128), nn.LeakyReLU(),
+        nn.Linear(128, 4),
+    )
+
+
+def mlp() -> nn.Sequential:
+    """Digits (8x8 = 64 inputs, 10 classes): small enough for the offline quick start."""
+    return nn.Sequential(nn.Linear(64, 32), nn.ReLU(), nn.Linear(32, 10))
+
+
+def build_model(dataset_cfg) -> nn.Module:
+    name = dataset_cfg.model
+    if name == "cnn":
+        return cnn()
+    if name == "autoencoder":
+        return autoencoder()
+    if name == "bag_of_words":
+        return bag_of_words(dataset_cfg.max_words)
+    if name == "mlp":
+        return mlp()
+    from . import DpgridError
+    raise DpgridError(f"unknown model {name!r}; valid: cnn, autoencoder, bag_of_words, mlp")
+
+
+def count_parameters(model: nn.Module) -> int:
+    return sum(p.numel() for p in model.parameters())

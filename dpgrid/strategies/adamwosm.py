@@ -1,0 +1,37 @@
+import torch
+
+from .base import Strategy
+
+
+class AdamWOSM(Strategy):
+    """DPAdam without second moment (Mohapatra et al. 2022, Theorem 3).
+
+        g_tilde = (sum_i g_bar_i + N(0, nu^2 C^2 I)) / B               (as DP-SGD)
+        m_t = beta1 m_{t-1} + (1 - beta1) g_tilde,  m_hat = m_t / (1 - beta1^t)
+        theta <- theta - ESS * m_hat,  ESS = alpha / (nu C / B + xi)
+
+    ESS is DPAdam's effective step size when the noise dominates the second moment. The grid is
+    over C only; alpha is fixed. `train.momentum` does not apply (beta1 is the momentum here).
+    """
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        c = self.cfg
+        self.lr.fill_(float(c.lr) / (self.noise["noise_multiplier"] * float(self.hp["clip"]) / self.batch_size
+                                     + float(c.xi)))  # ESS, constant within a run
+        self.beta1 = float(c.beta1)
+        self.t = 0
+        self.m = [torch.zeros_like(p) for p in self.params]
+
+    @torch.no_grad()
+    def step(self, grads) -> None:
+        clipped_sum = grads.weighted_sum(self.clip_weights(grads.norms))
+        g_tilde = self.noisy_mean(clipped_sum, self.noise["noise_multiplier"] * self.clip)
+        self.t += 1
+        correction = 1 - self.beta1 ** self.t
+        for p, m, g in zip(self.params, self.m, g_tilde):
+            m.mul_(self.beta1).add_(g, alpha=1 - self.beta1)
+            p.sub_(self.lr * m / correction)
+
+
+STRATEGY = AdamWOSM

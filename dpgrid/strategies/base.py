@@ -1,0 +1,59 @@
+"""What every strategy shares: the Gaussian mechanism on a sum, and the (momentum) SGD step."""
+
+import torch
+
+
+class Strategy:
+    """One run's optimiser state. Subclasses implement `step(grads)` from the paper's equations.
+
+    `hp` is the configuration (e.g. {"lr": 0.3, "clip": 1.0}); `noise` the plan's multipliers
+    ({"noise_multiplier": nu, ...}); `batch_size` the EXPECTED batch size B, the divisor of every
+    noisy sum (the realised size is private and never used).
+    """
+
+    private = True
+    adapts = ()  # which of "clip", "lr" change during a run (reported as final_clip / final_lr)
+
+    @staticmethod
+    def split_noise(noise_multiplier: float, strategy_cfg, batch_size: int) -> dict:
+        """Per-query multipliers when a step releases more than one noisy query (recorded in plan)."""
+        return {}
+
+    def __init__(self, params, hp: dict, noise: dict, batch_size: int, cfg, generator, momentum=0.0):
+        self.params = list(params)
+        self.hp, self.noise, self.batch_size, self.cfg = hp, noise, batch_size, cfg
+        self.generator = generator
+        self.momentum = momentum
+        self._velocity = None
+        device = self.params[0].device
+        self.lr = torch.tensor(float(hp.get("lr", 0.0)), device=device)
+        self.clip = torch.tensor(float(hp.get("clip", float("nan"))), device=device)
+
+    def noisy_mean(self, sums: list, std) -> list:
+        """Gaussian mechanism: (sum + N(0, std^2 I)) / B, with B the expected batch size."""
+        return [(s + std * torch.randn(s.shape, generator=self.generator, device=s.device, dtype=s.dtype))
+                / self.batch_size for s in sums]
+
+    def clip_weights(self, norms: torch.Tensor) -> torch.Tensor:
+        """w_i = min(1, C / n_i), so that ||w_i g_i|| <= C (Eq. 4)."""
+        return torch.clamp(self.clip / norms.clamp_min(1e-12), max=1.0)
+
+    @torch.no_grad()
+    def descend(self, direction: list, lr) -> None:
+        """theta <- theta - lr * v, v = momentum * v + direction (heavy ball; v = direction when 0)."""
+        if self.momentum:
+            if self._velocity is None:
+                self._velocity = [torch.zeros_like(d) for d in direction]
+            for v, d in zip(self._velocity, direction):
+                v.mul_(self.momentum).add_(d)
+            direction = self._velocity
+        for p, d in zip(self.params, direction):
+            p.sub_(lr * d)
+
+    def step(self, grads) -> None:
+        raise NotImplementedError
+
+
+def dot(a: list, b: list) -> torch.Tensor:
+    """Inner product of two parameter-shaped lists, as one 0-d tensor (no host sync)."""
+    return sum((x * y).sum() for x, y in zip(a, b))

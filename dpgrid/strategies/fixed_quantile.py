@@ -1,0 +1,46 @@
+import torch
+
+from .. import DpgridError
+from .base import Strategy
+
+
+class FixedQuantile(Strategy):
+    """Adaptive clipping to a target quantile gamma of the gradient norms (Andrew et al. 2021).
+
+        g_tilde = (sum_i g_bar_i + N(0, nu_D^2 C_t^2 I)) / B           (g_bar_i clipped at C_t)
+        b_tilde = (sum_i (1[n_i <= C_t] - 1/2) + N(0, sigma_b^2)) / B + 1/2
+        C_{t+1} = C_t * exp(-eta_C (b_tilde - gamma))                  (geometric update)
+        theta  <- theta - rho * g_tilde
+
+    Privacy (their Theorem 1): the count query has sensitivity 1/2, so the pair is one Gaussian
+    mechanism of multiplier nu when nu_D = (nu^-2 - (2 sigma_b)^-2)^-1/2; needs nu < 2 sigma_b.
+    """
+
+    adapts = ("clip",)
+
+    @staticmethod
+    def split_noise(noise_multiplier: float, strategy_cfg, batch_size: int) -> dict:
+        count_std = batch_size / float(strategy_cfg.count_noise_divisor)
+        if noise_multiplier >= 2 * count_std:
+            raise DpgridError(
+                f"fixed_quantile needs noise multiplier < 2 sigma_b = {2 * count_std:.4g} "
+                f"(sigma_b = B / {strategy_cfg.count_noise_divisor}), but the grid needs {noise_multiplier:.4g}; "
+                "raise epsilon or the batch size, or lower strategy.count_noise_divisor")
+        grad_multiplier = (noise_multiplier ** -2 - (2 * count_std) ** -2) ** -0.5
+        return {"noise_multiplier_grad": grad_multiplier, "count_noise_std": count_std}
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.clip.fill_(float(self.cfg.clip0))
+        self.quantile = float(self.hp["quantile"])
+
+    def step(self, grads) -> None:
+        clipped_sum = grads.weighted_sum(self.clip_weights(grads.norms))
+        g_tilde = self.noisy_mean(clipped_sum, self.noise["noise_multiplier_grad"] * self.clip)
+        unclipped = ((grads.norms <= self.clip).to(self.clip.dtype) - 0.5).sum()
+        b_tilde = self.noisy_mean([unclipped], self.noise["count_noise_std"])[0] + 0.5
+        self.descend(g_tilde, self.lr)
+        self.clip = self.clip * torch.exp(-float(self.cfg.clip_lr) * (b_tilde - self.quantile))
+
+
+STRATEGY = FixedQuantile

@@ -1,0 +1,46 @@
+import torch
+
+from .base import Strategy, dot
+
+
+class Online(Strategy):
+    """OSO-DPSGD (Galli et al. 2024, Algorithm 1 with Eqs. 17, 18, 20, 21).
+
+        g_bar_i = g_i * min(1, C_t / n_i);   q_i = g_i / n_i if n_i > C_t else 0   (||q_i|| in {0, 1})
+        g_tilde_t = (sum_i g_bar_i + N(0, nu_g^2 C_t^2 I)) / B                     (Eq. 18)
+        q_tilde_t = (sum_i q_i + N(0, nu_q^2 I)) / B                               (Eq. 17)
+        theta_{t+1} = theta_t - rho_t g_tilde_t
+        C_{t+1}   = C_t   * exp(rho_c sign(g_tilde_t . q_tilde_{t-1}))             (Eq. 20)
+        rho_{t+1} = rho_t * exp(rho_r sign(g_tilde_t . g_tilde_{t-1}))             (Eq. 21)
+
+    with q_tilde_0 = g_tilde_0 = 0. Privacy (Proposition 1): the two queries are one Gaussian
+    mechanism of multiplier nu when nu^-2 = nu_g^-2 + nu_q^-2; nu_g = 1.01 nu gives nu_q ~ 7.124 nu.
+    """
+
+    adapts = ("clip", "lr")
+
+    @staticmethod
+    def split_noise(noise_multiplier: float, strategy_cfg, batch_size: int) -> dict:
+        nu_g = float(strategy_cfg.grad_noise_ratio) * noise_multiplier
+        nu_q = (noise_multiplier ** -2 - nu_g ** -2) ** -0.5
+        return {"noise_multiplier_g": nu_g, "noise_multiplier_q": nu_q}
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.clip.fill_(float(self.cfg.clip0))
+        self.prev_g = self.prev_q = None  # g_tilde_{t-1}, q_tilde_{t-1}; None stands for 0
+
+    def step(self, grads) -> None:
+        norms, clip = grads.norms, self.clip
+        g_tilde = self.noisy_mean(grads.weighted_sum(self.clip_weights(norms)),
+                                  self.noise["noise_multiplier_g"] * clip)
+        q_weights = (norms > clip).to(norms.dtype) / norms.clamp_min(1e-12)
+        q_tilde = self.noisy_mean(grads.weighted_sum(q_weights), self.noise["noise_multiplier_q"])
+        self.descend(g_tilde, self.lr)
+        if self.prev_q is not None:  # sign(0) = 0 at t = 1: C and rho stay
+            self.clip = clip * torch.exp(float(self.cfg.clip_lr) * torch.sign(dot(g_tilde, self.prev_q)))
+            self.lr = self.lr * torch.exp(float(self.cfg.lr_lr) * torch.sign(dot(g_tilde, self.prev_g)))
+        self.prev_g, self.prev_q = g_tilde, q_tilde
+
+
+STRATEGY = Online

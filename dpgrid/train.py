@@ -1,0 +1,80 @@
+"""One run: T Poisson-sampled steps of a strategy, validation every `eval_every` steps and after the
+last, best value kept. A run whose parameters or loss become NaN/inf is recorded as diverged."""
+
+import math
+import time
+from dataclasses import dataclass, field
+
+import torch
+from tqdm.auto import tqdm
+
+
+@dataclass
+class RunResult:
+    best_value: float = math.nan
+    best_step: int = -1
+    diverged: bool = False
+    final_clip: float = math.nan
+    final_lr: float = math.nan
+    seconds: float = 0.0
+    curve: list = field(default_factory=list)  # dicts: step, value, clip, lr, train_loss
+
+
+def poisson_batch(n: int, sample_rate: float, generator: torch.Generator) -> torch.Tensor:
+    """Indices of a Poisson sample: each example independently with probability q (on the CPU,
+    so that sampling is identical on every device and never synchronises a GPU)."""
+    return torch.nonzero(torch.rand(n, generator=generator) < sample_rate).squeeze(1)
+
+
+@torch.inference_mode()
+def evaluate(model, x, y, task: str, batch_size: int = 2048) -> float:
+    """Accuracy in % (classification) or mean squared error (reconstruction) on the whole set."""
+    model.eval()
+    total = torch.zeros((), device=x.device, dtype=torch.float64)
+    for i in range(0, len(x), batch_size):
+        out = model(x[i:i + batch_size])
+        target = y[i:i + batch_size]
+        if task == "classification":
+            total += (out.argmax(1) == target).sum()
+        else:
+            total += (out - target).pow(2).sum(dim=tuple(range(1, out.dim()))).double().sum() / out[0].numel()
+    model.train()
+    value = total.item() / len(x)
+    return 100.0 * value if task == "classification" else value
+
+
+def is_better(a: float, b: float, task: str) -> bool:
+    return a > b if task == "classification" else a < b
+
+
+def train_run(model, engine, strategy, data, steps: int, sample_rate: float, eval_every: int,
+              sample_generator: torch.Generator, progress: bool = True) -> RunResult:
+    result = RunResult()
+    start = time.perf_counter()
+    loss_sum = torch.zeros((), device=data.x_train.device)
+    since_eval = 0
+    for step in tqdm(range(1, steps + 1), desc="steps", leave=False, disable=None if progress else True):
+        idx = poisson_batch(data.n_train, sample_rate, sample_generator).to(data.x_train.device)
+        grads = engine(data.x_train[idx], data.y_train[idx])
+        strategy.step(grads)
+        loss_sum += grads.loss
+        since_eval += 1
+        if step % eval_every and step != steps:
+            continue
+        train_loss = loss_sum.item() / since_eval
+        loss_sum.zero_()
+        since_eval = 0
+        finite = math.isfinite(train_loss) and all(torch.isfinite(p).all() for p in strategy.params)
+        value = evaluate(model, data.x_test, data.y_test, data.task) if finite else math.nan
+        clip, lr = float(strategy.clip), float(strategy.lr)
+        result.curve.append(dict(step=step, value=value, clip=clip, lr=lr, train_loss=train_loss))
+        if not math.isfinite(value) or math.isinf(clip) or not math.isfinite(lr):  # nodp's clip is nan
+            result.diverged = True
+            break
+        if result.best_step < 0 or is_better(value, result.best_value, data.task):
+            result.best_value, result.best_step = value, step
+        result.final_clip, result.final_lr = clip, lr
+    if result.diverged:
+        result.best_value, result.best_step = math.nan, -1
+    result.seconds = time.perf_counter() - start
+    return result

@@ -6,6 +6,7 @@ import json
 import sys
 import time
 import warnings
+from pathlib import Path
 
 USAGE = """usage: dpgrid run [-m] [OVERRIDES...]     run one private grid (-m: Hydra multirun sweep)
        dpgrid plan [--json] [OVERRIDES...]  print the grid's privacy plan, no training
@@ -20,14 +21,23 @@ def fail(message) -> None:
     raise SystemExit(2)
 
 
+def config_dir() -> str:
+    """conf/ as installed (package dpgrid.conf), or beside the package in a source checkout."""
+    try:
+        import dpgrid.conf
+        return str(Path(dpgrid.conf.__file__).parent)
+    except ImportError:
+        return str(Path(__file__).resolve().parent.parent / "conf")
+
+
 def compose(overrides: list):
     """The resolved config for `overrides`, as `dpgrid run` would see it (no output directory)."""
-    from hydra import compose as hydra_compose, initialize_config_module
+    from hydra import compose as hydra_compose, initialize_config_dir
     from hydra.errors import HydraException
     from omegaconf.errors import OmegaConfBaseException
 
     try:
-        with initialize_config_module(version_base="1.3", config_module="dpgrid.conf"):
+        with initialize_config_dir(version_base="1.3", config_dir=config_dir()):
             return hydra_compose("config", overrides=overrides)
     except (HydraException, OmegaConfBaseException) as e:
         fail(str(e).strip().splitlines()[0])
@@ -80,7 +90,7 @@ def run_command(args: list) -> None:
     if not ({"-m", "--multirun"} & set(args)):
         compose([a for a in args if not a.startswith("-")])  # bad names and syntax: one line, exit 2
 
-    @hydra.main(version_base="1.3", config_path="pkg://dpgrid.conf", config_name="config")
+    @hydra.main(version_base="1.3", config_path=config_dir(), config_name="config")
     def task(cfg) -> None:
         out = HydraConfig.get().runtime.output_dir
         try:

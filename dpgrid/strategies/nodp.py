@@ -13,7 +13,7 @@ class NoDP(Strategy):
 
     def step(self, grads) -> None:
         b = len(grads.norms)
-        weights = torch.full((b,), 1.0 / max(b, 1), device=grads.norms.device)
+        weights = torch.full((b,), 1.0 / max(b, 1), device=grads.norms.device, dtype=grads.norms.dtype)
         self.descend(grads.weighted_sum(weights), self.lr)
 
 

@@ -1,0 +1,25 @@
+from pathlib import Path
+
+import pytest
+from omegaconf import OmegaConf
+
+ROOT = Path(__file__).resolve().parents[1]
+SHARED_DATA = ROOT.parent / "shared" / "data"
+
+
+def load_cfg(dataset="digits", strategy="online", **overrides):
+    """The composed config without Hydra's machinery (tests that need `dpgrid run` use the CLI)."""
+    from dpgrid.cli import compose
+
+    args = [f"dataset={dataset}", f"strategy={strategy}"] + [f"{k}={v}" for k, v in overrides.items()]
+    return compose(args)
+
+
+@pytest.fixture
+def shared_data():
+    if not (SHARED_DATA / "MNIST" / "raw").is_dir():
+        pytest.skip("../shared/data is not beside this checkout")
+    return SHARED_DATA
+
+
+__all__ = ["load_cfg", "OmegaConf"]

@@ -1,0 +1,103 @@
+import math
+
+import pytest
+from dp_accounting import dp_event
+from dp_accounting.pld import pld_privacy_accountant
+from dp_accounting.rdp import rdp_privacy_accountant
+
+from dpgrid import DpgridError, strategies
+from dpgrid.grid import configurations
+from dpgrid.privacy import calibrate, make_plan, rdp_epsilon
+
+from .conftest import load_cfg
+
+MNIST_Q, MNIST_T = 512 / 60000, math.ceil(10 * 60000 / 512)
+
+
+def independent_epsilon(q, nu, steps, delta, accountant="rdp", orders=None):
+    """Google's dp-accounting (RDP or PLD): an implementation independent of Opacus."""
+    if accountant == "rdp":
+        acc = rdp_privacy_accountant.RdpAccountant(*([orders] if orders else []))
+    else:
+        acc = pld_privacy_accountant.PLDAccountant()
+    acc.compose(dp_event.PoissonSampledDpEvent(q, dp_event.GaussianDpEvent(nu)), steps)
+    return acc.get_epsilon(delta)
+
+
+@pytest.mark.parametrize("q, nu, steps, delta", [
+    (MNIST_Q, 1.358, 7 * MNIST_T, 1e-5),
+    (512 / 120000, 0.9, 2344, 1e-5),
+    (128 / 1437, 5.0, 225 * 7, 1e-5),
+    (0.05, 2.0, 500, 1e-6),
+])
+def test_accountant_agrees_with_dp_accounting(q, nu, steps, delta):
+    ours = rdp_epsilon(q, nu, steps, delta)
+    # Fractional orders: dp-accounting sums |binomial| terms, a looser bound than Opacus's signed
+    # series (Mironov et al. 2019, sec. 3.3), so it may only be higher, and by little.
+    theirs = independent_epsilon(q, nu, steps, delta)
+    assert ours <= theirs * (1 + 1e-9) and theirs == pytest.approx(ours, rel=2e-3)
+    # Integer orders: the same closed form in both libraries.
+    integer_orders = list(range(2, 64)) + [80, 96, 128, 256, 512]
+    ours_int = rdp_epsilon(q, nu, steps, delta, orders=integer_orders)
+    assert ours_int == pytest.approx(independent_epsilon(q, nu, steps, delta, orders=integer_orders), rel=1e-6)
+    # The tight PLD accountant: the true epsilon of the mechanism is at most the RDP bound.
+    assert independent_epsilon(q, nu, steps, delta, "pld") <= ours
+
+
+@pytest.mark.parametrize("epsilon, runs, expected", [(3, 1, 0.837), (3, 7, 1.358), (3, 49, 3.140),
+                                                     (9, 1, 0.580), (9, 7, 0.771)])
+def test_calibration_matches_spec_sanity_figures(epsilon, runs, expected):
+    nu = calibrate(epsilon, MNIST_Q, runs * MNIST_T, 1e-5)
+    assert nu == pytest.approx(expected, abs=1.5e-3)
+    assert rdp_epsilon(MNIST_Q, nu, runs * MNIST_T, 1e-5) <= epsilon  # enough noise
+    assert rdp_epsilon(MNIST_Q, nu * 0.999, runs * MNIST_T, 1e-5) > epsilon  # and the least such
+    assert independent_epsilon(MNIST_Q, nu, runs * MNIST_T, 1e-5, "pld") <= epsilon
+
+
+def plan_for(strategy, **overrides):
+    cfg = load_cfg("mnist", strategy, **overrides)
+    cls = strategies.get(strategy)
+    return make_plan(cfg, 60000, cls, configurations(cfg.strategy, cfg.grid), 551322)
+
+
+def test_plan_composes_the_whole_grid():
+    plan = plan_for("fixed_threshold", **{"privacy.epsilon": 3, "grid.k": 7})
+    assert plan.n_configs == 49 and plan.steps == MNIST_T and plan.composed_runs == 49
+    assert plan.noise_multiplier == pytest.approx(3.140, abs=2e-3)
+    assert plan.epsilon_spent <= 3.0
+    assert independent_epsilon(plan.sample_rate, plan.noise_multiplier, 49 * MNIST_T, 1e-5, "pld") <= 3.0
+
+
+def test_accounting_seeds_composes_them_too():
+    plain = plan_for("online", **{"grid.k": 5, "train.seeds": 5})
+    seeds = plan_for("online", **{"grid.k": 5, "train.seeds": 5, "privacy.account_seeds": True})
+    assert seeds.composed_runs == 25 and plain.composed_runs == 5
+    assert seeds.noise_multiplier == pytest.approx(calibrate(3, MNIST_Q, 25 * MNIST_T, 1e-5))
+
+
+def test_online_split_composes_back_to_nu():
+    plan = plan_for("online", **{"grid.k": 7})
+    nu, nu_g, nu_q = plan.noise_multiplier, plan.per_query["noise_multiplier_g"], plan.per_query["noise_multiplier_q"]
+    assert nu_g == pytest.approx(1.01 * nu)
+    assert nu_q == pytest.approx(7.124 * nu, rel=1e-3)  # the paper's rule of thumb
+    assert nu_g ** -2 + nu_q ** -2 == pytest.approx(nu ** -2)  # Proposition 1
+
+
+def test_fixed_quantile_split_and_refusal():
+    plan = plan_for("fixed_quantile", **{"grid.k": 7})
+    nu, sigma_b = plan.noise_multiplier, plan.per_query["count_noise_std"]
+    assert sigma_b == 512 / 20
+    assert plan.per_query["noise_multiplier_grad"] ** -2 + (2 * sigma_b) ** -2 == pytest.approx(nu ** -2)
+    cfg = load_cfg("mnist", "fixed_quantile")
+    with pytest.raises(DpgridError, match="2 sigma_b"):
+        strategies.get("fixed_quantile").split_noise(2 * sigma_b, cfg.strategy, 512)
+
+
+def test_nodp_has_no_noise_and_no_epsilon():
+    plan = plan_for("nodp")
+    assert plan.noise_multiplier == 0 and plan.epsilon_spent is None
+
+
+def test_unreachable_epsilon_is_a_clear_error():
+    with pytest.raises(DpgridError, match="unreachable"):
+        calibrate(1e-4, 0.5, 100000, 1e-5)

@@ -1,0 +1,148 @@
+"""Update rules on hand-built per-sample gradients (noise off unless a test is about noise)."""
+
+import math
+
+import pytest
+import torch
+from omegaconf import OmegaConf
+
+from dpgrid import strategies
+from dpgrid.persample import PerSampleGrads
+
+CFG = {
+    "online": dict(clip0=0.1, clip_lr=2.5e-3, lr_lr=2.5e-3, grad_noise_ratio=1.01),
+    "fixed_quantile": dict(clip0=0.1, clip_lr=0.2, count_noise_divisor=20),
+    "adamwosm": dict(lr=1e-3, beta1=0.9, xi=1e-8),
+    "fixed_threshold": {}, "nodp": {},
+}
+
+
+def grads_from(per_sample: torch.Tensor) -> PerSampleGrads:
+    """Per-sample gradients of a single flat parameter: (b, P)."""
+    return PerSampleGrads(per_sample.norm(dim=1), torch.zeros(()), [per_sample], [per_sample.shape[1:]])
+
+
+def make(name, hp, noise=None, batch_size=4, dim=3, momentum=0.0, seed=0):
+    param = torch.zeros(dim, dtype=torch.float64)
+    noise = noise if noise is not None else {"noise_multiplier": 0.0, "noise_multiplier_g": 0.0,
+                                              "noise_multiplier_q": 0.0, "noise_multiplier_grad": 0.0,
+                                              "count_noise_std": 0.0}
+    cls = strategies.get(name)
+    s = cls([param], hp, noise, batch_size, OmegaConf.create(CFG[name]), torch.Generator().manual_seed(seed),
+            momentum=momentum)
+    return s, param
+
+
+def test_fixed_threshold_clips_and_divides_by_expected_batch_size():
+    s, theta = make("fixed_threshold", {"lr": 0.5, "clip": 1.0}, batch_size=10)
+    g = torch.tensor([[3.0, 4.0, 0.0], [0.0, 0.3, 0.4]], dtype=torch.float64)  # norms 5 and 0.5
+    s.step(grads_from(g))
+    clipped_sum = torch.tensor([0.6, 0.8 + 0.3, 0.4], dtype=torch.float64)  # first scaled to norm 1
+    torch.testing.assert_close(theta, -0.5 * clipped_sum / 10)  # / B = 10, not the realised 2
+
+
+def test_fixed_threshold_with_momentum_is_heavy_ball():
+    s, theta = make("fixed_threshold", {"lr": 1.0, "clip": 10.0}, batch_size=1, momentum=0.9)
+    g = torch.tensor([[1.0, 0.0, 0.0]], dtype=torch.float64)
+    s.step(grads_from(g))
+    s.step(grads_from(g))
+    torch.testing.assert_close(theta, torch.tensor([-(1 + 1.9), 0, 0], dtype=torch.float64))
+
+
+def test_nodp_is_plain_sgd_on_the_mean():
+    s, theta = make("nodp", {"lr": 0.1})
+    g = torch.tensor([[30.0, 0, 0], [0, 10.0, 0]], dtype=torch.float64)
+    s.step(grads_from(g))
+    torch.testing.assert_close(theta, torch.tensor([-1.5, -0.5, 0], dtype=torch.float64))
+
+
+def test_online_q_has_unit_or_zero_norm_per_sample():
+    s, _ = make("online", {"lr": 0.1})
+    g = torch.tensor([[3.0, 4.0, 0.0], [0.01, 0.0, 0.0], [0.0, 0.0, 2.0]], dtype=torch.float64)
+    n = g.norm(dim=1)
+    w = (n > s.clip).double() / n
+    q_i = w[:, None] * g
+    torch.testing.assert_close(q_i.norm(dim=1), torch.tensor([1.0, 0.0, 1.0], dtype=torch.float64))
+
+
+def test_online_raises_and_lowers_clip_and_lr_by_sign():
+    s, theta = make("online", {"lr": 0.1})
+    up = torch.tensor([[3.0, 4.0, 0.0]], dtype=torch.float64)  # norm 5 > C: clipped, q = g / 5
+    s.step(grads_from(up))  # t = 1: q_0 = g_0 = 0, nothing adapts
+    assert float(s.clip) == pytest.approx(0.1) and float(s.lr) == pytest.approx(0.1)
+    torch.testing.assert_close(theta, -0.1 * 0.1 * torch.tensor([0.6, 0.8, 0.0], dtype=torch.float64) / 4)
+    s.step(grads_from(up))  # same direction: g_t . q_{t-1} > 0 and g_t . g_{t-1} > 0
+    assert float(s.clip) == pytest.approx(0.1 * math.exp(2.5e-3))
+    assert float(s.lr) == pytest.approx(0.1 * math.exp(2.5e-3))
+    s.step(grads_from(-up))  # reversed: both dot products < 0
+    assert float(s.clip) == pytest.approx(0.1)
+    assert float(s.lr) == pytest.approx(0.1)
+
+
+def test_online_clip_ignores_samples_below_threshold():
+    s, _ = make("online", {"lr": 0.1})
+    s.step(grads_from(torch.tensor([[0.01, 0.0, 0.0]], dtype=torch.float64)))  # below C: q_0 = 0
+    s.step(grads_from(torch.tensor([[5.0, 0.0, 0.0]], dtype=torch.float64)))
+    assert float(s.clip) == pytest.approx(0.1)  # sign(g . 0) = 0
+    assert float(s.lr) == pytest.approx(0.1 * math.exp(2.5e-3))
+
+
+def test_fixed_quantile_moves_clip_to_the_target_quantile():
+    s, _ = make("fixed_quantile", {"lr": 0.0, "quantile": 0.7}, batch_size=100)
+    norms = torch.linspace(0.01, 10.0, 100, dtype=torch.float64)  # the 0.7 quantile is about 7
+    g = torch.zeros(100, 3, dtype=torch.float64)
+    g[:, 0] = norms
+    for _ in range(300):
+        s.step(grads_from(g))
+    assert float(s.clip) == pytest.approx(float(torch.quantile(norms, 0.7)), rel=0.03)
+
+
+def test_fixed_quantile_single_geometric_step():
+    s, _ = make("fixed_quantile", {"lr": 0.0, "quantile": 0.5}, batch_size=4)
+    g = torch.tensor([[0.05, 0, 0], [1.0, 0, 0], [2.0, 0, 0], [3.0, 0, 0]], dtype=torch.float64)
+    s.step(grads_from(g))  # 1 of 4 norms <= C_0 = 0.1: b = (1 - 2) / 4 + 1/2 = 0.25
+    assert float(s.clip) == pytest.approx(0.1 * math.exp(-0.2 * (0.25 - 0.5)))
+
+
+def test_adamwosm_step_is_ess_times_bias_corrected_momentum():
+    nu, clip, b = 2.0, 0.5, 8
+    s, theta = make("adamwosm", {"clip": clip}, noise={"noise_multiplier": nu}, batch_size=b)
+    s.noise = {"noise_multiplier": 0.0}  # ESS keeps the planned nu; switch the draws off
+    ess = 1e-3 / (nu * clip / b + 1e-8)
+    g1 = torch.tensor([[0.3, 0.0, 0.0]], dtype=torch.float64)
+    g2 = torch.tensor([[0.0, 0.4, 0.0]], dtype=torch.float64)
+    s.step(grads_from(g1))
+    m1 = 0.1 * g1[0] / b
+    torch.testing.assert_close(theta, -ess * m1 / (1 - 0.9))
+    before = theta.clone()
+    s.step(grads_from(g2))
+    m2 = 0.9 * m1 + 0.1 * g2[0] / b
+    torch.testing.assert_close(theta, before - ess * m2 / (1 - 0.9 ** 2))
+
+
+@pytest.mark.parametrize("name, noise, expected_std", [
+    ("fixed_threshold", {"noise_multiplier": 1.5}, 1.5 * 0.7 / 64),
+    ("online", {"noise_multiplier_g": 1.2, "noise_multiplier_q": 8.0}, 1.2 * 0.1 / 64),
+    ("fixed_quantile", {"noise_multiplier_grad": 1.3, "count_noise_std": 3.2}, 1.3 * 0.1 / 64),
+])
+def test_added_noise_has_the_planned_std(name, noise, expected_std):
+    """With zero gradients the update is -lr * noise / B: its std is lr * nu * C / B."""
+    s, theta = make(name, {"lr": 1.0, "clip": 0.7, "quantile": 0.5}, noise=noise, batch_size=64, dim=200_000)
+    s.step(grads_from(torch.zeros(5, 200_000, dtype=torch.float64)))
+    assert float(theta.std()) == pytest.approx(expected_std, rel=0.02)
+    assert abs(float(theta.mean())) < 5 * expected_std / math.sqrt(200_000)
+
+
+def test_online_q_noise_has_unit_sensitivity_std():
+    s, _ = make("online", {"lr": 1.0}, noise={"noise_multiplier_g": 1.0, "noise_multiplier_q": 8.0},
+                batch_size=64, dim=200_000)
+    s.step(grads_from(torch.zeros(5, 200_000, dtype=torch.float64)))
+    assert float(s.prev_q[0].std()) == pytest.approx(8.0 / 64, rel=0.02)
+
+
+def test_empty_batch_adds_noise_only():
+    s, theta = make("fixed_threshold", {"lr": 1.0, "clip": 1.0}, noise={"noise_multiplier": 1.0},
+                    batch_size=16, dim=50_000)
+    empty = PerSampleGrads(torch.zeros(0, dtype=torch.float64), torch.zeros(()), [], [torch.Size([50_000])])
+    s.step(empty)
+    assert float(theta.std()) == pytest.approx(1.0 / 16, rel=0.03)

@@ -9,6 +9,9 @@ import math
 import warnings
 from dataclasses import asdict, dataclass, field
 
+from opacus.accountants import RDPAccountant
+from opacus.accountants.analysis.rdp import compute_rdp, get_privacy_spent
+
 from . import DpgridError
 
 MAX_NOISE_MULTIPLIER = 1e4  # beyond this the target epsilon is treated as unreachable
@@ -16,9 +19,6 @@ MAX_NOISE_MULTIPLIER = 1e4  # beyond this the target epsilon is treated as unrea
 
 def rdp_epsilon(sample_rate: float, noise_multiplier: float, steps: int, delta: float, orders=None) -> float:
     """epsilon of `steps` compositions of the Poisson-subsampled Gaussian mechanism (Opacus RDP)."""
-    from opacus.accountants import RDPAccountant
-    from opacus.accountants.analysis.rdp import compute_rdp, get_privacy_spent
-
     # Opacus's default orders, plus large ones that matter for small epsilon or many steps.
     orders = orders or RDPAccountant.DEFAULT_ALPHAS + [80, 96, 128, 256, 512]
     rdp = compute_rdp(q=sample_rate, noise_multiplier=noise_multiplier, steps=steps, orders=orders)

@@ -2,61 +2,203 @@
 
 A strategy asks for the per-sample norms n_i = ||g_i||_2 (over all parameters) and for weighted
 sums sum_i w_i g_i (clipped sum: w_i = min(1, C / n_i); online's q: w_i = 1[n_i > C] / n_i).
-How they are computed is this module's business: engines can change without touching strategies.
+How they are computed is this module's business: engines change without touching strategies.
+
+- `FastEngine` (default): book-keeping (Bu et al. 2023) with ghost norms (Li et al. 2022). One
+  forward, one backward to the layer OUTPUTS (no weight gradients), then per layer, from the layer
+  input a_i and output gradient G_i of each sample:
+    Linear (2-D input):  ||g_i||^2 = ||G_i||^2 ||a_i||^2 (+ ||G_i||^2 for the bias), never materialised;
+                         sum_i w_i g_i = (w * G)^T A, one matmul.
+    Conv2d:              g_i = G_i U_i^T with U_i = unfold(a_i) (patches), materialised per sample
+                         (out x in*k*k numbers: small for convolutions).
+    ConvTranspose2d:     g_i = a_i unfold(G_i)^T (stride 1, no padding), materialised per sample.
+- `FuncEngine`: torch.func vmap(grad), materialises all b x P numbers; the reference, and the
+  fallback for models with other parametrised layers.
 """
 
-from dataclasses import dataclass
+import warnings
 from typing import Callable
 
 import torch
+from torch import nn
 from torch.func import functional_call, grad, vmap
 
 
-@dataclass
 class PerSampleGrads:
-    norms: torch.Tensor          # (b,) per-sample gradient norms over all parameters
-    loss: torch.Tensor           # 0-d, mean training loss over the batch (for the curves only)
-    _grads: list                 # per parameter: (b, *shape) per-sample gradients
-    _shapes: list                # parameter shapes, for the empty batch
+    """One batch's per-sample gradient information.
+
+    norms: (b,) per-sample gradient norms over all parameters; loss: 0-d mean training loss;
+    weighted_sum(w) -> [sum_i w_i g_i per parameter, in model.parameters() order].
+    """
+
+    def __init__(self, size: int, loss: torch.Tensor, norms_fn: Callable, sum_fn: Callable):
+        self.size, self.loss = size, loss
+        self._norms_fn, self._sum_fn, self._norms = norms_fn, sum_fn, None
+
+    @property
+    def norms(self) -> torch.Tensor:
+        if self._norms is None:  # lazily: the non-private baseline never needs them
+            self._norms = self._norms_fn()
+        return self._norms
 
     def weighted_sum(self, weights: torch.Tensor) -> list:
-        """sum_i weights[i] * g_i, one tensor per parameter."""
-        if len(weights) == 0:
-            return [torch.zeros(s, device=weights.device) for s in self._shapes]
-        return [torch.tensordot(weights, g, dims=1) for g in self._grads]
+        return self._sum_fn(weights)
 
 
-def per_sample_loss(task: str) -> Callable:
-    """Loss of ONE sample (model output with batch dim 1, target): what vmap differentiates."""
+def empty_batch(params, device) -> PerSampleGrads:
+    """Poisson sampling can draw an empty batch: no gradients (the noise is still added)."""
+    return PerSampleGrads(0, torch.zeros((), device=device), lambda: torch.zeros(0, device=device),
+                          lambda w: [torch.zeros_like(p) for p in params])
+
+
+def per_sample_losses(out: torch.Tensor, y: torch.Tensor, task: str) -> torch.Tensor:
+    """(b,) losses: cross-entropy on logits, or the per-image mean squared error."""
     if task == "classification":
-        return lambda out, y: torch.nn.functional.cross_entropy(out, y.unsqueeze(0))
-    return lambda out, y: torch.nn.functional.mse_loss(out, y.unsqueeze(0))
+        return nn.functional.cross_entropy(out, y, reduction="none")
+    return (out - y).pow(2).flatten(1).mean(1)
 
 
 class FuncEngine:
     """Per-sample gradients with torch.func (vmap over grad): exact, materialises b x P numbers."""
 
-    def __init__(self, model: torch.nn.Module, task: str):
-        self.model = model
-        self.names = [n for n, _ in model.named_parameters()]
-        self.params = [p for _, p in model.named_parameters()]
-        loss_one = per_sample_loss(task)
+    def __init__(self, model: nn.Module, task: str):
+        self.params = list(model.parameters())
+        names = [n for n, _ in model.named_parameters()]
 
         def loss(params, x, y):
-            out = functional_call(model, dict(zip(self.names, params)), (x.unsqueeze(0),))
-            return loss_one(out, y)
+            out = functional_call(model, dict(zip(names, params)), (x.unsqueeze(0),))
+            return per_sample_losses(out, y.unsqueeze(0), task)[0]
 
-        self._grad_and_loss = vmap(grad(loss, has_aux=False), in_dims=(None, 0, 0))
-        self._loss = vmap(loss, in_dims=(None, 0, 0))
+        self._grads = vmap(grad(loss), in_dims=(None, 0, 0))
+        self._losses = vmap(loss, in_dims=(None, 0, 0))
 
     def __call__(self, x: torch.Tensor, y: torch.Tensor) -> PerSampleGrads:
-        shapes = [p.shape for p in self.params]
-        if len(x) == 0:  # Poisson sampling can draw an empty batch: no gradients, noise only
-            zero = torch.zeros((), device=x.device)
-            return PerSampleGrads(torch.zeros(0, device=x.device), zero, [], shapes)
+        if len(x) == 0:
+            return empty_batch(self.params, x.device)
         params = [p.detach() for p in self.params]
-        grads = self._grad_and_loss(params, x, y)
+        grads = self._grads(params, x, y)
         with torch.no_grad():
-            loss = self._loss(params, x, y).mean()
-        norms = torch.sqrt(sum(g.flatten(1).pow(2).sum(1) for g in grads))
-        return PerSampleGrads(norms, loss, list(grads), shapes)
+            loss = self._losses(params, x, y).mean()
+        return PerSampleGrads(len(x), loss, lambda: torch.sqrt(sum(g.flatten(1).pow(2).sum(1) for g in grads)),
+                              lambda w: [torch.tensordot(w.to(g.dtype), g, dims=1) for g in grads])
+
+
+# --- the fast engine --------------------------------------------------------------------------------
+
+def unsupported_layer(module: nn.Module):
+    """Why FastEngine cannot handle this parametrised module, or None when it can."""
+    if isinstance(module, nn.Linear):
+        return None
+    if isinstance(module, nn.Conv2d):
+        return "grouped convolution" if module.groups != 1 or module.padding_mode != "zeros" else None
+    if isinstance(module, nn.ConvTranspose2d):
+        plain = (module.stride == (1, 1) and module.padding == (0, 0) and module.dilation == (1, 1)
+                 and module.groups == 1 and module.output_padding == (0, 0))
+        return None if plain else "ConvTranspose2d other than stride 1, no padding"
+    return type(module).__name__
+
+
+class FastEngine:
+    """Book-keeping per-sample norms and weighted sums (see the module docstring)."""
+
+    def __init__(self, model: nn.Module, task: str):
+        self.model, self.task = model, task
+        self.params = list(model.parameters())
+        self.layers = [m for m in model.modules() if any(True for _ in m.parameters(recurse=False))]
+        problems = {type(m).__name__: why for m in self.layers if (why := unsupported_layer(m))}
+        if problems:
+            raise NotImplementedError(f"layers the fast engine cannot handle: {problems}")
+        position = {id(p): i for i, p in enumerate(self.params)}
+        self._slots = [(position[id(m.weight)], position[id(m.bias)] if m.bias is not None else None)
+                       for m in self.layers]
+        self._record = None  # a dict only while __call__ runs its forward
+        for m in self.layers:
+            m.register_forward_hook(self._save)
+
+    def _save(self, module, inputs, output):
+        if self._record is not None and torch.is_grad_enabled():
+            if module in self._record:
+                raise RuntimeError(f"{type(module).__name__} is used twice in one forward (weight sharing)")
+            self._record[module] = (inputs[0].detach(), output)
+
+    def __call__(self, x: torch.Tensor, y: torch.Tensor) -> PerSampleGrads:
+        if len(x) == 0:
+            return empty_batch(self.params, x.device)
+        self._record = {}
+        losses = per_sample_losses(self.model(x), y, self.task)
+        record, self._record = self._record, None
+        outputs = [record[m][1] for m in self.layers]
+        # Gradients of sum_i loss_i w.r.t. each layer's output: G_i of every sample, no weight grads.
+        out_grads = torch.autograd.grad(losses.sum(), outputs)
+        factors = [layer_factors(m, record[m][0], g) for m, g in zip(self.layers, out_grads)]
+
+        def norms():
+            return torch.sqrt(sum(f.sq_norms() for f in factors))
+
+        def weighted_sum(w):
+            sums = [None] * len(self.params)
+            for f, (iw, ib) in zip(factors, self._slots):
+                weight, bias = f.weighted_sum(w.to(f.dtype))
+                sums[iw] = weight
+                if ib is not None:
+                    sums[ib] = bias
+            return sums
+
+        return PerSampleGrads(len(x), losses.detach().mean(), norms, weighted_sum)
+
+
+def layer_factors(module, a, g):
+    if isinstance(module, nn.Linear):
+        if a.dim() != 2:
+            raise RuntimeError("FastEngine handles Linear layers on (batch, features) inputs only")
+        return LinearFactors(a, g, module.bias is not None)
+    if isinstance(module, nn.Conv2d):
+        patches = nn.functional.unfold(a, module.kernel_size, module.dilation, module.padding, module.stride)
+        per_sample = torch.bmm(g.flatten(2), patches.transpose(1, 2))  # (b, out, in*k*k)
+        return MaterialisedFactors(per_sample.view(len(a), *module.weight.shape), g.flatten(2).sum(2),
+                                   module.bias is not None)
+    # ConvTranspose2d, stride 1, no padding: dW[i, o, u, v] = sum_p a[i, p] G[o, p + (u, v)]
+    patches = nn.functional.unfold(g, module.kernel_size)  # (b, out*k*k, H_in*W_in)
+    per_sample = torch.bmm(a.flatten(2), patches.transpose(1, 2))  # (b, in, out*k*k)
+    return MaterialisedFactors(per_sample.view(len(a), *module.weight.shape), g.flatten(2).sum(2),
+                               module.bias is not None)
+
+
+class LinearFactors:
+    """g_i = G_i^T a_i for a Linear layer: norms and sums from the factors, never the b x out x in tensor."""
+
+    def __init__(self, a, g, has_bias):
+        self.a, self.g, self.has_bias, self.dtype = a, g, has_bias, g.dtype
+
+    def sq_norms(self):
+        g2 = self.g.pow(2).sum(1)
+        return g2 * self.a.pow(2).sum(1) + (g2 if self.has_bias else 0)
+
+    def weighted_sum(self, w):
+        wg = self.g * w[:, None]
+        return wg.t() @ self.a, (wg.sum(0) if self.has_bias else None)
+
+
+class MaterialisedFactors:
+    """Per-sample weight gradients held explicitly (b, *weight.shape), and per-sample bias gradients."""
+
+    def __init__(self, weight_grads, bias_grads, has_bias):
+        self.wg, self.bg, self.has_bias, self.dtype = weight_grads, bias_grads, has_bias, weight_grads.dtype
+
+    def sq_norms(self):
+        s = self.wg.flatten(1).pow(2).sum(1)
+        return s + self.bg.pow(2).sum(1) if self.has_bias else s
+
+    def weighted_sum(self, w):
+        return torch.tensordot(w, self.wg, dims=1), (w @ self.bg if self.has_bias else None)
+
+
+def make_engine(model: nn.Module, task: str, name: str = "fast"):
+    """The engine `dpgrid run` uses: fast when every parametrised layer is supported, else func."""
+    if name == "func":
+        return FuncEngine(model, task)
+    try:
+        return FastEngine(model, task)
+    except NotImplementedError as e:
+        warnings.warn(f"{e}; falling back to the slower torch.func engine (exact, more memory)")
+        return FuncEngine(model, task)

@@ -17,7 +17,7 @@ from tqdm.auto import tqdm
 
 from . import DpgridError, data as data_mod, grid, strategies
 from .models import build_model, count_parameters
-from .persample import FuncEngine
+from .persample import make_engine
 from .privacy import make_plan
 from .train import train_run
 
@@ -63,7 +63,7 @@ def run_one(cfg, plan, strategy_cls, data, config: dict, seed: int, progress: bo
     multipliers = {"noise_multiplier": plan.noise_multiplier, **plan.per_query}
     strategy = strategy_cls(model.parameters(), hp, multipliers, plan.batch_size, cfg.strategy, noise,
                             momentum=float(cfg.train.momentum))
-    engine = FuncEngine(model, data.task)
+    engine = make_engine(model, data.task, str(cfg.train.engine))
     return train_run(model, engine, strategy, data, plan.steps, plan.sample_rate, int(cfg.train.eval_every),
                      sampler, progress)
 

@@ -1,17 +1,36 @@
-"""The engine's per-sample norms and weighted sums against a plain loop (one backward per sample)."""
+"""The engines' per-sample norms and weighted sums against a plain loop (one backward per sample),
+in float64, for every layer type of the three paper models."""
 
 import pytest
 import torch
 from torch import nn
 
 from dpgrid.models import autoencoder, bag_of_words, cnn
-from dpgrid.persample import FuncEngine
+from dpgrid.persample import FastEngine, FuncEngine, make_engine
 
 
 def small_cnn():  # the CNN's layer types (Conv2d with padding, MaxPool2d stride 1) at test size
     return nn.Sequential(nn.Conv2d(1, 3, 4, padding=1), nn.ReLU(), nn.MaxPool2d(2, stride=1),
                          nn.Conv2d(3, 4, 3), nn.ReLU(), nn.Flatten(), nn.Linear(4 * 5 * 5, 6), nn.ReLU(),
                          nn.Linear(6, 3))
+
+
+def small_autoencoder():  # Conv2d and ConvTranspose2d with LeakyReLU and Sigmoid, as in Table 6
+    return nn.Sequential(nn.Conv2d(1, 2, 3), nn.LeakyReLU(), nn.Conv2d(2, 3, 3), nn.LeakyReLU(),
+                         nn.ConvTranspose2d(3, 2, 3), nn.LeakyReLU(), nn.ConvTranspose2d(2, 1, 3), nn.Sigmoid())
+
+
+def strided_conv():
+    return nn.Sequential(nn.Conv2d(2, 3, 3, stride=2, padding=2, dilation=2), nn.Tanh(), nn.Flatten(),
+                         nn.Linear(3 * 5 * 5, 3, bias=False))
+
+
+CASES = {
+    "cnn": (small_cnn, (6, 1, 9, 9), "classification"),
+    "bag_of_words": (lambda: bag_of_words(2, 50), (6, 100), "classification"),
+    "autoencoder": (small_autoencoder, (6, 1, 8, 8), "reconstruction"),
+    "strided_conv": (strided_conv, (6, 2, 9, 9), "classification"),
+}
 
 
 def loop_reference(model, x, y, task):
@@ -26,34 +45,77 @@ def loop_reference(model, x, y, task):
     return torch.stack(grads)
 
 
-@pytest.mark.parametrize("build, x_shape, task", [
-    (small_cnn, (5, 1, 9, 9), "classification"),
-    (lambda: bag_of_words(2, 50), (5, 100), "classification"),
-    (lambda: nn.Sequential(*list(autoencoder())[:2], *list(autoencoder())[-2:]), (5, 1, 6, 6), "reconstruction"),
-])
-def test_func_engine_matches_loop(build, x_shape, task):
+def relative_error(a, b):
+    return float((a - b).norm() / b.norm())
+
+
+@pytest.mark.parametrize("engine", [FastEngine, FuncEngine])
+@pytest.mark.parametrize("case", CASES)
+def test_engine_matches_loop_in_float64(engine, case):
+    build, x_shape, task = CASES[case]
     torch.manual_seed(0)
     model = build().double()
     x = torch.rand(x_shape, dtype=torch.float64)
     y = x if task == "reconstruction" else torch.randint(0, 3, (len(x),))
     reference = loop_reference(model, x, y, task)
-    grads = FuncEngine(model, task)(x, y)
-    torch.testing.assert_close(grads.norms, reference.norm(dim=1), rtol=1e-10, atol=0)
-    w = torch.rand(len(x), dtype=torch.float64)
-    flat = torch.cat([t.flatten() for t in grads.weighted_sum(w)])
-    torch.testing.assert_close(flat, w @ reference, rtol=1e-10, atol=1e-14)
+    grads = engine(model, task)(x, y)
+    norms = reference.norm(dim=1)
+    assert relative_error(grads.norms, norms) < 1e-6
+    clip = norms.median()
+    for w in (torch.clamp(clip / norms, max=1.0),                  # the clipped sum
+              (norms > clip).double() / norms,                     # online's sum of q_i
+              torch.rand(len(x), dtype=torch.float64)):
+        flat = torch.cat([t.flatten() for t in grads.weighted_sum(w)])
+        assert relative_error(flat, w @ reference) < 1e-6
+    assert grads.loss.item() == pytest.approx(
+        sum(nn.functional.cross_entropy(model(x[i:i + 1]), y[i:i + 1]).item() if task == "classification"
+            else nn.functional.mse_loss(model(x[i:i + 1]), x[i:i + 1]).item() for i in range(len(x))) / len(x))
 
 
-def test_full_size_models_run_through_the_engine():
-    for model, x, y, task in [(cnn(), torch.rand(2, 1, 28, 28), torch.tensor([1, 2]), "classification"),
-                              (autoencoder(), torch.rand(2, 1, 28, 28), None, "reconstruction")]:
-        grads = FuncEngine(model, task)(x, x if y is None else y)
-        assert grads.norms.shape == (2,) and torch.isfinite(grads.norms).all()
-        assert [t.shape for t in grads.weighted_sum(torch.ones(2))] == [p.shape for p in model.parameters()]
+@pytest.mark.parametrize("build, x, task", [
+    (cnn, torch.rand(3, 1, 28, 28), "classification"),
+    (autoencoder, torch.rand(3, 1, 28, 28), "reconstruction"),
+    (bag_of_words, torch.rand(3, 750), "classification"),
+])
+def test_fast_engine_agrees_with_func_on_the_full_models(build, x, task):
+    torch.manual_seed(1)
+    model = build().double()
+    x = x.double()
+    y = x if task == "reconstruction" else torch.tensor([0, 1, 2])
+    fast, ref = FastEngine(model, task)(x, y), FuncEngine(model, task)(x, y)
+    assert relative_error(fast.norms, ref.norms) < 1e-6
+    w = torch.rand(3, dtype=torch.float64)
+    for a, b in zip(fast.weighted_sum(w), ref.weighted_sum(w)):
+        assert a.shape == b.shape and relative_error(a, b) < 1e-6
 
 
-def test_empty_batch_gives_zero_sums():
+def test_unsupported_layer_falls_back_with_a_warning():
+    model = nn.Sequential(nn.Linear(4, 4), nn.LayerNorm(4), nn.Linear(4, 2))
+    with pytest.warns(UserWarning, match="LayerNorm.*falling back"):
+        engine = make_engine(model, "classification")
+    assert isinstance(engine, FuncEngine)
+    assert isinstance(make_engine(bag_of_words(), "classification"), FastEngine)
+
+
+def test_fast_engine_refuses_weight_sharing():
+    shared = nn.Linear(3, 3)
+    model = nn.Sequential(shared, nn.ReLU(), shared)
+    with pytest.raises(RuntimeError, match="used twice"):
+        FastEngine(model, "classification")(torch.rand(2, 3), torch.tensor([0, 1]))
+
+
+@pytest.mark.parametrize("engine", [FastEngine, FuncEngine])
+def test_empty_batch_gives_zero_sums(engine):
     model = bag_of_words(2, 50)
-    grads = FuncEngine(model, "classification")(torch.zeros(0, 100), torch.zeros(0, dtype=torch.long))
-    assert grads.norms.shape == (0,)
+    grads = engine(model, "classification")(torch.zeros(0, 100), torch.zeros(0, dtype=torch.long))
+    assert grads.size == 0 and grads.norms.shape == (0,)
     assert all((t == 0).all() for t in grads.weighted_sum(torch.zeros(0)))
+
+
+def test_evaluation_forward_does_not_record():
+    model = small_cnn()
+    engine = FastEngine(model, "classification")
+    with torch.inference_mode():
+        model(torch.rand(2, 1, 9, 9))
+    grads = engine(torch.rand(2, 1, 9, 9), torch.tensor([0, 1]))
+    assert grads.norms.shape == (2,)

@@ -7,7 +7,7 @@ import torch
 from omegaconf import OmegaConf
 
 from dpgrid import strategies
-from dpgrid.persample import PerSampleGrads
+from dpgrid.persample import PerSampleGrads, empty_batch
 
 CFG = {
     "online": dict(clip0=0.1, clip_lr=2.5e-3, lr_lr=2.5e-3, grad_noise_ratio=1.01),
@@ -19,7 +19,8 @@ CFG = {
 
 def grads_from(per_sample: torch.Tensor) -> PerSampleGrads:
     """Per-sample gradients of a single flat parameter: (b, P)."""
-    return PerSampleGrads(per_sample.norm(dim=1), torch.zeros(()), [per_sample], [per_sample.shape[1:]])
+    return PerSampleGrads(len(per_sample), torch.zeros(()), lambda: per_sample.norm(dim=1),
+                          lambda w: [w.to(per_sample.dtype) @ per_sample])
 
 
 def make(name, hp, noise=None, batch_size=4, dim=3, momentum=0.0, seed=0):
@@ -143,6 +144,5 @@ def test_online_q_noise_has_unit_sensitivity_std():
 def test_empty_batch_adds_noise_only():
     s, theta = make("fixed_threshold", {"lr": 1.0, "clip": 1.0}, noise={"noise_multiplier": 1.0},
                     batch_size=16, dim=50_000)
-    empty = PerSampleGrads(torch.zeros(0, dtype=torch.float64), torch.zeros(()), [], [torch.Size([50_000])])
-    s.step(empty)
+    s.step(empty_batch([theta], theta.device))
     assert float(theta.std()) == pytest.approx(1.0 / 16, rel=0.03)

@@ -12,8 +12,7 @@ class NoDP(Strategy):
     private = False
 
     def step(self, grads) -> None:
-        b = len(grads.norms)
-        weights = torch.full((b,), 1.0 / max(b, 1), device=grads.norms.device, dtype=grads.norms.dtype)
+        weights = torch.full((grads.size,), 1.0 / max(grads.size, 1), device=self.lr.device)
         self.descend(grads.weighted_sum(weights), self.lr)
 
 

@@ -1,0 +1,159 @@
+"""Private step vs non-private step, measured in one process, interleaved (this machine is shared).
+
+For each paper model at batch 512: the non-private SGD step; each strategy's step exactly as
+`dpgrid run` executes it (engine + strategy.step); and Opacus's GradSampleModule (hooks) with its
+DPOptimizer (per-sample clipping and noise) as the outside baseline. Median of --steps timed
+steps after warm-up; peak memory of each step in a fresh subprocess (ru_maxrss above the set-up).
+
+    python scripts/bench.py [--steps 7] [--models cnn autoencoder bag_of_words] [--engine fast] [--json]
+"""
+
+import argparse
+import json
+import os
+import platform
+import resource
+import statistics
+import subprocess
+import sys
+import time
+import warnings
+
+import torch
+from omegaconf import OmegaConf
+
+from dpgrid import strategies
+from dpgrid.models import autoencoder, bag_of_words, cnn
+from dpgrid.persample import make_engine, per_sample_losses
+
+MODELS = {"cnn": (cnn, (1, 28, 28), "classification", 10), "autoencoder": (autoencoder, (1, 28, 28), "reconstruction", 0),
+          "bag_of_words": (bag_of_words, (750,), "classification", 4)}
+STRATEGY_HP = {"online": {"lr": 0.1}, "fixed_threshold": {"lr": 0.1, "clip": 1.0},
+               "fixed_quantile": {"lr": 0.1, "quantile": 0.5}, "adamwosm": {"clip": 1.0}, "nodp": {"lr": 0.1}}
+BATCH = 512
+NOISE = 1.0
+
+
+def batch(model_name):
+    build, shape, task, classes = MODELS[model_name]
+    g = torch.Generator().manual_seed(0)
+    x = torch.rand((BATCH, *shape), generator=g)
+    y = x if task == "reconstruction" else torch.randint(0, classes, (BATCH,), generator=g)
+    return x, y, task
+
+
+def nonprivate_step(model_name):
+    model = MODELS[model_name][0]()
+    x, y, task = batch(model_name)
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+
+    def step():
+        opt.zero_grad(set_to_none=True)
+        per_sample_losses(model(x), y, task).mean().backward()
+        opt.step()
+    return step
+
+
+def strategy_step(model_name, strategy, engine_name):
+    model = MODELS[model_name][0]()
+    x, y, task = batch(model_name)
+    cls = strategies.get(strategy)
+    cfg = OmegaConf.load(os.path.join(os.path.dirname(__file__), "..", "conf", "strategy", f"{strategy}.yaml"))
+    noise = {"noise_multiplier": NOISE, **cls.split_noise(NOISE, cfg, BATCH)} if cls.private else {}
+    s = cls(model.parameters(), STRATEGY_HP[strategy], noise, BATCH, cfg, torch.Generator().manual_seed(0))
+    engine = make_engine(model, task, engine_name)
+    return lambda: s.step(engine(x, y))
+
+
+def opacus_step(model_name):
+    from opacus import GradSampleModule
+    from opacus.optimizers import DPOptimizer
+
+    model = GradSampleModule(MODELS[model_name][0]())
+    x, y, task = batch(model_name)
+    opt = DPOptimizer(torch.optim.SGD(model.parameters(), lr=0.01), noise_multiplier=NOISE, max_grad_norm=1.0,
+                      expected_batch_size=BATCH)
+
+    def step():
+        opt.zero_grad(set_to_none=True)
+        per_sample_losses(model(x), y, task).mean().backward()
+        opt.step()
+    return step
+
+
+def make_step(model_name, method, engine_name):
+    if method == "nonprivate":
+        return nonprivate_step(model_name)
+    if method == "opacus":
+        return opacus_step(model_name)
+    return strategy_step(model_name, method, engine_name)
+
+
+def peak_memory_mb(model_name, method, engine_name) -> float:
+    """Peak resident memory a step adds, in a fresh process so that peaks do not mix."""
+    code = (f"import sys, resource; sys.path.insert(0, {os.path.dirname(os.path.abspath(__file__))!r}); "
+            f"import bench; step = bench.make_step({model_name!r}, {method!r}, {engine_name!r}); "
+            "base = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss; [step() for _ in range(3)]; "
+            "print((resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - base) / 1024)")
+    out = subprocess.run([sys.executable, "-W", "ignore", "-c", code], capture_output=True, text=True, check=True)
+    return float(out.stdout.strip().splitlines()[-1])
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--steps", type=int, default=7, help="timed steps per method (median reported)")
+    parser.add_argument("--warmup", type=int, default=2)
+    parser.add_argument("--models", nargs="+", default=list(MODELS), choices=list(MODELS))
+    parser.add_argument("--strategies", nargs="+", default=list(STRATEGY_HP), choices=list(STRATEGY_HP))
+    parser.add_argument("--engine", default="fast", choices=["fast", "func"])
+    parser.add_argument("--no-opacus", action="store_true")
+    parser.add_argument("--no-memory", action="store_true", help="skip the peak-memory subprocesses")
+    parser.add_argument("--json", action="store_true", help="print only one JSON object")
+    args = parser.parse_args()
+    warnings.filterwarnings("ignore")
+
+    report = {"machine": {"cpu": platform.processor() or platform.machine(), "cores": os.cpu_count(),
+                          "torch_threads": torch.get_num_threads(), "torch": torch.__version__,
+                          "batch_size": BATCH, "engine": args.engine},
+              "nonprivate": [], "results": [], "opacus": []}
+    for model_name in args.models:
+        methods = ["nonprivate", *args.strategies] + ([] if args.no_opacus else ["opacus"])
+        steps = {m: make_step(model_name, m, args.engine) for m in methods}
+        for step in steps.values():
+            for _ in range(args.warmup):
+                step()
+        times = {m: [] for m in methods}
+        for _ in range(args.steps):  # interleaved: machine noise hits every method alike
+            for m in methods:
+                start = time.perf_counter()
+                steps[m]()
+                times[m].append(time.perf_counter() - start)
+        base = statistics.median(times["nonprivate"])
+        for m in methods:
+            row = {"model": model_name, "seconds": statistics.median(times[m]),
+                   "ratio_to_nonprivate": statistics.median(times[m]) / base}
+            if not args.no_memory:
+                row["peak_mb"] = peak_memory_mb(model_name, m, args.engine)
+            if m == "nonprivate":
+                report["nonprivate"].append(row)
+            elif m == "opacus":
+                report["opacus"].append(row)
+            else:
+                report["results"].append({"model": model_name, "strategy": m, **{k: v for k, v in row.items() if k != "model"}})
+    if args.json:
+        print(json.dumps(report, indent=2))
+        return
+    print(f"machine: {report['machine']}")
+    print(f"{'model':<13} {'step':<16} {'seconds':>8} {'ratio':>6} {'peak MB':>8}")
+    for r in report["nonprivate"] + report["results"] + report["opacus"]:
+        name = r.get("strategy", "opacus" if r in report["opacus"] else "nonprivate")
+        print(f"{r['model']:<13} {name:<16} {r['seconds']:>8.4f} {r['ratio_to_nonprivate']:>6.2f} "
+              f"{r.get('peak_mb', float('nan')):>8.0f}")
+    for o in report["opacus"]:
+        fastest = max((r for r in report["results"] if r["model"] == o["model"]), key=lambda r: r["seconds"])
+        print(f"{o['model']}: slowest dpgrid strategy ({fastest['strategy']}) is {o['seconds'] / fastest['seconds']:.1f}x "
+              "faster than Opacus hooks")
+
+
+if __name__ == "__main__":
+    main()

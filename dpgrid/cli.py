@@ -30,7 +30,20 @@ def config_dir() -> str:
         return str(Path(__file__).resolve().parent.parent / "conf")
 
 
-def compose(overrides: list):
+def remove_created(out: Path) -> None:
+    """Delete a run directory holding nothing but Hydra's files, and its empty parents below cwd."""
+    import shutil
+
+    shutil.rmtree(out / ".hydra", ignore_errors=True)
+    (out / "cli.log").unlink(missing_ok=True)
+    cwd = Path.cwd().resolve()
+    for folder in [out.resolve(), *out.resolve().parents]:
+        if folder == cwd or cwd not in folder.parents or any(folder.iterdir()):
+            break
+        folder.rmdir()
+
+
+def compose(overrides: list, with_hydra: bool = False):
     """The resolved config for `overrides`, as `dpgrid run` would see it (no output directory)."""
     from hydra import compose as hydra_compose, initialize_config_dir
     from hydra.errors import HydraException
@@ -38,25 +51,20 @@ def compose(overrides: list):
 
     try:
         with initialize_config_dir(version_base="1.3", config_dir=config_dir()):
-            return hydra_compose("config", overrides=overrides)
+            return hydra_compose("config", overrides=overrides, return_hydra_config=with_hydra)
     except (HydraException, OmegaConfBaseException) as e:
         fail(str(e).strip().splitlines()[0])
 
 
 def plan_command(args: list) -> None:
-    from . import DpgridError, grid, strategies
-    from .models import build_model, count_parameters
-    from .privacy import make_plan
+    from . import DpgridError
+    from .runner import plan_grid
 
     as_json = "--json" in args
     cfg = compose([a for a in args if a != "--json"])
     start = time.perf_counter()
     try:
-        strategy_cls = strategies.get(cfg.strategy.name)
-        configs = grid.configurations(cfg.strategy, cfg.grid)
-        grid.select(configs, cfg.grid.only)
-        plan = make_plan(cfg, int(cfg.dataset.n_train), strategy_cls, configs,
-                         count_parameters(build_model(cfg.dataset)))
+        _, plan, _ = plan_grid(cfg, int(cfg.dataset.n_train))
     except DpgridError as e:
         fail(e)
     seconds = time.perf_counter() - start
@@ -85,17 +93,25 @@ def run_command(args: list) -> None:
     from hydra.core.hydra_config import HydraConfig
 
     from . import DpgridError
-    from .runner import describe_best, run_grid
+    from .runner import check_run, describe_best, run_grid
 
     if not ({"-m", "--multirun"} & set(args)):
-        compose([a for a in args if not a.startswith("-")])  # bad names and syntax: one line, exit 2
+        # Refuse bad names, syntax and values before Hydra creates the run directory.
+        cfg = compose([a for a in args if not a.startswith("-")], with_hydra=True)
+        try:
+            check_run(cfg, cfg.hydra.run.dir)
+        except DpgridError as e:
+            fail(e)
 
     @hydra.main(version_base="1.3", config_path=config_dir(), config_name="config")
     def task(cfg) -> None:
         out = HydraConfig.get().runtime.output_dir
+        existed = {p.name for p in Path(out).iterdir()} - {".hydra", "cli.log"}
         try:
             summary = run_grid(cfg, out)
-        except DpgridError as e:
+        except DpgridError as e:  # e.g. missing data: leave no directory behind that we created
+            if not existed:
+                remove_created(Path(out))
             fail(e)
         print(describe_best(summary, cfg.dataset.task))
         print(f"results: {out}")

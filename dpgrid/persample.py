@@ -9,9 +9,9 @@ How they are computed is this module's business: engines change without touching
   input a_i and output gradient G_i of each sample:
     Linear (2-D input):  ||g_i||^2 = ||G_i||^2 ||a_i||^2 (+ ||G_i||^2 for the bias), never materialised;
                          sum_i w_i g_i = (w * G)^T A, one matmul.
-    Conv2d:              g_i = G_i U_i^T with U_i = unfold(a_i) (patches), materialised per sample
-                         (out x in*k*k numbers: small for convolutions).
-    ConvTranspose2d:     g_i = a_i unfold(G_i)^T (stride 1, no padding), materialised per sample.
+    Conv2d:              g_i = a_i correlated with G_i, materialised per sample (out x in x k x k
+                         numbers: small for convolutions), all samples in one grouped convolution.
+    ConvTranspose2d:     g_i = G_i correlated with a_i (stride 1, no padding), likewise.
 - `FuncEngine`: torch.func vmap(grad), materialises all b x P numbers; the reference, and the
   fallback for models with other parametrised layers.
 """
@@ -28,7 +28,9 @@ class PerSampleGrads:
     """One batch's per-sample gradient information.
 
     norms: (b,) per-sample gradient norms over all parameters; loss: 0-d mean training loss;
-    weighted_sum(w) -> [sum_i w_i g_i per parameter, in model.parameters() order].
+    weighted_sum(w) -> [sum_i w_i g_i per parameter, in model.parameters() order];
+    weighted_sums(w1, w2, ...) -> one such list per weight vector, computed in one pass.
+    `sum_fn` maps an (m, b) weight matrix to per-parameter tensors of shape (m, *param.shape).
     """
 
     def __init__(self, size: int, loss: torch.Tensor, norms_fn: Callable, sum_fn: Callable):
@@ -41,14 +43,18 @@ class PerSampleGrads:
             self._norms = self._norms_fn()
         return self._norms
 
+    def weighted_sums(self, *weights: torch.Tensor) -> list:
+        stacked = self._sum_fn(torch.stack(weights))
+        return [[s[m] for s in stacked] for m in range(len(weights))]
+
     def weighted_sum(self, weights: torch.Tensor) -> list:
-        return self._sum_fn(weights)
+        return self.weighted_sums(weights)[0]
 
 
 def empty_batch(params, device) -> PerSampleGrads:
     """Poisson sampling can draw an empty batch: no gradients (the noise is still added)."""
     return PerSampleGrads(0, torch.zeros((), device=device), lambda: torch.zeros(0, device=device),
-                          lambda w: [torch.zeros_like(p) for p in params])
+                          lambda w: [p.new_zeros((len(w), *p.shape)) for p in params])
 
 
 def per_sample_losses(out: torch.Tensor, y: torch.Tensor, task: str) -> torch.Tensor:
@@ -80,7 +86,7 @@ class FuncEngine:
         with torch.no_grad():
             loss = self._losses(params, x, y).mean()
         return PerSampleGrads(len(x), loss, lambda: torch.sqrt(sum(g.flatten(1).pow(2).sum(1) for g in grads)),
-                              lambda w: [torch.tensordot(w.to(g.dtype), g, dims=1) for g in grads])
+                              lambda w: [torch.tensordot(w.to(g.dtype), g, dims=1) for g in grads])  # (m, *shape)
 
 
 # --- the fast engine --------------------------------------------------------------------------------
@@ -153,15 +159,28 @@ def layer_factors(module, a, g):
             raise RuntimeError("FastEngine handles Linear layers on (batch, features) inputs only")
         return LinearFactors(a, g, module.bias is not None)
     if isinstance(module, nn.Conv2d):
-        patches = nn.functional.unfold(a, module.kernel_size, module.dilation, module.padding, module.stride)
-        per_sample = torch.bmm(g.flatten(2), patches.transpose(1, 2))  # (b, out, in*k*k)
-        return MaterialisedFactors(per_sample.view(len(a), *module.weight.shape), g.flatten(2).sum(2),
-                                   module.bias is not None)
-    # ConvTranspose2d, stride 1, no padding: dW[i, o, u, v] = sum_p a[i, p] G[o, p + (u, v)]
-    patches = nn.functional.unfold(g, module.kernel_size)  # (b, out*k*k, H_in*W_in)
-    per_sample = torch.bmm(a.flatten(2), patches.transpose(1, 2))  # (b, in, out*k*k)
-    return MaterialisedFactors(per_sample.view(len(a), *module.weight.shape), g.flatten(2).sum(2),
-                               module.bias is not None)
+        per_sample = conv2d_per_sample_grads(a, g, module)
+    else:  # ConvTranspose2d, stride 1, no padding: dW[i, o, u, v] = sum_p a[i, p] G[o, p + (u, v)]
+        per_sample = correlate_per_sample(g, a).permute(1, 2, 0, 3, 4)  # (b, in, out, k, k)
+    return MaterialisedFactors(per_sample, g.flatten(2).sum(2), module.bias is not None)
+
+
+def correlate_per_sample(x, kernels, padding=0, stride=1, dilation=1):
+    """out[c, i, o] = x_i[c] correlated with kernels_i[o], for every sample i at once: a grouped
+    convolution with the batch as groups (3x faster on CPU than unfold + bmm, the same numbers).
+    x: (b, C, H, W), kernels: (b, O, h, w) -> (C, b, O, H', W')."""
+    b, c, o = len(x), x.shape[1], kernels.shape[1]
+    out = nn.functional.conv2d(x.transpose(0, 1), kernels.reshape(b * o, 1, *kernels.shape[2:]),
+                               padding=padding, stride=stride, dilation=dilation, groups=b)
+    return out.view(c, b, o, *out.shape[2:])
+
+
+def conv2d_per_sample_grads(a, g, module) -> torch.Tensor:
+    """dW_i[o, c, u, v] = sum_{h,w} G_i[o, h, w] a_i[c, s h + d u - p, s w + d v - p]: a correlation of
+    the input with the output gradient, dilated by the stride, sampled at multiples of the dilation."""
+    kh, kw = module.kernel_size
+    out = correlate_per_sample(a, g, module.padding, stride=module.dilation, dilation=module.stride)
+    return out[..., :kh, :kw].permute(1, 2, 0, 3, 4)  # (b, out, in, kh, kw)
 
 
 class LinearFactors:
@@ -175,8 +194,26 @@ class LinearFactors:
         return g2 * self.a.pow(2).sum(1) + (g2 if self.has_bias else 0)
 
     def weighted_sum(self, w):
-        wg = self.g * w[:, None]
-        return wg.t() @ self.a, (wg.sum(0) if self.has_bias else None)
+        """w: (m, b) -> (m, out, in): sum_m = (w_m * G)^T A."""
+        m, (b, out) = len(w), self.g.shape
+        bias = w @ self.g if self.has_bias else None
+        if m > 1 and not w.is_cuda:
+            owner = w != 0
+            if bool((owner.sum(0) <= 1).all()):
+                # Disjoint supports (e.g. online's unclipped / clipped samples): each sample joins one
+                # sum only, so all m sums cost one b-long matmul instead of m (CPU only: no host sync on CUDA).
+                return torch.stack([self._subset_sum(w[k], owner[k]) for k in range(m)]), bias
+        wg = (w[:, :, None] * self.g).transpose(0, 1).reshape(b, m * out)  # (b, m*out): one stacked matmul
+        return (wg.t() @ self.a).view(m, out, -1), bias
+
+    def _subset_sum(self, w, mask):
+        count = int(mask.sum())
+        if count == 0:
+            return self.g.new_zeros(self.g.shape[1], self.a.shape[1])
+        if count == len(w):
+            return (self.g * w[:, None]).t() @ self.a
+        idx = mask.nonzero().squeeze(1)
+        return (self.g[idx] * w[idx, None]).t() @ self.a[idx]
 
 
 class MaterialisedFactors:
@@ -190,6 +227,7 @@ class MaterialisedFactors:
         return s + self.bg.pow(2).sum(1) if self.has_bias else s
 
     def weighted_sum(self, w):
+        """w: (m, b) -> (m, *weight.shape)."""
         return torch.tensordot(w, self.wg, dims=1), (w @ self.bg if self.has_bias else None)
 
 

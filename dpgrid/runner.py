@@ -40,15 +40,20 @@ def resolve_device(name: str) -> torch.device:
     return torch.device(name)
 
 
-def prepare(cfg):
-    """Everything a grid needs before training, validated: (strategy class, data, plan, selected configs)."""
-    device = resolve_device(str(cfg.train.device))
+def plan_grid(cfg, n_train: int):
+    """The validated grid: (strategy class, plan, selected configurations). Raises DpgridError."""
+    resolve_device(str(cfg.train.device))
     strategy_cls = strategies.get(cfg.strategy.name)
     configs = grid.configurations(cfg.strategy, cfg.grid)
     selected = grid.select(configs, cfg.grid.only)
-    data = data_mod.load(cfg.dataset, cfg.data.root, device)
-    plan = make_plan(cfg, data.n_train, strategy_cls, configs, count_parameters(build_model(cfg.dataset)))
-    return strategy_cls, data, plan, selected
+    plan = make_plan(cfg, n_train, strategy_cls, configs, count_parameters(build_model(cfg.dataset)))
+    return strategy_cls, plan, selected
+
+
+def check_run(cfg, out_dir) -> None:
+    """Everything about a run that can be refused before any file is written (data comes later)."""
+    plan_grid(cfg, int(cfg.dataset.n_train))
+    claim_directory(Path(out_dir), config_hash(cfg), bool(cfg.get("overwrite", False)))
 
 
 def run_one(cfg, plan, strategy_cls, data, config: dict, seed: int, progress: bool):
@@ -57,8 +62,11 @@ def run_one(cfg, plan, strategy_cls, data, config: dict, seed: int, progress: bo
         torch.manual_seed(derive_seed(plan.dataset, "init", seed))  # same start for every strategy
         model = build_model(cfg.dataset).to(data.x_train.device)
     sampler = torch.Generator().manual_seed(derive_seed(*grid_key, config["config_id"], seed, "sampling"))
-    noise = torch.Generator(device=data.x_train.device)
-    noise.manual_seed(derive_seed(*grid_key, config["config_id"], seed, "noise"))
+    if cfg.privacy.secure_rng:
+        noise = "secure"  # unpredictable noise; such runs are not reproducible
+    else:
+        noise = torch.Generator(device=data.x_train.device)
+        noise.manual_seed(derive_seed(*grid_key, config["config_id"], seed, "noise"))
     hp = {k: v for k, v in config.items() if k != "config_id"}
     multipliers = {"noise_multiplier": plan.noise_multiplier, **plan.per_query}
     strategy = strategy_cls(model.parameters(), hp, multipliers, plan.batch_size, cfg.strategy, noise,
@@ -69,12 +77,52 @@ def run_one(cfg, plan, strategy_cls, data, config: dict, seed: int, progress: bo
 
 
 def append_csv(path: Path, rows: list) -> None:
-    """Append complete rows and fsync, so a killed grid leaves whole rows behind."""
+    """Append complete rows and fsync (curves.csv: rows of unfinished runs are dropped on resume)."""
     frame = pd.DataFrame(rows)
     with open(path, "a", newline="") as f:
         frame.to_csv(f, header=f.tell() == 0, index=False)
         f.flush()
         os.fsync(f.fileno())
+
+
+def commit_run(path: Path, row: dict) -> None:
+    """Add a finished run to runs.csv by write-then-rename: the file is always whole, never torn."""
+    old = pd.read_csv(path, dtype={"config_id": str}) if path.exists() else None
+    frame = pd.DataFrame([row]) if old is None else pd.concat([old, pd.DataFrame([row])], ignore_index=True)
+    tmp = path.with_name(path.name + ".tmp")
+    with open(tmp, "w", newline="") as f:
+        frame.to_csv(f, index=False)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+
+
+RESULT_FILES = ("runs.csv", "curves.csv", "summary.csv")
+NOT_HASHED = ("train.device", "train.engine", "grid.only", "overwrite")  # do not change what a run computes
+
+
+def config_hash(cfg) -> str:
+    """Hash of the resolved config, less the settings that cannot change the results."""
+    plain = OmegaConf.to_container(OmegaConf.masked_copy(cfg, [k for k in cfg if k != "hydra"]), resolve=True)
+    for key in NOT_HASHED:
+        section, _, name = key.rpartition(".")
+        (plain.get(section, {}) if section else plain).pop(name, None)
+    return hashlib.sha256(json.dumps(plain, sort_keys=True).encode()).hexdigest()[:16]
+
+
+def claim_directory(out: Path, digest: str, overwrite: bool) -> None:
+    """Refuse to mix results of different configs in one directory (overwrite=true starts afresh)."""
+    plan_path = out / "plan.json"
+    if not (out / "runs.csv").exists() or not plan_path.exists():
+        return
+    previous = json.loads(plan_path.read_text()).get("config_hash")
+    if previous == digest:
+        return
+    if not overwrite:
+        raise DpgridError(f"{out} holds results of a different config (hash {previous} != {digest}); "
+                          "choose another hydra.run.dir, or pass overwrite=true to delete them")
+    for name in RESULT_FILES:
+        (out / name).unlink(missing_ok=True)
 
 
 def finished_runs(out: Path) -> set:
@@ -89,7 +137,7 @@ def finished_runs(out: Path) -> set:
         curves = pd.read_csv(curves_path, dtype={"config_id": str})
         keep = [(c, s) in done for c, s in zip(curves.config_id, curves.seed)]
         if not all(keep):
-            tmp = curves_path.with_suffix(".tmp")
+            tmp = curves_path.with_name(curves_path.name + ".tmp")
             curves[keep].to_csv(tmp, index=False)
             os.replace(tmp, curves_path)
     return done
@@ -136,10 +184,13 @@ def summarize(runs: pd.DataFrame, axes: list, task: str) -> pd.DataFrame:
 
 def run_grid(cfg, out_dir, progress: bool = True) -> pd.DataFrame:
     out = Path(out_dir)
-    strategy_cls, data, plan, selected = prepare(cfg)
+    data = data_mod.load(cfg.dataset, cfg.data.root, resolve_device(str(cfg.train.device)))
+    strategy_cls, plan, selected = plan_grid(cfg, data.n_train)
+    digest = config_hash(cfg)
+    claim_directory(out, digest, bool(cfg.get("overwrite", False)))
     out.mkdir(parents=True, exist_ok=True)
     (out / "config.yaml").write_text(OmegaConf.to_yaml(cfg, resolve=True))
-    (out / "plan.json").write_text(json.dumps(plan.to_dict(), indent=2) + "\n")
+    (out / "plan.json").write_text(json.dumps({**plan.to_dict(), "config_hash": digest}, indent=2) + "\n")
     done = finished_runs(out)
     todo = [(c, s) for c in selected for s in range(plan.seeds) if (c["config_id"], s) not in done]
     bar = tqdm(total=len(selected) * plan.seeds, initial=len(selected) * plan.seeds - len(todo),
@@ -147,7 +198,7 @@ def run_grid(cfg, out_dir, progress: bool = True) -> pd.DataFrame:
     for config, seed in todo:
         result = run_one(cfg, plan, strategy_cls, data, config, seed, progress)
         append_csv(out / "curves.csv", [dict(config_id=config["config_id"], seed=seed, **c) for c in result.curve])
-        append_csv(out / "runs.csv", [run_row(cfg, plan, strategy_cls, config, seed, result)])
+        commit_run(out / "runs.csv", run_row(cfg, plan, strategy_cls, config, seed, result))
         bar.update()
     bar.close()
     runs = pd.read_csv(out / "runs.csv", dtype={"config_id": str})

@@ -101,7 +101,9 @@ def peak_memory_mb(model_name, method, engine_name) -> float:
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--steps", type=int, default=7, help="timed steps per method (median reported)")
+    parser.add_argument("--steps", type=int, default=7, help="timed steps per method, at least (median reported)")
+    parser.add_argument("--seconds", type=float, default=3.0,
+                        help="small models repeat until the non-private steps take about this long")
     parser.add_argument("--warmup", type=int, default=2)
     parser.add_argument("--models", nargs="+", default=list(MODELS), choices=list(MODELS))
     parser.add_argument("--strategies", nargs="+", default=list(STRATEGY_HP), choices=list(STRATEGY_HP))
@@ -122,15 +124,18 @@ def main():
         for step in steps.values():
             for _ in range(args.warmup):
                 step()
+        start = time.perf_counter()
+        steps["nonprivate"]()
+        repeats = max(args.steps, int(args.seconds / (time.perf_counter() - start)))
         times = {m: [] for m in methods}
-        for _ in range(args.steps):  # interleaved: machine noise hits every method alike
+        for _ in range(repeats):  # interleaved: machine noise hits every method alike
             for m in methods:
                 start = time.perf_counter()
                 steps[m]()
                 times[m].append(time.perf_counter() - start)
         base = statistics.median(times["nonprivate"])
         for m in methods:
-            row = {"model": model_name, "seconds": statistics.median(times[m]),
+            row = {"model": model_name, "seconds": statistics.median(times[m]), "repeats": repeats,
                    "ratio_to_nonprivate": statistics.median(times[m]) / base}
             if not args.no_memory:
                 row["peak_mb"] = peak_memory_mb(model_name, m, args.engine)

@@ -119,3 +119,28 @@ def test_evaluation_forward_does_not_record():
         model(torch.rand(2, 1, 9, 9))
     grads = engine(torch.rand(2, 1, 9, 9), torch.tensor([0, 1]))
     assert grads.norms.shape == (2,)
+
+
+@pytest.mark.parametrize("engine", [FastEngine, FuncEngine])
+@pytest.mark.parametrize("clip_at", ["median", "all_clipped", "none_clipped"])
+def test_weighted_sums_of_disjoint_and_overlapping_weights(engine, clip_at):
+    """Online asks for sums over unclipped samples and of q_i (disjoint supports) in one call."""
+    torch.manual_seed(2)
+    build, x_shape, task = CASES["cnn"]
+    model = build().double()
+    x = torch.rand(x_shape, dtype=torch.float64)
+    y = torch.randint(0, 3, (len(x),))
+    reference = loop_reference(model, x, y, task)
+    norms = reference.norm(dim=1)
+    clip = {"median": norms.median(), "all_clipped": norms.min() / 2, "none_clipped": norms.max() * 2}[clip_at]
+    unclipped = (norms <= clip).double()
+    q = (1 - unclipped) / norms
+    grads = engine(model, task)(x, y)
+    dense = torch.rand(len(x), dtype=torch.float64)
+    for group in [(unclipped, q), (unclipped, q, dense)]:  # disjoint supports, then overlapping
+        for weights, got in zip(group, grads.weighted_sums(*group)):
+            flat = torch.cat([t.flatten() for t in got])
+            if (weights == 0).all():
+                assert flat.abs().max() == 0
+            else:
+                assert relative_error(flat, weights @ reference) < 1e-6

@@ -20,7 +20,7 @@ CFG = {
 def grads_from(per_sample: torch.Tensor) -> PerSampleGrads:
     """Per-sample gradients of a single flat parameter: (b, P)."""
     return PerSampleGrads(len(per_sample), torch.zeros(()), lambda: per_sample.norm(dim=1),
-                          lambda w: [w.to(per_sample.dtype) @ per_sample])
+                          lambda w: [w.to(per_sample.dtype) @ per_sample])  # (m, P)
 
 
 def make(name, hp, noise=None, batch_size=4, dim=3, momentum=0.0, seed=0):

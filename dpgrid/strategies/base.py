@@ -1,6 +1,30 @@
 """What every strategy shares: the Gaussian mechanism on a sum, and the (momentum) SGD step."""
 
+import math
+import os
+
+import numpy as np
 import torch
+
+
+def secure_normal(shape) -> torch.Tensor:
+    """Standard normals from the OS's cryptographically secure generator (os.urandom), Box-Muller in
+    float64: nobody can predict the noise from a seed (the point of Opacus's secure mode)."""
+    n = math.prod(shape)
+    half = (n + 1) // 2
+    bits = np.frombuffer(os.urandom(16 * half), dtype=np.uint64) >> np.uint64(11)  # 53 random bits
+    u = (bits.astype(np.float64) + 1.0) / 2.0 ** 53  # uniform on (0, 1]
+    radius = np.sqrt(-2.0 * np.log(u[:half]))
+    angle = 2.0 * np.pi * u[half:]
+    z = np.concatenate([radius * np.cos(angle), radius * np.sin(angle)])[:n]
+    return torch.from_numpy(z).reshape(shape)
+
+
+def standard_normal(shape, generator, device, dtype) -> torch.Tensor:
+    """N(0, I) from a seeded torch.Generator, or from secure_normal when generator is "secure"."""
+    if isinstance(generator, torch.Generator):
+        return torch.randn(shape, generator=generator, device=device, dtype=dtype)
+    return secure_normal(shape).to(device=device, dtype=dtype)
 
 
 class Strategy:
@@ -31,8 +55,8 @@ class Strategy:
 
     def noisy_mean(self, sums: list, std) -> list:
         """Gaussian mechanism: (sum + N(0, std^2 I)) / B, with B the expected batch size."""
-        return [(s + std * torch.randn(s.shape, generator=self.generator, device=s.device, dtype=s.dtype))
-                / self.batch_size for s in sums]
+        return [standard_normal(s.shape, self.generator, s.device, s.dtype).mul_(std).add_(s).div_(self.batch_size)
+                for s in sums]
 
     def clip_weights(self, norms: torch.Tensor) -> torch.Tensor:
         """w_i = min(1, C / n_i), so that ||w_i g_i|| <= C (Eq. 4)."""

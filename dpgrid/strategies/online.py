@@ -32,10 +32,14 @@ class Online(Strategy):
 
     def step(self, grads) -> None:
         norms, clip = grads.norms, self.clip
-        g_tilde = self.noisy_mean(grads.weighted_sum(self.clip_weights(norms)),
-                                  self.noise["noise_multiplier_g"] * clip)
-        q_weights = (norms > clip).to(norms.dtype) / norms.clamp_min(1e-12)
-        q_tilde = self.noisy_mean(grads.weighted_sum(q_weights), self.noise["noise_multiplier_q"])
+        unclipped = (norms <= clip).to(norms.dtype)
+        q_weights = (1 - unclipped) / norms.clamp_min(1e-12)
+        # A clipped sample contributes g_i C / n_i = C q_i: sum_i g_bar_i = sum_{n_i <= C} g_i + C sum_i q_i,
+        # two sums over disjoint samples, which the engine computes for the price of one.
+        unclipped_sum, q_sum = grads.weighted_sums(unclipped, q_weights)
+        clipped_sum = [u + clip * q for u, q in zip(unclipped_sum, q_sum)]
+        g_tilde = self.noisy_mean(clipped_sum, self.noise["noise_multiplier_g"] * clip)
+        q_tilde = self.noisy_mean(q_sum, self.noise["noise_multiplier_q"])
         self.descend(g_tilde, self.lr)
         if self.prev_q is not None:  # sign(0) = 0 at t = 1: C and rho stay
             self.clip = clip * torch.exp(float(self.cfg.clip_lr) * torch.sign(dot(g_tilde, self.prev_q)))

@@ -1,0 +1,177 @@
+"""Resume after SIGKILL, determinism, refusal of bad input, and the privacy invariants."""
+
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pandas as pd
+import pytest
+import torch
+from dp_accounting import dp_event
+from dp_accounting.pld import pld_privacy_accountant
+from dp_accounting.rdp import rdp_privacy_accountant
+
+from dpgrid import strategies
+from dpgrid.grid import configurations
+from dpgrid.privacy import make_plan
+
+from .conftest import load_cfg
+from .test_data import corrupt, make_idx_root
+
+GRID = ["strategy=online", "grid.k=4", "train.seeds=3", "train.epochs=4", "train.eval_every=10"]
+COMMAND = [sys.executable, "-m", "dpgrid.cli", "run"]
+
+
+def results(out):
+    runs = pd.read_csv(out / "runs.csv").drop(columns="seconds").sort_values(["config_id", "seed"])
+    curves = pd.read_csv(out / "curves.csv").sort_values(["config_id", "seed", "step"])
+    return runs.reset_index(drop=True), curves.reset_index(drop=True)
+
+
+def test_killed_grid_resumes_to_the_uninterrupted_result(tmp_path):
+    reference, killed = tmp_path / "reference", tmp_path / "killed"
+    subprocess.run([*COMMAND, *GRID, f"hydra.run.dir={reference}"], check=True, capture_output=True)
+
+    proc = subprocess.Popen([*COMMAND, *GRID, f"hydra.run.dir={killed}"], stdout=subprocess.DEVNULL,
+                            stderr=subprocess.DEVNULL)
+    deadline = time.time() + 120
+    while time.time() < deadline:  # kill once some runs are committed, mid-grid
+        if (killed / "runs.csv").exists() and len(pd.read_csv(killed / "runs.csv")) >= 3:
+            break
+        time.sleep(0.02)
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    partial = len(pd.read_csv(killed / "runs.csv"))
+    assert 3 <= partial < 12, "the grid was not killed mid-way"
+
+    again = subprocess.run([*COMMAND, *GRID, f"hydra.run.dir={killed}"], capture_output=True, text=True)
+    assert again.returncode == 0, again.stderr
+    runs, curves = results(killed)
+    ref_runs, ref_curves = results(reference)
+    assert len(runs) == 12 and not runs.duplicated(["config_id", "seed"]).any()
+    pd.testing.assert_frame_equal(runs, ref_runs)
+    pd.testing.assert_frame_equal(curves, ref_curves)
+    pd.testing.assert_frame_equal(pd.read_csv(killed / "summary.csv"), pd.read_csv(reference / "summary.csv"))
+
+
+def test_same_command_same_numbers_and_streams_independent_of_order(tmp_path):
+    a, b = tmp_path / "a", tmp_path / "b"
+    small = ["strategy=fixed_quantile", "grid.k=2", "train.seeds=2", "train.epochs=2", "train.eval_every=5"]
+    subprocess.run([*COMMAND, *small, f"hydra.run.dir={a}"], check=True, capture_output=True)
+    subprocess.run([*COMMAND, *small, "grid.only=[lr1_q3,lr0_q1]", f"hydra.run.dir={b}"], check=True,
+                   capture_output=True)  # a subset, in another order: the same runs give the same numbers
+    runs_a, curves_a = results(a)
+    runs_b, curves_b = results(b)
+    keep = runs_a.config_id.isin(["lr1_q3", "lr0_q1"])
+    pd.testing.assert_frame_equal(runs_b, runs_a[keep].reset_index(drop=True))
+    pd.testing.assert_frame_equal(curves_b, curves_a[curves_a.config_id.isin(["lr1_q3", "lr0_q1"])].reset_index(drop=True))
+
+
+def test_reusing_a_directory_with_another_config_is_refused(tmp_path):
+    out = tmp_path / "grid"
+    small = ["strategy=nodp", "grid.k=2", "train.seeds=1", "train.epochs=1"]
+    subprocess.run([*COMMAND, *small, f"hydra.run.dir={out}"], check=True, capture_output=True)
+    before = (out / "runs.csv").read_text()
+    r = subprocess.run([*COMMAND, *small, "train.epochs=2", f"hydra.run.dir={out}"], capture_output=True, text=True)
+    assert r.returncode == 2 and "different config" in r.stderr and "overwrite=true" in r.stderr
+    assert (out / "runs.csv").read_text() == before
+    r = subprocess.run([*COMMAND, *small, "train.epochs=2", "overwrite=true", f"hydra.run.dir={out}"],
+                       capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+    assert set(pd.read_csv(out / "runs.csv").steps) == {23}  # 2 epochs of 1437 / 128
+
+
+@pytest.fixture
+def bad_data(tmp_path):
+    """Data roots with one broken thing each."""
+    roots = {}
+    for how in ("missing", "magic", "truncated", "gzip", "shape"):
+        root = tmp_path / f"idx_{how}"
+        corrupt(make_idx_root(root), how)
+        roots[how] = root
+    ag = tmp_path / "ag_labels" / "ag_news_csv"
+    ag.mkdir(parents=True)
+    for split in ("train", "test"):
+        pd.DataFrame([(7, "title", "text")]).to_csv(ag / f"{split}.csv", header=False, index=False)
+    roots["ag_labels"] = ag.parent
+    return roots
+
+
+BAD_INPUTS = [
+    (["dataset=imagenet"], "dataset"),
+    (["strategy=sgd"], "strategy"),
+    (["privacy.epsilon=0"], "privacy.epsilon must be > 0"),
+    (["privacy.epsilon=-3"], "privacy.epsilon must be > 0"),
+    (["privacy.delta=0"], "privacy.delta must lie in (0, 1)"),
+    (["privacy.delta=1"], "privacy.delta must lie in (0, 1)"),
+    (["grid.k=1"], "grid.k must be at least 2"),
+    (["train.batch_size=0"], "train.batch_size must lie in 1..1437"),
+    (["train.batch_size=5000"], "train.batch_size must lie in 1..1437"),
+    (["train.epochs=0"], "train.epochs must be > 0"),
+    (["privacy.epsilon=1e-6"], "unreachable"),
+    (["train.device=cuda"] if not torch.cuda.is_available() else ["train.device=tpu"], "train.device"),
+    (["grid.only=[lr99]"], "unknown configuration"),
+    (["dataset=mnist", "data.root={missing}"], "missing data file"),
+    (["dataset=mnist", "data.root={magic}"], "wrong IDX magic"),
+    (["dataset=mnist", "data.root={truncated}"], "truncated IDX"),
+    (["dataset=mnist", "data.root={gzip}"], "corrupt gzip"),
+    (["dataset=mnist", "data.root={shape}"], "unexpected IDX shapes"),
+    (["dataset=ag_news", "data.root={ag_labels}"], "labels outside 1..4"),
+]
+
+
+@pytest.mark.parametrize("args, message", BAD_INPUTS, ids=[" ".join(a) for a, _ in BAD_INPUTS])
+def test_bad_input_is_refused_with_one_line_and_nothing_written(args, message, bad_data, tmp_path):
+    cwd = tmp_path / "work"
+    cwd.mkdir()
+    args = [a.format(**bad_data) for a in args]
+    r = subprocess.run([*COMMAND, *args], capture_output=True, text=True, cwd=cwd, timeout=300)
+    lines = r.stderr.strip().splitlines()
+    assert r.returncode == 2, r.stderr
+    assert len(lines) == 1 and lines[0].startswith("dpgrid: error:") and message in lines[0], r.stderr
+    assert list(cwd.iterdir()) == []  # nothing written
+
+
+def test_delta_above_one_over_n_is_allowed_with_a_warning():
+    r = subprocess.run([sys.executable, "-m", "dpgrid.cli", "plan", "privacy.delta=0.01"], capture_output=True,
+                       text=True)
+    assert r.returncode == 0 and "not below 1/N" in r.stderr
+
+
+# --- privacy invariants ----------------------------------------------------------------------------
+
+def independent(q, nu, steps, delta, kind):
+    acc = rdp_privacy_accountant.RdpAccountant() if kind == "rdp" else pld_privacy_accountant.PLDAccountant()
+    acc.compose(dp_event.PoissonSampledDpEvent(q, dp_event.GaussianDpEvent(nu)), steps)
+    return acc.get_epsilon(delta)
+
+
+@pytest.mark.parametrize("dataset, n_train, epsilon", [("mnist", 60000, 3), ("fashion_mnist", 60000, 1),
+                                                       ("ag_news", 120000, 9), ("digits", 1437, 3)])
+@pytest.mark.parametrize("strategy", ["online", "fixed_threshold", "fixed_quantile", "adamwosm"])
+def test_every_grid_spends_at_most_its_target(dataset, n_train, epsilon, strategy):
+    cfg = load_cfg(dataset, strategy, **{"privacy.epsilon": epsilon, "grid.k": 5})
+    plan = make_plan(cfg, n_train, strategies.get(strategy), configurations(cfg.strategy, cfg.grid), 0)
+    steps = plan.composed_runs * plan.steps
+    assert plan.epsilon_spent <= epsilon
+    # PLD (tight) never exceeds the target; dp-accounting's RDP bounds fractional orders more loosely
+    # than Opacus (|binomial| terms), so it may read up to 0.2 % above.
+    assert independent(plan.sample_rate, plan.noise_multiplier, steps, plan.delta, "pld") <= epsilon
+    assert independent(plan.sample_rate, plan.noise_multiplier, steps, plan.delta, "rdp") <= epsilon * 1.002
+
+
+def test_secure_rng_noise_has_the_planned_std_and_no_seed():
+    from dpgrid.strategies.base import secure_normal, standard_normal
+    z = secure_normal((400_000,))
+    assert z.dtype == torch.float64 and abs(z.mean().item()) < 0.01 and z.std().item() == pytest.approx(1, rel=0.01)
+    assert not torch.equal(standard_normal((10,), "secure", "cpu", torch.float32),
+                           standard_normal((10,), "secure", "cpu", torch.float32))
+
+
+def test_secure_rng_run_completes(tmp_path):
+    r = subprocess.run([*COMMAND, "strategy=fixed_threshold", "grid.k=2", "train.seeds=1", "train.epochs=1",
+                        "privacy.secure_rng=true", f"hydra.run.dir={tmp_path}"], capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+    assert len(pd.read_csv(tmp_path / "runs.csv")) == 4

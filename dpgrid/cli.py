@@ -10,6 +10,7 @@ from pathlib import Path
 
 USAGE = """usage: dpgrid run [-m] [OVERRIDES...]     run one private grid (-m: Hydra multirun sweep)
        dpgrid plan [--json] [OVERRIDES...]  print the grid's privacy plan, no training
+       dpgrid tables [RESULTS_DIR]          paper-style tables and figures from results (default outputs/)
 
 overrides are Hydra's: dataset=mnist strategy=fixed_threshold privacy.epsilon=3 grid.k=7 ...
 datasets: digits (embedded, default), mnist, fashion_mnist, ag_news
@@ -120,6 +121,18 @@ def run_command(args: list) -> None:
     task()
 
 
+def tables_command(args: list) -> None:
+    from .report import write_tables
+
+    if len(args) > 1 or any(a.startswith("-") for a in args):
+        fail("usage: dpgrid tables [RESULTS_DIR]")
+    results = Path(args[0] if args else "outputs")
+    if not results.is_dir():
+        fail(f"no results directory {results}; run a grid first (dpgrid run) or name the directory")
+    written = write_tables(results)
+    print(f"wrote {len(written)} files to {results / 'tables'}")
+
+
 def main(argv=None) -> None:
     argv = sys.argv[1:] if argv is None else list(argv)
     warnings.filterwarnings("ignore", module="opacus")  # opacus warns about secure RNG at import time
@@ -131,8 +144,10 @@ def main(argv=None) -> None:
         run_command(args)
     elif command == "plan":
         plan_command(args)
+    elif command == "tables":
+        tables_command(args)
     else:
-        fail(f"unknown command {command!r}; valid: run, plan")
+        fail(f"unknown command {command!r}; valid: run, plan, tables")
 
 
 if __name__ == "__main__":

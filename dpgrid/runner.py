@@ -155,7 +155,7 @@ def run_row(cfg, plan, strategy_cls, config, seed, result) -> dict:
         row["final_clip"] = result.final_clip
     if "lr" in strategy_cls.adapts:
         row["final_lr"] = result.final_lr
-    row.update(diverged=result.diverged, seconds=round(result.seconds, 3))
+    row.update(diverged=result.diverged, seconds=round(result.seconds, 3), eval_seconds=round(result.eval_seconds, 3))
     return row
 
 

@@ -17,6 +17,7 @@ class RunResult:
     final_clip: float = math.nan
     final_lr: float = math.nan
     seconds: float = 0.0
+    eval_seconds: float = 0.0  # of which validation
     curve: list = field(default_factory=list)  # dicts: step, value, clip, lr, train_loss
 
 
@@ -51,16 +52,20 @@ def train_run(model, engine, strategy, data, steps: int, sample_rate: float, eva
               sample_generator: torch.Generator, progress: bool = True) -> RunResult:
     result = RunResult()
     start = time.perf_counter()
-    loss_sum = torch.zeros((), device=data.x_train.device)
+    device = data.x_train.device
+    loss_sum = torch.zeros((), device=device)
     since_eval = 0
     for step in tqdm(range(1, steps + 1), desc="steps", leave=False, disable=None if progress else True):
-        idx = poisson_batch(data.n_train, sample_rate, sample_generator).to(data.x_train.device)
+        idx = poisson_batch(data.n_train, sample_rate, sample_generator)
+        if device.type == "cuda":  # pinned + non_blocking: the copy does not wait for the GPU's queue
+            idx = idx.pin_memory().to(device, non_blocking=True)
         grads = engine(data.x_train[idx], data.y_train[idx])
         strategy.step(grads)
         loss_sum += grads.loss
         since_eval += 1
         if step % eval_every and step != steps:
-            continue
+            continue  # everything above stays on the device: no host synchronisation per step
+        eval_start = time.perf_counter()
         train_loss = loss_sum.item() / since_eval
         loss_sum.zero_()
         since_eval = 0
@@ -68,6 +73,7 @@ def train_run(model, engine, strategy, data, steps: int, sample_rate: float, eva
         value = evaluate(model, data.x_test, data.y_test, data.task) if finite else math.nan
         clip, lr = float(strategy.clip), float(strategy.lr)
         result.curve.append(dict(step=step, value=value, clip=clip, lr=lr, train_loss=train_loss))
+        result.eval_seconds += time.perf_counter() - eval_start
         if not math.isfinite(value) or math.isinf(clip) or not math.isfinite(lr):  # nodp's clip is nan
             result.diverged = True
             break

@@ -1,0 +1,132 @@
+"""`dpgrid tables` on a synthetic results tree whose values are known."""
+
+import json
+import subprocess
+import sys
+
+import pandas as pd
+import pytest
+
+from dpgrid.report import paper_results, write_tables
+
+
+def make_grid(root, dataset, strategy, epsilon, k, configs, metric="accuracy"):
+    """configs: list of (config_id, {hp}, [values per seed], n_diverged)."""
+    folder = root / dataset / strategy / f"eps={epsilon}" / f"k={k}"
+    folder.mkdir(parents=True)
+    folder.joinpath("plan.json").write_text(json.dumps(dict(
+        dataset=dataset, strategy=strategy, k=k, epsilon=epsilon, noise_multiplier=1.0, epsilon_spent=epsilon * 0.999,
+        n_configs=len(configs))))
+    runs, summary = [], []
+    for config_id, hp, values, diverged in configs:
+        for seed, v in enumerate(values):
+            runs.append(dict(dataset=dataset, strategy=strategy, metric=metric, config_id=config_id, seed=seed,
+                             best_value=v, diverged=False, **hp))
+        ok = pd.Series(values, dtype=float)
+        summary.append(dict(config_id=config_id, **hp, mean=ok.mean() if len(ok) else float("nan"),
+                            std=ok.std(ddof=0) if len(ok) else float("nan"), n_seeds=len(values) + diverged,
+                            n_diverged=diverged, best=False))
+    summary = pd.DataFrame(summary)
+    if summary["mean"].notna().any():
+        best = summary["mean"].idxmin() if metric == "mse" else summary["mean"].idxmax()
+        summary.loc[best, "best"] = True
+    summary.to_csv(folder / "summary.csv", index=False)
+    pd.DataFrame(runs or [dict(metric=metric)]).to_csv(folder / "runs.csv", index=False)
+    steps = [50, 100]
+    pd.DataFrame([dict(config_id=c, seed=0, step=s, value=60 + s / 10, clip=0.1, lr=0.3, train_loss=1.0)
+                  for c, *_ in configs for s in steps]).to_csv(folder / "curves.csv", index=False)
+
+
+@pytest.fixture
+def tree(tmp_path):
+    root = tmp_path / "outputs"
+    # online eps=3: best lr=0.316 at 91.69 +- 0.53 (paper 90.69 +- 0.53: diff 1.00 > combined 0.75)
+    make_grid(root, "mnist", "online", 3, 9, [("lr4", {"lr": 0.316228}, [91.16, 92.22], 0),
+                                              ("lr3", {"lr": 0.1}, [80.0, 81.0], 0)])
+    # online eps=5: 91.62 +- 0.10 at lr=1 (paper 91.62: diff 0, within)
+    make_grid(root, "mnist", "online", 5, 9, [("lr5", {"lr": 1.0}, [91.52, 91.72], 0)])
+    # fixed_threshold eps=3: every seed of every configuration diverged
+    make_grid(root, "mnist", "fixed_threshold", 3, 9, [("lr0_clip0", {"lr": 0.003162, "clip": 0.01}, [], 2)])
+    make_grid(root, "mnist", "nodp", 3, 9, [("lr0", {"lr": 0.003162}, [98.0, 98.2], 0)])
+    # fashion_mnist (MSE, printed x 10^2) at k = 7: hyperparameters only
+    make_grid(root, "fashion_mnist", "online", 1, 7, [("lr3", {"lr": 0.316228}, [0.0250, 0.0270], 0)], "mse")
+    return root
+
+
+def test_paper_layout_cells(tree):
+    write_tables(tree)
+    table = pd.read_csv(tree / "tables" / "mnist_k9.csv", dtype=str, keep_default_na=False)
+    assert list(table["ε"]) == ["3", "5", "7", "9"]
+    row3, row5, row7 = (table[table["ε"] == e].iloc[0] for e in ("3", "5", "7"))
+    assert row3["Online ρ"] == "0.3162" and row3["Online acc"] == "91.69" and row3["Online std"] == "0.53"
+    assert row5["Online ρ"] == "1" and row5["Online acc"] == "91.62" and row5["Online std"] == "0.10"
+    assert row7["Online acc"] == "–"
+    assert row3["Fixed Threshold ρ"] == "–" and row3["Fixed Threshold acc"] == "–"
+    assert (table["Adam WOSM acc"] == "–").all()
+    md = (tree / "tables" / "mnist_k9.md").read_text()
+    assert "–: all seeds diverged: Fixed Threshold ε=3" in md
+    assert "–: grid not run: " in md and "Online ε=7" in md and "Adam WOSM ε=9" in md
+    assert "best NoDP: ρ = 0.003162, 98.10" in md
+    assert "0" not in table.loc[table["ε"] == "7", "Online acc"].item()  # never zero for missing
+    tex = (tree / "tables" / "mnist_k9.tex").read_text()
+    assert r"\toprule" in tex and r"\bottomrule" in tex and "91.69" in tex and r"$\rho$" in tex
+
+
+def test_k7_layout_is_hyperparameters_only_and_mse_is_scaled(tree):
+    write_tables(tree)
+    table = pd.read_csv(tree / "tables" / "fashion_mnist_k7.csv", dtype=str, keep_default_na=False)
+    assert list(table["ε"]) == ["1", "2", "3", "4"]
+    assert table.loc[0, "Online ρ"] == "0.3162"
+    assert not any("mse" in c or "std" in c for c in table.columns)
+    results = pd.read_csv(tree / "tables" / "results.csv")
+    fm = results[results.dataset == "fashion_mnist"].iloc[0]
+    assert fm.value == pytest.approx(0.026) and fm.metric == "mse"
+
+
+def test_comparison_with_the_paper(tree):
+    write_tables(tree)
+    comp = pd.read_csv(tree / "tables" / "mnist_k9_vs_paper.csv")
+    assert len(comp) == 16  # 4 strategies x 4 epsilons in Table 8
+    online3 = comp[(comp.strategy == "online") & (comp.epsilon == 3)].iloc[0]
+    assert online3.paper_value == 90.69 and online3.difference == pytest.approx(1.0)
+    assert not online3.within_std and online3.same_hyperparameters
+    online5 = comp[(comp.strategy == "online") & (comp.epsilon == 5)].iloc[0]
+    assert online5.difference == pytest.approx(0.0) and online5.within_std
+    ft3 = comp[(comp.strategy == "fixed_threshold") & (comp.epsilon == 3)].iloc[0]
+    assert ft3.status == "all seeds diverged" and pd.isna(ft3.difference)
+    md = (tree / "tables" / "mnist_k9_vs_paper.md").read_text()
+    assert "| 3 | Online | ρ=0.316 | 90.69 ± 0.53 | ρ=0.3162 | 91.69 ± 0.53 | 1.00 | no |" in md
+    assert "| 7 | Online | ρ=1 | 92.94 ± 0.90 | – | – (grid not run) | – | – |" in md
+
+
+def test_figures_are_written(tree):
+    pytest.importorskip("matplotlib")
+    written = write_tables(tree)
+    figures = tree / "tables" / "figures"
+    for name in ("mnist_k9.png", "mnist_k9.pdf", "fashion_mnist_k7.png", "curves/mnist_online_eps3_k9.png"):
+        assert (figures / name).stat().st_size > 1000, name
+    assert figures / "curves" / "mnist_online_eps3_k9.png" in written
+
+
+def test_paper_reference_data_matches_the_paper_file():
+    paper = paper_results()
+    t8 = paper[(paper.table == 8) & (paper.epsilon == 3)].set_index("strategy")
+    assert t8.loc["online", "value"] == 90.69 and t8.loc["online", "std"] == 0.53
+    assert t8.loc["fixed_threshold", "lr"] == 0.1 and t8.loc["fixed_threshold", "clip"] == 0.1  # 100.0 x 10^-3
+    t9 = paper[(paper.table == 9) & (paper.epsilon == 1)].set_index("strategy")
+    assert pd.isna(t9.loc["fixed_quantile", "value"])  # all FixedQuantile runs diverge at eps = 1
+    assert t9.loc["online", "value"] == pytest.approx(0.0257)  # printed as 2.57 (mse x 10^2)
+    from .conftest import ROOT
+    text = (ROOT.parent / "shared" / "papers" / "galli2024-online-sensitivity-optimization.md")
+    if text.exists():
+        body = text.read_text()
+        assert "| 3 | 0.316 | 90.69 | 0.53 | 100.0 | 0.1000 | 86.83 | 0.70 |" in body
+        assert "| 9 | 0.1 | 86.43 | 0.08 |" in body
+
+
+def test_tables_command(tree):
+    r = subprocess.run([sys.executable, "-m", "dpgrid.cli", "tables", str(tree)], capture_output=True, text=True)
+    assert r.returncode == 0 and "wrote" in r.stdout
+    r = subprocess.run([sys.executable, "-m", "dpgrid.cli", "tables", str(tree / "nope")], capture_output=True,
+                       text=True)
+    assert r.returncode == 2 and "no results directory" in r.stderr

@@ -175,7 +175,9 @@ def plot_metric_vs_epsilon(grids, dataset, k, metric, out_base: Path) -> None:
     nodp = grids[(grids.strategy == "nodp") & (grids.status == "ok")]
     if len(nodp):
         best = nodp.value.min() if metric == "mse" else nodp.value.max()
-        ax.axhline(best, color="gray", linestyle="--", label="NoDP (best)")
+        ax.axhline(best, color="gray", linestyle="--", label=f"NoDP (best): {fmt_value(best, metric)}")
+    ax.margins(y=0.12)  # keep the NoDP line off the frame
+    ax.set_xticks(sorted(grids[grids.strategy != "nodp"].epsilon.unique()))
     ax.set_xlabel("ε (whole grid)")
     ax.set_ylabel("MSE (lower is better)" if metric == "mse" else "accuracy % (higher is better)")
     ax.set_title(f"{dataset}, k = {k}")
@@ -200,12 +202,11 @@ def plot_learning_curve(grid_row, out_path: Path) -> None:
     axes[0].plot(best.index, best["value"], marker=".")
     axes[0].set_ylabel(grid_row.metric)
     if adaptive:
-        axes[1].plot(best.index, best["clip"], color="C1")
-        axes[1].set_ylabel("C_t")
-        axes[1].set_yscale("log")
-        axes[2].plot(best.index, best["lr"], color="C2")
-        axes[2].set_ylabel("ρ_t")
-        axes[2].set_yscale("log")
+        for ax, column, label, color in ((axes[1], "clip", "C_t", "C1"), (axes[2], "lr", "ρ_t", "C2")):
+            ax.plot(best.index, best[column], color=color, marker=".")
+            ax.set_ylabel(label)
+            if best[column].max() > 10 * best[column].min() > 0:  # log scale only for wide ranges
+                ax.set_yscale("log")
     for ax in axes:
         ax.set_xlabel("step")
         ax.grid(alpha=0.3)

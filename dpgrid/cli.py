@@ -9,7 +9,7 @@ import warnings
 from pathlib import Path
 
 USAGE = """usage: dpgrid run [-m] [OVERRIDES...]     run one private grid (-m: Hydra multirun sweep)
-       dpgrid plan [--json] [OVERRIDES...]  print the grid's privacy plan, no training
+       dpgrid plan [--json] [--compare] [OVERRIDES...]  the privacy plan, no training (--compare: all accountants)
        dpgrid tables [RESULTS_DIR]          paper-style tables and figures from results (default outputs/)
 
 overrides are Hydra's: dataset=mnist strategy=fixed_threshold privacy.epsilon=3 grid.k=7 ...
@@ -61,8 +61,8 @@ def plan_command(args: list) -> None:
     from . import DpgridError
     from .runner import plan_grid
 
-    as_json = "--json" in args
-    cfg = compose([a for a in args if a != "--json"])
+    as_json, compare = "--json" in args, "--compare" in args
+    cfg = compose([a for a in args if a not in ("--json", "--compare")])
     start = time.perf_counter()
     try:
         _, plan, _ = plan_grid(cfg, int(cfg.dataset.n_train))
@@ -80,13 +80,33 @@ def plan_command(args: list) -> None:
         print("  non-private: no clipping, no noise")
     else:
         runs = f"{plan.composed_runs} runs ({'seeds accounted' if plan.account_seeds else 'seeds not accounted'})"
-        print(f"  budget (eps, delta) = ({plan.epsilon:g}, {plan.delta:g}) for the whole grid: {runs} x {plan.steps} steps")
-        print(f"  noise multiplier nu = {plan.noise_multiplier:.5g}  (RDP, Opacus); eps spent = {plan.epsilon_spent:.5g}")
+        scope = "the whole grid" if plan.budget == "per_grid" else "EACH RUN (per_run)"
+        print(f"  budget (eps, delta) = ({plan.epsilon:g}, {plan.delta:g}) for {scope}: {runs} x {plan.steps} steps")
+        print(f"  noise multiplier nu = {plan.noise_multiplier:.5g}  ({plan.accountant}); eps spent = "
+              f"{plan.epsilon_spent:.5g}; the whole grid's eps = {plan.epsilon_grid:.5g}")
         for name, value in plan.per_query.items():
             print(f"  {name} = {value:.5g}")
+        lt = plan.liu_talwar
+        lt_nu = f"{lt['noise_multiplier']:.5g}" if lt["noise_multiplier"] else "unreachable"
+        print(f"  Liu-Talwar selection instead: nu = {lt_nu} for the same (eps, delta); with this plan's nu it "
+              f"would spend eps = {lt['epsilon_with_composition_nu']:.4g}")
+        if compare:
+            print_comparison(cfg, plan)
     for c in plan.configurations:
         print("   ", c["config_id"], " ".join(f"{k}={v:.4g}" for k, v in c.items() if k != "config_id"))
     print(f"  (planned in {seconds:.2f} s)")
+
+
+def print_comparison(cfg, plan) -> None:
+    """nu for this grid under every accountant and budget mode, side by side."""
+    from .privacy import ACCOUNTANTS, calibrate
+
+    per_config = plan.seeds if plan.account_seeds else 1
+    print(f"  {'accountant':<11}{'per_grid nu':>13}{'per_run nu':>13}")
+    for accountant in ACCOUNTANTS:
+        nus = [calibrate(plan.epsilon, plan.sample_rate, runs * plan.steps, plan.delta, 1e-3, accountant)
+               for runs in (plan.composed_runs, per_config)]
+        print(f"  {accountant:<11}{nus[0]:>13.4f}{nus[1]:>13.4f}")
 
 
 def run_command(args: list) -> None:
@@ -136,6 +156,7 @@ def tables_command(args: list) -> None:
 def main(argv=None) -> None:
     argv = sys.argv[1:] if argv is None else list(argv)
     warnings.filterwarnings("ignore", module="opacus")  # opacus warns about secure RNG at import time
+    warnings.formatwarning = lambda message, *args, **kwargs: f"dpgrid: warning: {message}\n"
     if not argv or argv[0] in ("-h", "--help", "help"):
         print(USAGE)
         return

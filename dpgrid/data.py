@@ -51,7 +51,11 @@ def load(dataset_cfg, root, device="cpu") -> Data:
         raise DpgridError(f"unknown dataset {name!r}; valid: mnist, fashion_mnist, ag_news, digits")
     x_tr, y_tr, x_te, y_te = (t.to(device) for t in (x_tr, y_tr, x_te, y_te))
     if dataset_cfg.task == "reconstruction":
-        y_tr, y_te = x_tr, x_te
+        y_tr, y_te = x_tr, x_te  # the targets stay in [0, 1] (the autoencoder ends in a sigmoid)
+    if dataset_cfg.get("normalize", "unit") == "standardize":
+        # Published constants, never statistics of the private training set (that would leak).
+        mean, std = float(dataset_cfg.mean), float(dataset_cfg.std)
+        x_tr, x_te = (x_tr - mean) / std, (x_te - mean) / std
     return Data(x_tr, y_tr, x_te, y_te, dataset_cfg.task)
 
 
@@ -132,7 +136,7 @@ def read_ag_news_split(root: Path, split: str):
             raise DpgridError(f"unreadable AG News file {parquet}: {e}") from None
         if not df["label"].isin([0, 1, 2, 3]).all():
             raise DpgridError(f"AG News labels outside 0..3 in {parquet}")
-        return df["text"].astype(str).tolist(), df["label"].to_numpy(dtype=np.int64)
+        return df["text"].astype(str).tolist(), df["label"].to_numpy(dtype=np.int64, copy=True)
     raise _missing(root / "ag_news_csv" / f"{split}.csv",
                    f"or {parquet}: get the original AG News CSV (torchtext's AG_NEWS) or Hugging Face's "
                    "ag_news parquet files into data.root")

@@ -3,7 +3,23 @@
 Parameter counts (paper Table 1): CNN 551,322; AutoEncoder 48,705; BagOfWords 113,156.
 """
 
+import torch
 from torch import nn
+
+
+class MaxPool2x2Stride1(nn.MaxPool2d):
+    """MaxPool2d(2, stride=1). Under no_grad/inference it is computed as the maximum of four shifted
+    views: the same values, about twice as fast as PyTorch's CPU kernel for stride 1 (validation
+    runs the full test set every 50 steps). With gradients the ordinary kernel is faster and is used."""
+
+    def __init__(self):
+        super().__init__(2, stride=1)
+
+    def forward(self, x):
+        if torch.is_grad_enabled():
+            return super().forward(x)
+        return torch.maximum(torch.maximum(x[..., :-1, :-1], x[..., :-1, 1:]),
+                             torch.maximum(x[..., 1:, :-1], x[..., 1:, 1:]))
 
 
 def cnn() -> nn.Sequential:
@@ -13,7 +29,7 @@ def cnn() -> nn.Sequential:
     """
     return nn.Sequential(
         nn.Conv2d(1, 16, 8, stride=1, padding=3), nn.ReLU(),
-        nn.MaxPool2d(2, stride=1),
+        MaxPool2x2Stride1(),
         nn.Conv2d(16, 32, 4, stride=1), nn.ReLU(),
         nn.Flatten(),
         nn.Linear(32 * 23 * 23, 32), nn.ReLU(),

@@ -1,8 +1,14 @@
 """Privacy plan of one grid (SPEC §3): one noise multiplier for K configurations x T steps.
 
 Poisson sampling with rate q = B / N; the grid composes K * T subsampled Gaussian mechanisms and
-the noise multiplier nu is the smallest one whose RDP (moments accountant) epsilon at delta is at
-most the target. The accounting itself is Opacus's RDP analysis; this module only searches it.
+the noise multiplier nu is the smallest one whose epsilon at delta is at most the target.
+
+- privacy.accountant: rdp (Opacus's RDP analysis, the paper's moments accountant; default), pld
+  (dp-accounting's privacy loss distributions) or prv (Opacus's PRV accountant): the last two are
+  tighter, so they calibrate less noise for the same (epsilon, delta). This module only searches them.
+- privacy.budget: per_grid (default, honest: the K runs share epsilon) or per_run (each configuration
+  gets epsilon on its own, as most papers report); the grid's true cost is then recorded beside it.
+- The Liu-Talwar random-stopping selection (Mohapatra et al. 2022, Theorem 1) is costed for comparison.
 """
 
 import math
@@ -25,9 +31,35 @@ def rdp_epsilon(sample_rate: float, noise_multiplier: float, steps: int, delta: 
     return float(get_privacy_spent(orders=orders, rdp=rdp, delta=delta)[0])
 
 
-def calibrate(epsilon: float, sample_rate: float, steps: int, delta: float, rtol: float = 1e-4) -> float:
-    """Smallest noise multiplier (to relative precision rtol) with rdp_epsilon(...) <= epsilon."""
-    spent = lambda nu: rdp_epsilon(sample_rate, nu, steps, delta)  # noqa: E731
+def pld_epsilon(sample_rate: float, noise_multiplier: float, steps: int, delta: float) -> float:
+    from dp_accounting import dp_event
+    from dp_accounting.pld import pld_privacy_accountant
+
+    accountant = pld_privacy_accountant.PLDAccountant()
+    accountant.compose(dp_event.PoissonSampledDpEvent(sample_rate, dp_event.GaussianDpEvent(noise_multiplier)), steps)
+    return float(accountant.get_epsilon(delta))
+
+
+def prv_epsilon(sample_rate: float, noise_multiplier: float, steps: int, delta: float) -> float:
+    from opacus.accountants import PRVAccountant
+
+    accountant = PRVAccountant()
+    accountant.history = [(noise_multiplier, sample_rate, steps)]
+    return float(accountant.get_epsilon(delta=delta))
+
+
+ACCOUNTANTS = {"rdp": rdp_epsilon, "pld": pld_epsilon, "prv": prv_epsilon}
+BUDGETS = ("per_grid", "per_run")
+
+
+def epsilon_of(accountant: str, sample_rate: float, noise_multiplier: float, steps: int, delta: float) -> float:
+    return ACCOUNTANTS[accountant](sample_rate, noise_multiplier, steps, delta)
+
+
+def calibrate(epsilon: float, sample_rate: float, steps: int, delta: float, rtol: float = 1e-4,
+              accountant: str = "rdp") -> float:
+    """Smallest noise multiplier (to relative precision rtol) whose epsilon is at most the target."""
+    spent = lambda nu: epsilon_of(accountant, sample_rate, nu, steps, delta)  # noqa: E731
     low, high = 0.0, 1.0
     while spent(high) > epsilon:
         low, high = high, 2 * high
@@ -58,8 +90,14 @@ class Plan:
     account_seeds: bool
     composed_runs: int        # K, or K * seeds when seeds are accounted
     noise_multiplier: float   # nu of one step's (joint) Gaussian mechanism; 0 for nodp
+    budget: str = "per_grid"  # per_grid: epsilon covers the K runs; per_run: each run on its own
+    sampling: str = "poisson"  # shuffle: fixed-size batches, NOT covered by the analysis (flagged)
+    accountant: str = "rdp"
     per_query: dict = field(default_factory=dict)  # the strategy's split of nu (online, fixed_quantile)
-    epsilon_spent: float = None  # recomputed from the composition with the final nu; None for nodp
+    epsilon_spent: float = None  # what the budget covers, recomputed with the final nu (<= epsilon); None for nodp
+    epsilon_grid: float = None   # the whole grid's true cost with this nu (= epsilon_spent when per_grid)
+    epsilon_per_run: float = None  # one configuration's cost (its seeds too when they are accounted)
+    liu_talwar: dict = field(default_factory=dict)  # the cost of Liu-Talwar selection, for comparison
     model_parameters: int = 0
     configurations: list = field(default_factory=list)
 
@@ -75,19 +113,51 @@ def make_plan(cfg, n_train: int, strategy_cls, configs: list, model_parameters: 
     batch_size, epochs = int(t.batch_size), int(t.epochs)
     steps = math.ceil(epochs * n_train / batch_size)
     sample_rate = batch_size / n_train
-    composed = len(configs) * (int(t.seeds) if p.account_seeds else 1)
+    per_config = int(t.seeds) if p.account_seeds else 1  # runs of one configuration that are accounted
+    composed = len(configs) * per_config
+    budget, accountant = str(p.get("budget", "per_grid")), str(p.get("accountant", "rdp"))
     plan = Plan(dataset=cfg.dataset.name, strategy=cfg.strategy.name, k=int(cfg.grid.k), n_configs=len(configs),
                 n_train=n_train, batch_size=batch_size, epochs=epochs, steps=steps, sample_rate=sample_rate,
                 epsilon=float(p.epsilon), delta=float(p.delta), seeds=int(t.seeds),
                 account_seeds=bool(p.account_seeds), composed_runs=composed, noise_multiplier=0.0,
+                budget=budget, accountant=accountant, sampling=str(t.get("sampling", "poisson")),
                 model_parameters=model_parameters, configurations=configs)
     if strategy_cls.private:
-        nu = calibrate(plan.epsilon, sample_rate, composed * steps, plan.delta)
+        budget_runs = composed if budget == "per_grid" else per_config
+        nu = calibrate(plan.epsilon, sample_rate, budget_runs * steps, plan.delta, accountant=accountant)
         plan.noise_multiplier = nu
         plan.per_query = strategy_cls.split_noise(nu, cfg.strategy, batch_size)
-        plan.epsilon_spent = rdp_epsilon(sample_rate, nu, composed * steps, plan.delta)
+        plan.epsilon_spent = epsilon_of(accountant, sample_rate, nu, budget_runs * steps, plan.delta)
         assert plan.epsilon_spent <= plan.epsilon, (plan.epsilon_spent, plan.epsilon)
+        plan.epsilon_grid = (plan.epsilon_spent if budget == "per_grid"
+                             else epsilon_of(accountant, sample_rate, nu, composed * steps, plan.delta))
+        plan.epsilon_per_run = (plan.epsilon_spent if budget == "per_run"
+                                else epsilon_of(accountant, sample_rate, nu, per_config * steps, plan.delta))
+        plan.liu_talwar = liu_talwar_cost(plan.epsilon, plan.delta, len(configs), sample_rate, per_config * steps, nu)
     return plan
+
+
+def liu_talwar_parameters(epsilon_f: float, delta_f: float, n_candidates: int, delta_2: float = 1e-20):
+    """Per-candidate (epsilon_1, delta_1) so that LT selection is (epsilon_f, delta_f)-DP.
+
+    Liu & Talwar 2019, Theorem 3.4 (Mohapatra et al. 2022, Theorem 1): with stopping probability
+    gamma = 1/K and Upsilon = log(1/delta_2) / gamma, LT is (3 e1 + 3 sqrt(2 d1), sqrt(2 d1) Upsilon + d2)-DP.
+    Returns (epsilon_1, delta_1, Upsilon); epsilon_1 <= 0 means the target is out of LT's reach."""
+    gamma = 1.0 / n_candidates
+    upsilon = math.log(1 / delta_2) / gamma
+    root = (delta_f - delta_2) / upsilon  # sqrt(2 delta_1)
+    return (epsilon_f - 3 * root) / 3, root ** 2 / 2, upsilon
+
+
+def liu_talwar_cost(epsilon: float, delta: float, n_candidates: int, sample_rate: float, run_steps: int,
+                    noise_multiplier: float) -> dict:
+    """Both directions of the comparison: the nu LT needs for this (epsilon, delta), and the epsilon
+    LT would spend with the composition's nu (RDP for the candidate, as Mohapatra et al.)."""
+    eps1, delta1, upsilon = liu_talwar_parameters(epsilon, delta, n_candidates)
+    nu = (calibrate(eps1, sample_rate, run_steps, delta1, rtol=1e-3) if eps1 > 0 else None)
+    eps_candidate = rdp_epsilon(sample_rate, noise_multiplier, run_steps, delta1)
+    return {"noise_multiplier": nu, "candidate_epsilon": eps1, "candidate_delta": delta1, "max_iterations": upsilon,
+            "epsilon_with_composition_nu": 3 * eps_candidate + 3 * math.sqrt(2 * delta1)}
 
 
 def check_inputs(cfg, n_train: int) -> None:
@@ -99,6 +169,25 @@ def check_inputs(cfg, n_train: int) -> None:
         raise DpgridError(f"privacy.delta must lie in (0, 1), got {p.delta}")
     if float(p.delta) >= 1 / n_train:
         warnings.warn(f"privacy.delta={p.delta} is not below 1/N = {1 / n_train:.3g}: a weak guarantee")
+    if str(p.get("budget", "per_grid")) not in BUDGETS:
+        raise DpgridError(f"privacy.budget must be one of {', '.join(BUDGETS)}, got {p.budget}")
+    if str(p.get("accountant", "rdp")) not in ACCOUNTANTS:
+        raise DpgridError(f"privacy.accountant must be one of {', '.join(ACCOUNTANTS)}, got {p.accountant}")
+    if str(p.get("selection", "composition")) != "composition":
+        raise DpgridError("privacy.selection: only 'composition' can run; Liu-Talwar random stopping is costed "
+                          "by `dpgrid plan` (liu_talwar) but not implemented as a runner")
+    sampling = str(t.get("sampling", "poisson"))
+    if sampling not in ("poisson", "shuffle"):
+        raise DpgridError(f"train.sampling must be poisson or shuffle, got {sampling}")
+    if sampling == "shuffle":
+        warnings.warn("train.sampling=shuffle: fixed-size shuffled batches do not match the Poisson analysis the "
+                      "noise is calibrated with; the recorded epsilon does not hold for these runs")
+    normalize = str(cfg.dataset.get("normalize", "unit"))
+    if normalize not in ("unit", "standardize"):
+        raise DpgridError(f"dataset.normalize must be unit or standardize, got {normalize}")
+    if normalize == "standardize" and cfg.dataset.get("mean") is None:
+        raise DpgridError(f"dataset.normalize=standardize needs the public constants dataset.mean and dataset.std; "
+                          f"{cfg.dataset.name} has none (mnist and fashion_mnist do)")
     if int(cfg.grid.k) < 2:
         raise DpgridError(f"grid.k must be at least 2, got {cfg.grid.k}")
     if not 0 < int(t.batch_size) <= n_train:

@@ -73,7 +73,7 @@ def run_one(cfg, plan, strategy_cls, data, config: dict, seed: int, progress: bo
                             momentum=float(cfg.train.momentum))
     engine = make_engine(model, data.task, str(cfg.train.engine))
     return train_run(model, engine, strategy, data, plan.steps, plan.sample_rate, int(cfg.train.eval_every),
-                     sampler, progress)
+                     sampler, progress, sampling=plan.sampling)
 
 
 def append_csv(path: Path, rows: list) -> None:
@@ -148,8 +148,10 @@ def run_row(cfg, plan, strategy_cls, config, seed, result) -> dict:
                epsilon=plan.epsilon, delta=plan.delta, k=plan.k, config_id=config["config_id"])
     row.update({k: v for k, v in config.items() if k != "config_id"})
     row.update(seed=seed, noise_multiplier=plan.noise_multiplier, **plan.per_query,
-               epsilon_spent=plan.epsilon_spent, seeds_accounted=plan.account_seeds,
-               momentum=float(cfg.train.momentum), steps=plan.steps,
+               budget=plan.budget, accountant=plan.accountant, epsilon_spent=plan.epsilon_spent,
+               epsilon_grid=plan.epsilon_grid, seeds_accounted=plan.account_seeds,
+               momentum=float(cfg.train.momentum), sampling=plan.sampling,
+               normalize=str(cfg.dataset.get("normalize", "unit")), steps=plan.steps,
                best_value=result.best_value, best_step=result.best_step)
     if "clip" in strategy_cls.adapts:
         row["final_clip"] = result.final_clip

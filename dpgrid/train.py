@@ -21,6 +21,18 @@ class RunResult:
     curve: list = field(default_factory=list)  # dicts: step, value, clip, lr, train_loss
 
 
+def batches(n: int, sample_rate: float, batch_size: int, sampling: str, generator: torch.Generator):
+    """Endless batch indices: Poisson (the analysed scheme) or fixed-size batches of a fresh random
+    permutation per pass (train.sampling=shuffle, which the privacy analysis does NOT cover)."""
+    while True:
+        if sampling == "poisson":
+            yield poisson_batch(n, sample_rate, generator)
+            continue
+        order = torch.randperm(n, generator=generator)
+        for start in range(0, n - batch_size + 1, batch_size):
+            yield order[start:start + batch_size]
+
+
 def poisson_batch(n: int, sample_rate: float, generator: torch.Generator) -> torch.Tensor:
     """Indices of a Poisson sample: each example independently with probability q (on the CPU,
     so that sampling is identical on every device and never synchronises a GPU)."""
@@ -49,14 +61,15 @@ def is_better(a: float, b: float, task: str) -> bool:
 
 
 def train_run(model, engine, strategy, data, steps: int, sample_rate: float, eval_every: int,
-              sample_generator: torch.Generator, progress: bool = True) -> RunResult:
+              sample_generator: torch.Generator, progress: bool = True, sampling: str = "poisson") -> RunResult:
     result = RunResult()
     start = time.perf_counter()
     device = data.x_train.device
     loss_sum = torch.zeros((), device=device)
     since_eval = 0
+    sampler = batches(data.n_train, sample_rate, strategy.batch_size, sampling, sample_generator)
     for step in tqdm(range(1, steps + 1), desc="steps", leave=False, disable=None if progress else True):
-        idx = poisson_batch(data.n_train, sample_rate, sample_generator)
+        idx = next(sampler)
         if device.type == "cuda":  # pinned + non_blocking: the copy does not wait for the GPU's queue
             idx = idx.pin_memory().to(device, non_blocking=True)
         grads = engine(data.x_train[idx], data.y_train[idx])

@@ -128,16 +128,17 @@ def test_bad_input_is_refused_with_one_line_and_nothing_written(args, message, b
     cwd.mkdir()
     args = [a.format(**bad_data) for a in args]
     r = subprocess.run([*COMMAND, *args], capture_output=True, text=True, cwd=cwd, timeout=300)
-    lines = r.stderr.strip().splitlines()
+    errors = [line for line in r.stderr.strip().splitlines() if not line.startswith("dpgrid: warning:")]
     assert r.returncode == 2, r.stderr
-    assert len(lines) == 1 and lines[0].startswith("dpgrid: error:") and message in lines[0], r.stderr
+    assert len(errors) == 1 and errors[0].startswith("dpgrid: error:") and message in errors[0], r.stderr
     assert list(cwd.iterdir()) == []  # nothing written
 
 
 def test_delta_above_one_over_n_is_allowed_with_a_warning():
     r = subprocess.run([sys.executable, "-m", "dpgrid.cli", "plan", "privacy.delta=0.01"], capture_output=True,
                        text=True)
-    assert r.returncode == 0 and "not below 1/N" in r.stderr
+    assert r.returncode == 0 and "dpgrid: warning: privacy.delta=0.01 is not below 1/N" in r.stderr
+    assert len(r.stderr.strip().splitlines()) == 1
 
 
 # --- privacy invariants ----------------------------------------------------------------------------

@@ -1,0 +1,74 @@
+"""privacy.budget, privacy.accountant and the Liu-Talwar cost (issue: accounting modes)."""
+
+import math
+
+import pytest
+
+from dpgrid import DpgridError, strategies
+from dpgrid.grid import configurations
+from dpgrid.privacy import calibrate, epsilon_of, liu_talwar_parameters, make_plan, pld_epsilon
+
+from .conftest import load_cfg
+
+Q, T = 512 / 60000, 1172
+
+
+def plan(strategy="fixed_threshold", **overrides):
+    cfg = load_cfg("mnist", strategy, **{"grid.k": 7, **overrides})
+    return make_plan(cfg, 60000, strategies.get(strategy), configurations(cfg.strategy, cfg.grid), 0)
+
+
+def test_per_run_and_per_grid_differ_exactly_by_the_k_fold_composition():
+    grid, run = plan(), plan(**{"privacy.budget": "per_run"})
+    assert grid.noise_multiplier == pytest.approx(calibrate(3, Q, 49 * T, 1e-5))
+    assert run.noise_multiplier == pytest.approx(calibrate(3, Q, T, 1e-5))
+    assert run.noise_multiplier == pytest.approx(0.837, abs=2e-3)  # SPEC's K = 1 figure
+    # per_run: each run spends epsilon; the grid's true cost is the 49-fold composition of that nu
+    assert run.epsilon_spent <= 3 and run.epsilon_per_run == run.epsilon_spent
+    assert run.epsilon_grid == pytest.approx(epsilon_of("rdp", Q, run.noise_multiplier, 49 * T, 1e-5))
+    assert run.epsilon_grid > 5 * 3
+    # per_grid: the grid spends epsilon; one run of it spends far less
+    assert grid.epsilon_grid == grid.epsilon_spent <= 3
+    assert grid.epsilon_per_run == pytest.approx(epsilon_of("rdp", Q, grid.noise_multiplier, T, 1e-5))
+
+
+@pytest.mark.parametrize("accountant, expected_nu", [("pld", 1.285), ("prv", None)])
+def test_tighter_accountants_reach_the_target_under_dp_accounting(accountant, expected_nu):
+    p = plan("online", **{"privacy.accountant": accountant})  # K = 7
+    rdp = plan("online")
+    assert p.noise_multiplier < rdp.noise_multiplier  # less noise for the same guarantee
+    if expected_nu:
+        assert p.noise_multiplier == pytest.approx(expected_nu, abs=2e-3)  # issue's measurement
+    assert p.epsilon_spent <= 3
+    # dp-accounting's PLD, independently: the calibrated nu spends the target within 1 %
+    assert pld_epsilon(Q, p.noise_multiplier, 7 * T, 1e-5) == pytest.approx(3, rel=0.01)
+
+
+def test_liu_talwar_matches_theorem_1_by_hand():
+    # K = 49, eps_f = 3, delta_f = 1e-5, delta_2 = 1e-20: gamma = 1/49, Upsilon = 49 ln(1e20)
+    eps1, delta1, upsilon = liu_talwar_parameters(3.0, 1e-5, 49)
+    assert upsilon == pytest.approx(49 * 20 * math.log(10))
+    root = (1e-5 - 1e-20) / upsilon
+    assert delta1 == pytest.approx(root ** 2 / 2)
+    assert eps1 == pytest.approx(1 - root)
+    # and back: the candidate's (eps1, delta1) give the final guarantee of Theorem 1
+    assert 3 * eps1 + 3 * math.sqrt(2 * delta1) == pytest.approx(3.0)
+    assert math.sqrt(2 * delta1) * upsilon + 1e-20 == pytest.approx(1e-5)
+    # one candidate (gamma = 1): Upsilon = ln(1/delta_2)
+    eps1, delta1, upsilon = liu_talwar_parameters(1.0, 1e-6, 1)
+    assert upsilon == pytest.approx(math.log(1e20)) and eps1 == pytest.approx((1 - 3 * (1e-6 - 1e-20) / upsilon) / 3)
+
+
+def test_plan_reports_liu_talwar_both_ways():
+    small, large = plan("online"), plan("fixed_threshold")  # K = 7 and K = 49
+    assert small.liu_talwar["noise_multiplier"] > small.noise_multiplier  # composition cheaper for few runs
+    assert large.liu_talwar["noise_multiplier"] < large.noise_multiplier  # LT cheaper for many
+    assert large.liu_talwar["epsilon_with_composition_nu"] < 3 < small.liu_talwar["epsilon_with_composition_nu"]
+
+
+@pytest.mark.parametrize("key, value, message", [("privacy.budget", "per_epoch", "privacy.budget"),
+                                                 ("privacy.accountant", "gdp", "privacy.accountant"),
+                                                 ("privacy.selection", "liu_talwar", "not implemented")])
+def test_invalid_modes_are_refused(key, value, message):
+    with pytest.raises(DpgridError, match=message):
+        plan(**{key: value})

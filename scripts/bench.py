@@ -89,12 +89,21 @@ def make_step(model_name, method, engine_name):
     return strategy_step(model_name, method, engine_name)
 
 
+def peak_rss_mb() -> float:
+    """Peak resident memory of this process image. VmHWM, not ru_maxrss: Linux carries a forked
+    parent's peak into the child's ru_maxrss across exec, which would hide the child's own peak."""
+    try:
+        with open("/proc/self/status") as f:
+            return int(f.read().split("VmHWM:")[1].split()[0]) / 1024
+    except (OSError, IndexError):
+        return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+
 def peak_memory_mb(model_name, method, engine_name) -> float:
-    """Peak resident memory a step adds, in a fresh process so that peaks do not mix."""
-    code = (f"import sys, resource; sys.path.insert(0, {os.path.dirname(os.path.abspath(__file__))!r}); "
+    """Peak resident memory a step adds above its set-up, in a fresh process so peaks do not mix."""
+    code = (f"import sys; sys.path.insert(0, {os.path.dirname(os.path.abspath(__file__))!r}); "
             f"import bench; step = bench.make_step({model_name!r}, {method!r}, {engine_name!r}); "
-            "base = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss; [step() for _ in range(3)]; "
-            "print((resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - base) / 1024)")
+            "base = bench.peak_rss_mb(); [step() for _ in range(3)]; print(bench.peak_rss_mb() - base)")
     out = subprocess.run([sys.executable, "-W", "ignore", "-c", code], capture_output=True, text=True, check=True)
     return float(out.stdout.strip().splitlines()[-1])
 

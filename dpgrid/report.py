@@ -46,7 +46,7 @@ def collect(results_dir: Path) -> pd.DataFrame:
         metric = pd.read_csv(folder / "runs.csv", nrows=1)["metric"].iloc[0]
         row = dict(dataset=plan["dataset"], strategy=plan["strategy"], k=plan["k"], epsilon=plan["epsilon"],
                    metric=metric, noise_multiplier=plan["noise_multiplier"], epsilon_spent=plan["epsilon_spent"],
-                   n_configs=plan["n_configs"], path=str(folder))
+                   n_configs=plan["n_configs"], configs_run=len(summary), path=str(folder))
         best = summary[summary.best]
         if len(best):
             b = best.iloc[0]
@@ -57,7 +57,7 @@ def collect(results_dir: Path) -> pd.DataFrame:
             row.update(status=DIVERGED, value=math.nan, std=math.nan)
         rows.append(row)
     columns = ["dataset", "strategy", "k", "epsilon", "metric", "lr", "clip", "quantile", "config_id", "value",
-               "std", "n_seeds", "status", "noise_multiplier", "epsilon_spent", "n_configs", "path"]
+               "std", "n_seeds", "status", "noise_multiplier", "epsilon_spent", "n_configs", "configs_run", "path"]
     return pd.DataFrame(rows).reindex(columns=columns)
 
 
@@ -93,6 +93,10 @@ def paper_layout(grids: pd.DataFrame, dataset: str, k: int, with_values: bool):
                 table.loc[e_index, f"{LABEL[strategy]} {name}"] = MISSING if reason else fmt_value(cell.value.iloc[0], metric)
                 table.loc[e_index, f"{LABEL[strategy]} std"] = MISSING if reason else fmt_value(cell["std"].iloc[0], metric)
     footnotes = [f"{MISSING}: {reason}: {', '.join(cells)}" for reason, cells in notes.items()]
+    partial = grids[(grids.configs_run < grids.n_configs) & grids.strategy.isin(PRIVATE)]
+    if len(partial):  # grid.only: the best of a subset, still with the whole grid's noise
+        footnotes.append("partial grids (grid.only; best of the configurations run, whole grid's noise): " + ", ".join(
+            f"{LABEL[r.strategy]} ε={r.epsilon:g} ({r.configs_run} of {r.n_configs})" for r in partial.itertuples()))
     nodp = grids[(grids.strategy == "nodp") & (grids.status == "ok")]
     if len(nodp):
         best = nodp.sort_values("value", ascending=metric == "mse").iloc[0]
@@ -128,6 +132,8 @@ def comparison(grids: pd.DataFrame, paper: pd.DataFrame, dataset: str, k: int) -
         status = NOT_RUN if cell.empty else cell.status.iloc[0]
         ours = cell.iloc[0] if len(cell) else None
         row = dict(epsilon=p.epsilon, strategy=p.strategy, paper_value=p.value, paper_std=p.std,
+                   configs_run=ours.configs_run if ours is not None else 0,
+                   n_configs=ours.n_configs if ours is not None else math.nan,
                    value=ours.value if ours is not None else math.nan,
                    std=ours["std"] if ours is not None else math.nan, status=status)
         for axis in AXES[p.strategy]:
@@ -155,6 +161,8 @@ def comparison_markdown(comp: pd.DataFrame, metric: str, title: str) -> str:
                   else f"{MISSING} ({r.status})")
         diff = fmt_value(r.difference, metric) if not pd.isna(r.difference) else MISSING
         within = MISSING if r.within_std is None or pd.isna(r.within_std) else ("yes" if r.within_std else "no")
+        if r.status == "ok" and r.configs_run < r.n_configs:
+            ours_hp += f" ({r.configs_run:.0f} of {r.n_configs:.0f} configurations run)"
         lines.append(f"| {r.epsilon:g} | {LABEL[r.strategy]} | {paper_hp} | {paper_v} | {ours_hp} | {ours_v} | "
                      f"{diff} | {within} |")
     return "\n".join(lines) + "\n"

@@ -10,13 +10,13 @@ import pytest
 from dpgrid.report import paper_results, write_tables
 
 
-def make_grid(root, dataset, strategy, epsilon, k, configs, metric="accuracy"):
+def make_grid(root, dataset, strategy, epsilon, k, configs, metric="accuracy", n_configs=None):
     """configs: list of (config_id, {hp}, [values per seed], n_diverged)."""
     folder = root / dataset / strategy / f"eps={epsilon}" / f"k={k}"
     folder.mkdir(parents=True)
     folder.joinpath("plan.json").write_text(json.dumps(dict(
         dataset=dataset, strategy=strategy, k=k, epsilon=epsilon, noise_multiplier=1.0, epsilon_spent=epsilon * 0.999,
-        n_configs=len(configs))))
+        n_configs=n_configs or len(configs))))
     runs, summary = [], []
     for config_id, hp, values, diverged in configs:
         for seed, v in enumerate(values):
@@ -44,7 +44,7 @@ def tree(tmp_path):
     make_grid(root, "mnist", "online", 3, 9, [("lr4", {"lr": 0.316228}, [91.16, 92.22], 0),
                                               ("lr3", {"lr": 0.1}, [80.0, 81.0], 0)])
     # online eps=5: 91.62 +- 0.10 at lr=1 (paper 91.62: diff 0, within)
-    make_grid(root, "mnist", "online", 5, 9, [("lr5", {"lr": 1.0}, [91.52, 91.72], 0)])
+    make_grid(root, "mnist", "online", 5, 9, [("lr5", {"lr": 1.0}, [91.52, 91.72], 0)], n_configs=9)
     # fixed_threshold eps=3: every seed of every configuration diverged
     make_grid(root, "mnist", "fixed_threshold", 3, 9, [("lr0_clip0", {"lr": 0.003162, "clip": 0.01}, [], 2)])
     make_grid(root, "mnist", "nodp", 3, 9, [("lr0", {"lr": 0.003162}, [98.0, 98.2], 0)])
@@ -67,6 +67,7 @@ def test_paper_layout_cells(tree):
     assert "–: all seeds diverged: Fixed Threshold ε=3" in md
     assert "–: grid not run: " in md and "Online ε=7" in md and "Adam WOSM ε=9" in md
     assert "best NoDP: ρ = 0.003162, 98.10" in md
+    assert "partial grids (grid.only; best of the configurations run, whole grid's noise): Online ε=5 (1 of 9)" in md
     assert "0" not in table.loc[table["ε"] == "7", "Online acc"].item()  # never zero for missing
     tex = (tree / "tables" / "mnist_k9.tex").read_text()
     assert r"\toprule" in tex and r"\bottomrule" in tex and "91.69" in tex and r"$\rho$" in tex
@@ -97,6 +98,7 @@ def test_comparison_with_the_paper(tree):
     md = (tree / "tables" / "mnist_k9_vs_paper.md").read_text()
     assert "| 3 | Online | ρ=0.316 | 90.69 ± 0.53 | ρ=0.3162 | 91.69 ± 0.53 | 1.00 | no |" in md
     assert "| 7 | Online | ρ=1 | 92.94 ± 0.90 | – | – (grid not run) | – | – |" in md
+    assert "| 5 | Online | ρ=1 | 91.62 ± 0.83 | ρ=1 (1 of 9 configurations run) | 91.62 ± 0.10 | 0.00 | yes |" in md
 
 
 def test_figures_are_written(tree):

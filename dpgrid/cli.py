@@ -31,17 +31,26 @@ def config_dir() -> str:
         return str(Path(__file__).resolve().parent.parent / "conf")
 
 
-def remove_created(out: Path) -> None:
-    """Delete a run directory holding nothing but Hydra's files, and its empty parents below cwd."""
+def outermost_missing(path: Path) -> Path | None:
+    """The outermost folder of `path` that does not exist yet (what creating `path` would add)."""
+    missing = [p for p in [path, *path.parents] if not p.exists()]
+    return missing[-1] if missing else None
+
+
+def remove_created(out: Path, outermost: Path | None) -> None:
+    """Delete a run directory holding nothing but Hydra's files, and the empty parents created with it
+    (up to `outermost`; when that is unknown, as in a multirun, up to the working directory)."""
     import shutil
 
     shutil.rmtree(out / ".hydra", ignore_errors=True)
     (out / "cli.log").unlink(missing_ok=True)
     cwd = Path.cwd().resolve()
     for folder in [out.resolve(), *out.resolve().parents]:
-        if folder == cwd or cwd not in folder.parents or any(folder.iterdir()):
+        if any(folder.iterdir()) or (outermost is None and (folder == cwd or cwd not in folder.parents)):
             break
         folder.rmdir()
+        if folder == outermost:
+            break
 
 
 def compose(overrides: list, with_hydra: bool = False):
@@ -116,6 +125,7 @@ def run_command(args: list) -> None:
     from . import DpgridError
     from .runner import check_run, describe_best, run_grid
 
+    outermost = None
     if not ({"-m", "--multirun"} & set(args)):
         # Refuse bad names, syntax and values before Hydra creates the run directory.
         cfg = compose([a for a in args if not a.startswith("-")], with_hydra=True)
@@ -123,6 +133,7 @@ def run_command(args: list) -> None:
             check_run(cfg, cfg.hydra.run.dir)
         except DpgridError as e:
             fail(e)
+        outermost = outermost_missing(Path(cfg.hydra.run.dir).resolve())
 
     @hydra.main(version_base="1.3", config_path=config_dir(), config_name="config")
     def task(cfg) -> None:
@@ -132,7 +143,7 @@ def run_command(args: list) -> None:
             summary = run_grid(cfg, out)
         except DpgridError as e:  # e.g. missing data: leave no directory behind that we created
             if not existed:
-                remove_created(Path(out))
+                remove_created(Path(out), outermost)
             fail(e)
         print(describe_best(summary, cfg.dataset.task))
         print(f"results: {out}")

@@ -102,9 +102,13 @@ NOT_HASHED = ("train.device", "train.engine", "grid.only", "overwrite")  # do no
 
 
 def config_hash(cfg) -> str:
-    """Hash of the resolved config, less the settings that cannot change the results."""
+    """Hash of the resolved config, less the settings that cannot change the results.
+
+    train.seeds is left out unless the seeds are accounted: seed s's run does not depend on how many
+    seeds there are, so a grid can be extended with more seeds in place (its resume runs only the new ones)."""
     plain = OmegaConf.to_container(OmegaConf.masked_copy(cfg, [k for k in cfg if k != "hydra"]), resolve=True)
-    for key in NOT_HASHED:
+    unhashed = NOT_HASHED if plain["privacy"]["account_seeds"] else (*NOT_HASHED, "train.seeds")
+    for key in unhashed:
         section, _, name = key.rpartition(".")
         (plain.get(section, {}) if section else plain).pop(name, None)
     return hashlib.sha256(json.dumps(plain, sort_keys=True).encode()).hexdigest()[:16]

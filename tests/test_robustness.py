@@ -83,6 +83,23 @@ def test_reusing_a_directory_with_another_config_is_refused(tmp_path):
     assert set(pd.read_csv(out / "runs.csv").steps) == {23}  # 2 epochs of 1437 / 128
 
 
+def test_more_seeds_extend_a_grid_in_place_unless_seeds_are_accounted(tmp_path):
+    one, two = tmp_path / "one", tmp_path / "two"
+    small = ["strategy=fixed_threshold", "grid.k=2", "train.epochs=1", "grid.only=[lr1_clip0]"]
+    subprocess.run([*COMMAND, *small, "train.seeds=1", f"hydra.run.dir={one}"], check=True, capture_output=True)
+    first = results(one)[0]
+    subprocess.run([*COMMAND, *small, "train.seeds=2", f"hydra.run.dir={one}"], check=True, capture_output=True)
+    subprocess.run([*COMMAND, *small, "train.seeds=2", f"hydra.run.dir={two}"], check=True, capture_output=True)
+    extended, fresh = results(one)[0], results(two)[0]
+    assert list(extended.seed) == [0, 1]
+    pd.testing.assert_frame_equal(extended.iloc[:1], first)  # seed 0 kept, not redone
+    pd.testing.assert_frame_equal(extended, fresh)
+    accounted = ["privacy.account_seeds=true", f"hydra.run.dir={tmp_path / 'accounted'}"]
+    subprocess.run([*COMMAND, *small, "train.seeds=1", *accounted], check=True, capture_output=True)
+    r = subprocess.run([*COMMAND, *small, "train.seeds=2", *accounted], capture_output=True, text=True)
+    assert r.returncode == 2 and "different config" in r.stderr  # accounted seeds change the noise
+
+
 @pytest.fixture
 def bad_data(tmp_path):
     """Data roots with one broken thing each."""
@@ -132,6 +149,18 @@ def test_bad_input_is_refused_with_one_line_and_nothing_written(args, message, b
     assert r.returncode == 2, r.stderr
     assert len(errors) == 1 and errors[0].startswith("dpgrid: error:") and message in errors[0], r.stderr
     assert list(cwd.iterdir()) == []  # nothing written
+
+
+def test_refused_data_leaves_no_folders_at_an_explicit_run_dir(bad_data, tmp_path):
+    cwd, elsewhere = tmp_path / "work", tmp_path / "elsewhere"
+    cwd.mkdir()
+    elsewhere.mkdir()
+    run_dir = elsewhere / "study" / "mnist" / "eps=3"
+    r = subprocess.run([*COMMAND, "dataset=mnist", f"data.root={bad_data['missing']}",
+                        f"hydra.run.dir={str(run_dir).replace('=', chr(92) + '=')}"],
+                       capture_output=True, text=True, cwd=cwd, timeout=300)
+    assert r.returncode == 2 and "missing data file" in r.stderr, r.stderr
+    assert list(elsewhere.iterdir()) == [] and list(cwd.iterdir()) == []  # folders it created are gone too
 
 
 def test_delta_above_one_over_n_is_allowed_with_a_warning():

@@ -134,11 +134,22 @@ def test_added_noise_has_the_planned_std(name, noise, expected_std):
     assert abs(float(theta.mean())) < 5 * expected_std / math.sqrt(200_000)
 
 
-def test_online_q_noise_has_unit_sensitivity_std():
-    s, _ = make("online", {"lr": 1.0}, noise={"noise_multiplier_g": 1.0, "noise_multiplier_q": 8.0},
-                batch_size=64, dim=200_000)
-    s.step(grads_from(torch.zeros(5, 200_000, dtype=torch.float64)))
-    assert float(s.prev_q[0].std()) == pytest.approx(8.0 / 64, rel=0.02)
+def test_online_q_alignment_is_distributed_as_with_q_tilde_drawn_in_full():
+    """g . q_tilde with q_tilde = (sum_i q_i + N(0, nu_q^2 I)) / B, unit sensitivity: drawn in full many
+    times, and as online's one-number shortcut, the two samples agree in mean and std."""
+    torch.manual_seed(1)
+    nu_q, b, dim, draws = 8.0, 64, 50, 20_000
+    s, _ = make("online", {"lr": 1.0}, noise={"noise_multiplier_g": 1.0, "noise_multiplier_q": nu_q},
+                batch_size=b, dim=dim)
+    q_sum = torch.randn(dim, dtype=torch.float64)
+    g = torch.randn(dim, dtype=torch.float64)
+    s.prev_q_sum = [q_sum]
+    shortcut = torch.stack([s.q_alignment([g]) for _ in range(draws)])
+    full = (q_sum + nu_q * torch.randn(draws, dim, dtype=torch.float64)) @ g / b
+    mean, std = float(g @ q_sum / b), nu_q * float(g.norm()) / b
+    for sample in (shortcut, full):
+        assert float(sample.mean()) == pytest.approx(mean, abs=4 * std / math.sqrt(draws))
+        assert float(sample.std()) == pytest.approx(std, rel=0.02)
 
 
 def test_empty_batch_adds_noise_only():

@@ -55,7 +55,8 @@ class Strategy:
 
     def noisy_mean(self, sums: list, std) -> list:
         """Gaussian mechanism: (sum + N(0, std^2 I)) / B, with B the expected batch size."""
-        return [standard_normal(s.shape, self.generator, s.device, s.dtype).mul_(std).add_(s).div_(self.batch_size)
+        scale = std / self.batch_size
+        return [standard_normal(s.shape, self.generator, s.device, s.dtype).mul_(scale).add_(s, alpha=1 / self.batch_size)
                 for s in sums]
 
     def clip_weights(self, norms: torch.Tensor) -> torch.Tensor:
@@ -80,4 +81,4 @@ class Strategy:
 
 def dot(a: list, b: list) -> torch.Tensor:
     """Inner product of two parameter-shaped lists, as one 0-d tensor (no host sync)."""
-    return sum((x * y).sum() for x, y in zip(a, b))
+    return sum(torch.dot(x.reshape(-1), y.reshape(-1)) for x, y in zip(a, b))

@@ -113,7 +113,7 @@ def print_comparison(cfg, plan) -> None:
     per_config = plan.seeds if plan.account_seeds else 1
     print(f"  {'accountant':<11}{'per_grid nu':>13}{'per_run nu':>13}")
     for accountant in ACCOUNTANTS:
-        nus = [calibrate(plan.epsilon, plan.sample_rate, runs * plan.steps, plan.delta, 1e-3, accountant)
+        nus = [calibrate(plan.epsilon, plan.sample_rate, runs * plan.steps, plan.delta, accountant=accountant)
                for runs in (plan.composed_runs, per_config)]
         print(f"  {accountant:<11}{nus[0]:>13.4f}{nus[1]:>13.4f}")
 

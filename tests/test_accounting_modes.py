@@ -72,3 +72,19 @@ def test_plan_reports_liu_talwar_both_ways():
 def test_invalid_modes_are_refused(key, value, message):
     with pytest.raises(DpgridError, match=message):
         plan(**{key: value})
+
+
+def test_plan_compare_agrees_with_the_plan_it_compares(capsys):
+    """`dpgrid plan --compare`: the rdp per_grid column is the plan's own nu, per_run is K = 1, and the
+    tighter accountants need less noise in both columns."""
+    from dpgrid.cli import print_comparison
+
+    cfg = load_cfg("mnist", "fixed_threshold", **{"grid.k": 7})
+    p = plan()
+    print_comparison(cfg, p)
+    rows = {line.split()[0]: [float(v) for v in line.split()[1:]] for line in capsys.readouterr().out.splitlines()[1:]}
+    assert set(rows) == {"rdp", "pld", "prv"}
+    assert rows["rdp"][0] == pytest.approx(p.noise_multiplier, abs=1e-4)
+    assert rows["rdp"][1] == pytest.approx(calibrate(3, Q, T, 1e-5), abs=1e-4)
+    for tighter in ("pld", "prv"):
+        assert rows[tighter][0] < rows["rdp"][0] and rows[tighter][1] < rows["rdp"][1]

@@ -143,14 +143,29 @@ class FastEngine:
 
         def weighted_sum(w):
             sums = [None] * len(self.params)
+            subsets = disjoint_subsets(w)
             for f, (iw, ib) in zip(factors, self._slots):
-                weight, bias = f.weighted_sum(w.to(f.dtype))
+                weight, bias = f.weighted_sum(w.to(f.dtype), subsets)
                 sums[iw] = weight
                 if ib is not None:
                     sums[ib] = bias
             return sums
 
         return PerSampleGrads(len(x), losses.detach().mean(), norms, weighted_sum)
+
+
+def disjoint_subsets(w):
+    """When the m rows of w have disjoint supports (each sample weighted in one row at most, e.g.
+    online's unclipped samples and its q_i), each row's support as sample indices, None standing for
+    every sample; None when m = 1 or the rows overlap. Found once per batch for all layers. CPU only:
+    on CUDA the test would synchronise with the host every step."""
+    if len(w) == 1 or w.is_cuda:
+        return None
+    owner = w != 0
+    if bool((owner.sum(0) > 1).any()):
+        return None
+    return [None if count == w.shape[1] else owner[k].nonzero().squeeze(1)
+            for k, count in enumerate(owner.sum(1).tolist())]
 
 
 def layer_factors(module, a, g):
@@ -190,36 +205,40 @@ class LinearFactors:
         self.a, self.g, self.has_bias, self.dtype = a, g, has_bias, g.dtype
 
     def sq_norms(self):
-        g2 = self.g.pow(2).sum(1)
-        return g2 * self.a.pow(2).sum(1) + (g2 if self.has_bias else 0)
+        # vector_norm reduces without a (b, in) temporary: large fresh buffers page-fault on every step
+        g2 = torch.linalg.vector_norm(self.g, dim=1).square_()
+        return g2 * torch.linalg.vector_norm(self.a, dim=1).square_() + (g2 if self.has_bias else 0)
 
-    def weighted_sum(self, w):
+    def weighted_sum(self, w, subsets=None):
         """w: (m, b) -> (m, out, in): sum_m = (w_m * G)^T A."""
-        m, (b, out) = len(w), self.g.shape
+        m, (b, out), n_in = len(w), self.g.shape, self.a.shape[1]
         bias = w @ self.g if self.has_bias else None
-        if m > 1 and not w.is_cuda:
-            owner = w != 0
-            if bool((owner.sum(0) <= 1).all()):
-                # Disjoint supports (e.g. online's unclipped / clipped samples): each sample joins one
-                # sum only, so all m sums cost one b-long matmul instead of m (CPU only: no host sync on CUDA).
-                sums = self.g.new_empty(m, out, self.a.shape[1])
-                for k in range(m):
-                    self._subset_sum(w[k], owner[k], sums[k])
-                return sums, bias
+        # For wide inputs BLAS is faster computing the transpose A^T (w G), (in, out): 750 -> 128
+        # measured 0.61 vs 1.0 ms at b = 512 on this CPU. The sums are then transposed views.
+        transposed = n_in > out
+        if subsets is not None:
+            # Disjoint supports: each sample joins one sum only, so all m sums cost one b-long matmul.
+            sums = self.g.new_empty((m, n_in, out) if transposed else (m, out, n_in))
+            for k, idx in enumerate(subsets):
+                self._subset_sum(w[k], idx, sums[k], transposed)
+            return (sums.transpose(1, 2) if transposed else sums), bias
         wg = (w[:, :, None] * self.g).transpose(0, 1).reshape(b, m * out)  # (b, m*out): one stacked matmul
-        return (wg.t() @ self.a).view(m, out, -1), bias
+        if transposed:
+            return (self.a.t() @ wg).view(n_in, m, out).permute(1, 2, 0), bias
+        return (wg.t() @ self.a).view(m, out, n_in), bias
 
-    def _subset_sum(self, w, mask, result):
-        """result <- sum over the samples in mask of w_i g_i, written in place (no stacking copy)."""
-        idx = mask.nonzero().squeeze(1)
-        if len(idx) == 0:
+    def _subset_sum(self, w, idx, result, transposed):
+        """result <- sum over the samples idx (None: all) of w_i g_i (or its transpose), in place."""
+        if idx is None:
+            g, a = self.g * w[:, None], self.a
+        elif len(idx) == 0:
             result.zero_()
-        elif len(idx) == len(w):
-            torch.mm((self.g * w[:, None]).t(), self.a, out=result)
+            return
         else:
             # index_select: 5x faster than a[idx] on CPU for these row gathers
             g = torch.index_select(self.g, 0, idx).mul_(torch.index_select(w, 0, idx)[:, None])
-            torch.mm(g.t(), torch.index_select(self.a, 0, idx), out=result)
+            a = torch.index_select(self.a, 0, idx)
+        torch.mm(a.t(), g, out=result) if transposed else torch.mm(g.t(), a, out=result)
 
 
 class MaterialisedFactors:
@@ -229,11 +248,11 @@ class MaterialisedFactors:
         self.wg, self.bg, self.has_bias, self.dtype = weight_grads, bias_grads, has_bias, weight_grads.dtype
 
     def sq_norms(self):
-        s = self.wg.flatten(1).pow(2).sum(1)
-        return s + self.bg.pow(2).sum(1) if self.has_bias else s
+        s = torch.linalg.vector_norm(self.wg.flatten(1), dim=1).square_()
+        return s + torch.linalg.vector_norm(self.bg, dim=1).square_() if self.has_bias else s
 
-    def weighted_sum(self, w):
-        """w: (m, b) -> (m, *weight.shape)."""
+    def weighted_sum(self, w, subsets=None):
+        """w: (m, b) -> (m, *weight.shape). Materialised: disjoint subsets would not save work."""
         return torch.tensordot(w, self.wg, dims=1), (w @ self.bg if self.has_bias else None)
 
 

@@ -143,13 +143,27 @@ def test_online_q_alignment_is_distributed_as_with_q_tilde_drawn_in_full():
                 batch_size=b, dim=dim)
     q_sum = torch.randn(dim, dtype=torch.float64)
     g = torch.randn(dim, dtype=torch.float64)
-    s.prev_q_sum = [q_sum]
-    shortcut = torch.stack([s.q_alignment([g]) for _ in range(draws)])
+    s.prev_q_sum = q_sum
+    shortcut = torch.stack([s.q_alignment(g) for _ in range(draws)])
     full = (q_sum + nu_q * torch.randn(draws, dim, dtype=torch.float64)) @ g / b
     mean, std = float(g @ q_sum / b), nu_q * float(g.norm()) / b
     for sample in (shortcut, full):
         assert float(sample.mean()) == pytest.approx(mean, abs=4 * std / math.sqrt(draws))
         assert float(sample.std()) == pytest.approx(std, rel=0.02)
+
+
+def test_noisy_mean_draws_the_same_noise_as_one_randn_per_sum():
+    """The flat buffer must not change which numbers a seed draws (runs stay reproducible across
+    versions), and every sum's noise is scaled by std / B, its value by 1 / B."""
+    shapes = [(3, 5), (5,), (2, 2, 2), ()]
+    sums = [torch.full(shape, float(k + 1), dtype=torch.float64) for k, shape in enumerate(shapes)]
+    s, _ = make("fixed_threshold", {"lr": 1.0, "clip": 1.0}, batch_size=4, seed=7)
+    flat, views = s.noisy_mean_flat(sums, torch.tensor(2.0, dtype=torch.float64))
+    g = torch.Generator().manual_seed(7)
+    expected = [(torch.randn(shape, generator=g, dtype=torch.float64) * 2.0 + k + 1) / 4 for k, shape in enumerate(shapes)]
+    for view, e in zip(views, expected):
+        torch.testing.assert_close(view, e, rtol=1e-15, atol=1e-15)
+    assert flat.shape == (15 + 5 + 8 + 1,) and torch.equal(flat, torch.cat([e.reshape(-1) for e in expected]))
 
 
 def test_empty_batch_adds_noise_only():

@@ -31,7 +31,7 @@ class AdamWOSM(Strategy):
         correction = 1 - self.beta1 ** self.t
         for p, m, g in zip(self.params, self.m, g_tilde):
             m.mul_(self.beta1).add_(g, alpha=1 - self.beta1)
-            p.sub_(self.lr * m / correction)
+            p.addcmul_(m, self.lr, value=-1 / correction)  # theta -= ESS m_hat, no temporaries
 
 
 STRATEGY = AdamWOSM

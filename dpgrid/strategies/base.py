@@ -20,11 +20,15 @@ def secure_normal(shape) -> torch.Tensor:
     return torch.from_numpy(z).reshape(shape)
 
 
-def standard_normal(shape, generator, device, dtype) -> torch.Tensor:
-    """N(0, I) from a seeded torch.Generator, or from secure_normal when generator is "secure"."""
+def standard_normal(shape, generator, device, dtype, out=None) -> torch.Tensor:
+    """N(0, I) from a seeded torch.Generator, or from secure_normal when generator is "secure";
+    written into `out` (contiguous) when given."""
     if isinstance(generator, torch.Generator):
+        if out is not None:
+            return torch.randn(shape, generator=generator, out=out)
         return torch.randn(shape, generator=generator, device=device, dtype=dtype)
-    return secure_normal(shape).to(device=device, dtype=dtype)
+    z = secure_normal(shape).to(device=device, dtype=dtype)
+    return z if out is None else out.copy_(z)
 
 
 class Strategy:
@@ -55,9 +59,19 @@ class Strategy:
 
     def noisy_mean(self, sums: list, std) -> list:
         """Gaussian mechanism: (sum + N(0, std^2 I)) / B, with B the expected batch size."""
-        scale = std / self.batch_size
-        return [standard_normal(s.shape, self.generator, s.device, s.dtype).mul_(scale).add_(s, alpha=1 / self.batch_size)
-                for s in sums]
+        return self.noisy_mean_flat(sums, std)[1]
+
+    def noisy_mean_flat(self, sums: list, std):
+        """noisy_mean as one flat vector and per-parameter views of it (a dot product is then one op).
+        The noise is drawn sum by sum: the same numbers as one standard_normal per sum."""
+        flat = sums[0].new_empty(sum(s.numel() for s in sums))
+        views = split_like(flat, sums)
+        for view in views:
+            standard_normal(view.shape, self.generator, flat.device, flat.dtype, out=view)
+        flat.mul_(std / self.batch_size)
+        for view, s in zip(views, sums):
+            view.add_(s, alpha=1 / self.batch_size)
+        return flat, views
 
     def clip_weights(self, norms: torch.Tensor) -> torch.Tensor:
         """w_i = min(1, C / n_i), so that ||w_i g_i|| <= C (Eq. 4)."""
@@ -73,12 +87,24 @@ class Strategy:
                 v.mul_(self.momentum).add_(d)
             direction = self._velocity
         for p, d in zip(self.params, direction):
-            p.sub_(lr * d)
+            p.addcmul_(d, lr, value=-1)  # no lr * d temporary, and lr stays a tensor (no host sync)
 
     def step(self, grads) -> None:
         raise NotImplementedError
 
 
-def dot(a: list, b: list) -> torch.Tensor:
-    """Inner product of two parameter-shaped lists, as one 0-d tensor (no host sync)."""
-    return sum(torch.dot(x.reshape(-1), y.reshape(-1)) for x, y in zip(a, b))
+def split_like(flat: torch.Tensor, tensors: list) -> list:
+    """Views of consecutive pieces of `flat`, shaped like `tensors`."""
+    views, start = [], 0
+    for t in tensors:
+        views.append(flat[start:start + t.numel()].view(t.shape))
+        start += t.numel()
+    return views
+
+
+def flatten(tensors: list) -> torch.Tensor:
+    """The tensors concatenated into one flat vector (one copy, whatever their strides)."""
+    flat = tensors[0].new_empty(sum(t.numel() for t in tensors))
+    for view, t in zip(split_like(flat, tensors), tensors):
+        view.copy_(t)
+    return flat

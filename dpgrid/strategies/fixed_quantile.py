@@ -33,6 +33,7 @@ class FixedQuantile(Strategy):
         super().__init__(*args, **kwargs)
         self.clip.fill_(float(self.cfg.clip0))
         self.quantile = float(self.hp["quantile"])
+        self.clip_lr = float(self.cfg.clip_lr)  # eta_C (config reads are slow in the hot loop)
 
     def step(self, grads) -> None:
         clipped_sum = grads.weighted_sum(self.clip_weights(grads.norms))
@@ -40,7 +41,7 @@ class FixedQuantile(Strategy):
         unclipped = ((grads.norms <= self.clip).to(self.clip.dtype) - 0.5).sum()
         b_tilde = self.noisy_mean([unclipped], self.noise["count_noise_std"])[0] + 0.5
         self.descend(g_tilde, self.lr)
-        self.clip = self.clip * torch.exp(-float(self.cfg.clip_lr) * (b_tilde - self.quantile))
+        self.clip = self.clip * torch.exp(-self.clip_lr * (b_tilde - self.quantile))
 
 
 STRATEGY = FixedQuantile

@@ -1,6 +1,6 @@
 import torch
 
-from .base import Strategy, dot, standard_normal
+from .base import Strategy, flatten, standard_normal
 
 
 class Online(Strategy):
@@ -34,7 +34,8 @@ class Online(Strategy):
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
         self.clip.fill_(float(self.cfg.clip0))
-        self.prev_g = self.prev_q_sum = None  # g_tilde_{t-1} and sum_i q_i of t-1; None stands for 0
+        self.clip_lr, self.lr_lr = float(self.cfg.clip_lr), float(self.cfg.lr_lr)  # rho_c, rho_r (config reads are slow)
+        self.prev_g = self.prev_q_sum = None  # g_tilde_{t-1} and sum_i q_i of t-1, flat; None stands for 0
 
     def step(self, grads) -> None:
         norms, clip = grads.norms, self.clip
@@ -44,19 +45,19 @@ class Online(Strategy):
         # two sums over disjoint samples, which the engine computes for the price of one.
         unclipped_sum, q_sum = grads.weighted_sums(unclipped, q_weights)
         clipped_sum = [u.addcmul_(q, clip) for u, q in zip(unclipped_sum, q_sum)]  # in place: u is ours
-        g_tilde = self.noisy_mean(clipped_sum, self.noise["noise_multiplier_g"] * clip)
+        g_flat, g_tilde = self.noisy_mean_flat(clipped_sum, self.noise["noise_multiplier_g"] * clip)
         self.descend(g_tilde, self.lr)
         if self.prev_g is not None:  # sign(0) = 0 at t = 1: C and rho stay
-            self.clip = clip * torch.exp(float(self.cfg.clip_lr) * torch.sign(self.q_alignment(g_tilde)))
-            self.lr = self.lr * torch.exp(float(self.cfg.lr_lr) * torch.sign(dot(g_tilde, self.prev_g)))
-        self.prev_g, self.prev_q_sum = g_tilde, q_sum
+            self.clip = clip * torch.exp(self.clip_lr * torch.sign(self.q_alignment(g_flat)))
+            self.lr = self.lr * torch.exp(self.lr_lr * torch.sign(torch.dot(g_flat, self.prev_g)))
+        self.prev_g, self.prev_q_sum = g_flat, flatten(q_sum)
 
-    def q_alignment(self, g_tilde: list) -> torch.Tensor:
+    def q_alignment(self, g_tilde: torch.Tensor) -> torch.Tensor:
         """g_tilde_t . q_tilde_{t-1} = (g_tilde_t . sum_i q_i + nu_q ||g_tilde_t|| xi) / B, xi ~ N(0, 1)
-        (Eq. 17 with the noise projected on g_tilde_t; see the class docstring)."""
-        g_norm = dot(g_tilde, g_tilde).sqrt()
+        (Eq. 17 with the noise projected on g_tilde_t; see the class docstring). Flat vectors."""
+        g_norm = torch.linalg.vector_norm(g_tilde)
         xi = standard_normal((), self.generator, g_norm.device, g_norm.dtype)
-        return (dot(g_tilde, self.prev_q_sum) + self.noise["noise_multiplier_q"] * g_norm * xi) / self.batch_size
+        return (torch.dot(g_tilde, self.prev_q_sum) + self.noise["noise_multiplier_q"] * g_norm * xi) / self.batch_size
 
 
 STRATEGY = Online

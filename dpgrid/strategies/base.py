@@ -64,8 +64,7 @@ class Strategy:
     def noisy_mean_flat(self, sums: list, std):
         """noisy_mean as one flat vector and per-parameter views of it (a dot product is then one op).
         The noise is drawn sum by sum: the same numbers as one standard_normal per sum."""
-        flat = sums[0].new_empty(sum(s.numel() for s in sums))
-        views = split_like(flat, sums)
+        flat, views = flat_like(sums)
         for view in views:
             standard_normal(view.shape, self.generator, flat.device, flat.dtype, out=view)
         flat.mul_(std / self.batch_size)
@@ -93,18 +92,20 @@ class Strategy:
         raise NotImplementedError
 
 
-def split_like(flat: torch.Tensor, tensors: list) -> list:
-    """Views of consecutive pieces of `flat`, shaped like `tensors`."""
+def flat_like(tensors: list):
+    """An uninitialised flat vector as long as `tensors` together, and its consecutive pieces as views
+    shaped like them."""
+    flat = tensors[0].new_empty(sum(t.numel() for t in tensors))
     views, start = [], 0
     for t in tensors:
         views.append(flat[start:start + t.numel()].view(t.shape))
         start += t.numel()
-    return views
+    return flat, views
 
 
 def flatten(tensors: list) -> torch.Tensor:
     """The tensors concatenated into one flat vector (one copy, whatever their strides)."""
-    flat = tensors[0].new_empty(sum(t.numel() for t in tensors))
-    for view, t in zip(split_like(flat, tensors), tensors):
+    flat, views = flat_like(tensors)
+    for view, t in zip(views, tensors):
         view.copy_(t)
     return flat

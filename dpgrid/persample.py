@@ -27,14 +27,15 @@ from torch.func import functional_call, grad, vmap
 class PerSampleGrads:
     """One batch's per-sample gradient information.
 
-    norms: (b,) per-sample gradient norms over all parameters; loss: 0-d mean training loss;
+    norms: (b,) per-sample gradient norms over all parameters (no un-noised loss of the private batch
+    is exposed: nothing but noised quantities may leave a run);
     weighted_sum(w) -> [sum_i w_i g_i per parameter, in model.parameters() order];
     weighted_sums(w1, w2, ...) -> one such list per weight vector, computed in one pass.
     `sum_fn` maps an (m, b) weight matrix to per-parameter tensors of shape (m, *param.shape).
     """
 
-    def __init__(self, size: int, loss: torch.Tensor, norms_fn: Callable, sum_fn: Callable):
-        self.size, self.loss = size, loss
+    def __init__(self, size: int, norms_fn: Callable, sum_fn: Callable):
+        self.size = size
         self._norms_fn, self._sum_fn, self._norms = norms_fn, sum_fn, None
 
     @property
@@ -53,7 +54,7 @@ class PerSampleGrads:
 
 def empty_batch(params, device) -> PerSampleGrads:
     """Poisson sampling can draw an empty batch: no gradients (the noise is still added)."""
-    return PerSampleGrads(0, torch.zeros((), device=device), lambda: torch.zeros(0, device=device),
+    return PerSampleGrads(0, lambda: torch.zeros(0, device=device),
                           lambda w: [p.new_zeros((len(w), *p.shape)) for p in params])
 
 
@@ -76,16 +77,13 @@ class FuncEngine:
             return per_sample_losses(out, y.unsqueeze(0), task)[0]
 
         self._grads = vmap(grad(loss), in_dims=(None, 0, 0))
-        self._losses = vmap(loss, in_dims=(None, 0, 0))
 
     def __call__(self, x: torch.Tensor, y: torch.Tensor) -> PerSampleGrads:
         if len(x) == 0:
             return empty_batch(self.params, x.device)
         params = [p.detach() for p in self.params]
         grads = self._grads(params, x, y)
-        with torch.no_grad():
-            loss = self._losses(params, x, y).mean()
-        return PerSampleGrads(len(x), loss, lambda: torch.sqrt(sum(g.flatten(1).pow(2).sum(1) for g in grads)),
+        return PerSampleGrads(len(x), lambda: torch.sqrt(sum(g.flatten(1).pow(2).sum(1) for g in grads)),
                               lambda w: [torch.tensordot(w.to(g.dtype), g, dims=1) for g in grads])  # (m, *shape)
 
 
@@ -151,7 +149,7 @@ class FastEngine:
                     sums[ib] = bias
             return sums
 
-        return PerSampleGrads(len(x), losses.detach().mean(), norms, weighted_sum)
+        return PerSampleGrads(len(x), norms, weighted_sum)
 
 
 def disjoint_subsets(w):

@@ -39,7 +39,7 @@ def test_run_writes_plan_and_three_csvs(tmp_path):
     assert runs.best_value.between(0, 100).all()
 
     curves = pd.read_csv(out / "curves.csv")
-    assert list(curves.columns) == ["config_id", "seed", "step", "value", "clip", "lr", "train_loss"]
+    assert list(curves.columns) == ["config_id", "seed", "step", "value", "clip", "lr", "test_loss"]
     assert sorted(curves[(curves.config_id == "lr0_clip0") & (curves.seed == 0)].step) == [5, 10, 15, 20, 23]
     # each run's best value is the best of its validations
     best = curves.groupby(["config_id", "seed"]).value.max()

@@ -33,7 +33,7 @@ def make_grid(root, dataset, strategy, epsilon, k, configs, metric="accuracy", n
     summary.to_csv(folder / "summary.csv", index=False)
     pd.DataFrame(runs or [dict(metric=metric)]).to_csv(folder / "runs.csv", index=False)
     steps = [50, 100]
-    pd.DataFrame([dict(config_id=c, seed=0, step=s, value=60 + s / 10, clip=0.1, lr=0.3, train_loss=1.0)
+    pd.DataFrame([dict(config_id=c, seed=0, step=s, value=60 + s / 10, clip=0.1, lr=0.3, test_loss=1.0)
                   for c, *_ in configs for s in steps]).to_csv(folder / "curves.csv", index=False)
 
 

@@ -19,7 +19,7 @@ CFG = {
 
 def grads_from(per_sample: torch.Tensor) -> PerSampleGrads:
     """Per-sample gradients of a single flat parameter: (b, P)."""
-    return PerSampleGrads(len(per_sample), torch.zeros(()), lambda: per_sample.norm(dim=1),
+    return PerSampleGrads(len(per_sample), lambda: per_sample.norm(dim=1),
                           lambda w: [w.to(per_sample.dtype) @ per_sample])  # (m, P)
 
 

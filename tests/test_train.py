@@ -1,0 +1,57 @@
+"""One run's loop: what it releases, and when it calls a run diverged."""
+
+import math
+
+import torch
+from torch import nn
+
+from dpgrid.data import Data
+from dpgrid.persample import make_engine
+from dpgrid.strategies.fixed_threshold import FixedThreshold
+from dpgrid.train import train_run
+
+
+def small_data(n_train=64, n_test=32, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(n_train + n_test, 5, generator=g)
+    y = (x[:, 0] > 0).long()
+    return Data(x[:n_train], y[:n_train], x[n_train:], y[n_train:], "classification")
+
+
+def run(data, noise=0.5, lr=0.1, steps=6, engine=make_engine):
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(5, 2))
+    strategy = FixedThreshold(model.parameters(), {"lr": lr, "clip": 1.0}, {"noise_multiplier": noise}, 16, None,
+                              torch.Generator().manual_seed(1))
+    result = train_run(model, engine(model, "classification"), strategy, data, steps, 0.25, 3,
+                       torch.Generator().manual_seed(2), progress=False)
+    return model, result
+
+
+def test_curves_record_the_public_test_loss_not_the_private_training_loss():
+    data = small_data()
+    model, result = run(data)
+    assert [c["step"] for c in result.curve] == [3, 6] and "train_loss" not in result.curve[0]
+    expected = nn.functional.cross_entropy(model(data.x_test), data.y_test).item()
+    assert math.isclose(result.curve[-1]["test_loss"], expected, rel_tol=1e-6)
+
+
+def test_divergence_is_decided_from_released_quantities_only():
+    """An engine whose private batch statistics are NaN (here a `loss` attribute, as engines once
+    exposed) while the clipped, noised updates stay finite: the run is not diverged, because nothing
+    released says so. Parameters that overflow are divergence."""
+    data = small_data()
+
+    def nan_loss_engine(model, task):
+        engine = make_engine(model, task)
+
+        def call(x, y):
+            grads = engine(x, y)
+            grads.loss = torch.tensor(math.nan)
+            return grads
+        return call
+
+    _, result = run(data, engine=nan_loss_engine)
+    assert not result.diverged and math.isfinite(result.best_value)
+    _, blown = run(data, lr=1e39)  # beyond float32: the released parameters overflow
+    assert blown.diverged and math.isnan(blown.best_value)

@@ -19,6 +19,7 @@ from . import DpgridError, data as data_mod, grid, strategies
 from .models import build_model, count_parameters
 from .persample import make_engine
 from .privacy import make_plan
+from .randomness import SecureRandom
 from .train import train_run
 
 METRIC = {"classification": "accuracy", "reconstruction": "mse"}
@@ -61,10 +62,10 @@ def run_one(cfg, plan, strategy_cls, data, config: dict, seed: int, progress: bo
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(derive_seed(plan.dataset, "init", seed))  # same start for every strategy
         model = build_model(cfg.dataset).to(data.x_train.device)
-    sampler = torch.Generator().manual_seed(derive_seed(*grid_key, config["config_id"], seed, "sampling"))
-    if cfg.privacy.secure_rng:
-        noise = "secure"  # unpredictable noise; such runs are not reproducible
-    else:
+    if cfg.privacy.secure_rng:  # batches and noise unpredictable; such runs are not reproducible
+        sampler = noise = SecureRandom()
+    else:  # public seeds: reproducible, and predictable by anyone who knows these names
+        sampler = torch.Generator().manual_seed(derive_seed(*grid_key, config["config_id"], seed, "sampling"))
         noise = torch.Generator(device=data.x_train.device)
         noise.manual_seed(derive_seed(*grid_key, config["config_id"], seed, "noise"))
     hp = {k: v for k, v in config.items() if k != "config_id"}

@@ -14,6 +14,7 @@ import torch
 from tqdm.auto import tqdm
 
 from .persample import per_sample_losses
+from .randomness import permutation, poisson_batch
 
 
 @dataclass
@@ -28,22 +29,17 @@ class RunResult:
     curve: list = field(default_factory=list)  # dicts: step, value, clip, lr, test_loss
 
 
-def batches(n: int, sample_rate: float, batch_size: int, sampling: str, generator: torch.Generator):
+def batches(n: int, sample_rate: float, batch_size: int, sampling: str, source):
     """Endless batch indices: Poisson (the analysed scheme) or fixed-size batches of a fresh random
-    permutation per pass (train.sampling=shuffle, which the privacy analysis does NOT cover)."""
+    permutation per pass (train.sampling=shuffle, which the privacy analysis does NOT cover), drawn
+    from a seeded torch.Generator or a SecureRandom (dpgrid.randomness)."""
     while True:
         if sampling == "poisson":
-            yield poisson_batch(n, sample_rate, generator)
+            yield poisson_batch(n, sample_rate, source)
             continue
-        order = torch.randperm(n, generator=generator)
+        order = permutation(n, source)
         for start in range(0, n - batch_size + 1, batch_size):
             yield order[start:start + batch_size]
-
-
-def poisson_batch(n: int, sample_rate: float, generator: torch.Generator) -> torch.Tensor:
-    """Indices of a Poisson sample: each example independently with probability q (on the CPU,
-    so that sampling is identical on every device and never synchronises a GPU)."""
-    return torch.nonzero(torch.rand(n, generator=generator) < sample_rate).squeeze(1)
 
 
 @torch.inference_mode()
@@ -69,7 +65,7 @@ def is_better(a: float, b: float, task: str) -> bool:
 
 
 def train_run(model, engine, strategy, data, steps: int, sample_rate: float, eval_every: int,
-              sample_generator: torch.Generator, progress: bool = True, sampling: str = "poisson") -> RunResult:
+              sample_generator, progress: bool = True, sampling: str = "poisson") -> RunResult:
     result = RunResult()
     start = time.perf_counter()
     device = data.x_train.device

@@ -6,6 +6,11 @@ DPOptimizer (per-sample clipping and noise) as the outside baseline. Median of -
 steps after warm-up; peak memory of each step in a fresh subprocess (ru_maxrss above the set-up).
 
     python scripts/bench.py [--steps 7] [--models cnn autoencoder bag_of_words] [--engine fast] [--json]
+    python scripts/bench.py --secure --no-opacus --strategies fixed_threshold   # the cost of secure mode
+
+--secure adds three steps per model that sample their batch from a training set of the paper's size
+(MNIST 60,000; AG News 120,000) as `dpgrid run` does: seeded sampling and noise (the default),
+secure sampling only, and secure sampling and noise (privacy.secure_rng=true).
 """
 
 import argparse
@@ -65,6 +70,33 @@ def strategy_step(model_name, strategy, engine_name):
     return lambda: s.step(engine(x, y))
 
 
+N_TRAIN = {"cnn": 60000, "autoencoder": 60000, "bag_of_words": 120000}
+SECURE_MODES = {"sampled:seeded": (False, False), "sampled:secure_sampling": (True, False),
+                "sampled:secure": (True, True)}
+
+
+def sampled_step(model_name, mode, engine_name):
+    """fixed_threshold's step on a Poisson batch drawn from N examples, seeded or secure (SECURE_MODES)."""
+    from dpgrid.randomness import SecureRandom, poisson_batch
+
+    secure_sampling, secure_noise = SECURE_MODES[mode]
+    build, shape, task, classes = MODELS[model_name]
+    model, n = build(), N_TRAIN[model_name]
+    g = torch.Generator().manual_seed(0)
+    x = torch.rand((n, *shape), generator=g)
+    y = x if task == "reconstruction" else torch.randint(0, classes, (n,), generator=g)
+    sampler = SecureRandom() if secure_sampling else torch.Generator().manual_seed(1)
+    noise = SecureRandom() if secure_noise else torch.Generator().manual_seed(2)
+    s = strategies.get("fixed_threshold")(model.parameters(), {"lr": 0.1, "clip": 1.0}, {"noise_multiplier": NOISE},
+                                          BATCH, None, noise)
+    engine = make_engine(model, task, engine_name)
+
+    def step():
+        idx = poisson_batch(n, BATCH / n, sampler)
+        s.step(engine(x[idx], y[idx]))
+    return step
+
+
 def opacus_step(model_name):
     from opacus import GradSampleModule
     from opacus.optimizers import DPOptimizer
@@ -86,6 +118,8 @@ def make_step(model_name, method, engine_name):
         return nonprivate_step(model_name)
     if method == "opacus":
         return opacus_step(model_name)
+    if method in SECURE_MODES:
+        return sampled_step(model_name, method, engine_name)
     return strategy_step(model_name, method, engine_name)
 
 
@@ -118,6 +152,7 @@ def main():
     parser.add_argument("--strategies", nargs="+", default=list(STRATEGY_HP), choices=list(STRATEGY_HP))
     parser.add_argument("--engine", default="fast", choices=["fast", "func"])
     parser.add_argument("--no-opacus", action="store_true")
+    parser.add_argument("--secure", action="store_true", help="also time seeded vs secure sampling and noise")
     parser.add_argument("--no-memory", action="store_true", help="skip the peak-memory subprocesses")
     parser.add_argument("--json", action="store_true", help="print only one JSON object")
     args = parser.parse_args()
@@ -128,7 +163,8 @@ def main():
                           "batch_size": BATCH, "engine": args.engine},
               "nonprivate": [], "results": [], "opacus": []}
     for model_name in args.models:
-        methods = ["nonprivate", *args.strategies] + ([] if args.no_opacus else ["opacus"])
+        methods = (["nonprivate", *args.strategies] + ([] if args.no_opacus else ["opacus"])
+                   + (list(SECURE_MODES) if args.secure else []))
         steps = {m: make_step(model_name, m, args.engine) for m in methods}
         for step in steps.values():
             for _ in range(args.warmup):
@@ -152,6 +188,8 @@ def main():
                 report["nonprivate"].append(row)
             elif m == "opacus":
                 report["opacus"].append(row)
+            elif m in SECURE_MODES:
+                report.setdefault("secure", []).append({"model": model_name, "mode": m, **{k: v for k, v in row.items() if k != "model"}})
             else:
                 report["results"].append({"model": model_name, "strategy": m, **{k: v for k, v in row.items() if k != "model"}})
     if args.json:
@@ -163,6 +201,12 @@ def main():
         name = r.get("strategy", "opacus" if r in report["opacus"] else "nonprivate")
         print(f"{r['model']:<13} {name:<16} {r['seconds']:>8.4f} {r['ratio_to_nonprivate']:>6.2f} "
               f"{r.get('peak_mb', float('nan')):>8.0f}")
+    for model_name in args.models:
+        secure = {r["mode"]: r["seconds"] for r in report.get("secure", []) if r["model"] == model_name}
+        if secure:
+            print(f"{model_name}: sampled step (N = {N_TRAIN[model_name]:,}) seeded {secure['sampled:seeded']:.4f} s; "
+                  f"secure sampling x{secure['sampled:secure_sampling'] / secure['sampled:seeded']:.3f}; "
+                  f"secure sampling and noise x{secure['sampled:secure'] / secure['sampled:seeded']:.3f}")
     for o in report["opacus"]:
         fastest = max((r for r in report["results"] if r["model"] == o["model"]), key=lambda r: r["seconds"])
         print(f"{o['model']}: slowest dpgrid strategy ({fastest['strategy']}) is {o['seconds'] / fastest['seconds']:.1f}x "

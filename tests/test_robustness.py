@@ -192,16 +192,20 @@ def test_every_grid_spends_at_most_its_target(dataset, n_train, epsilon, strateg
     assert independent(plan.sample_rate, plan.noise_multiplier, steps, plan.delta, "rdp") <= epsilon * 1.002
 
 
-def test_secure_rng_noise_has_the_planned_std_and_no_seed():
-    from dpgrid.strategies.base import secure_normal, standard_normal
-    z = secure_normal((400_000,))
-    assert z.dtype == torch.float64 and abs(z.mean().item()) < 0.01 and z.std().item() == pytest.approx(1, rel=0.01)
-    assert not torch.equal(standard_normal((10,), "secure", "cpu", torch.float32),
-                           standard_normal((10,), "secure", "cpu", torch.float32))
-
-
 def test_secure_rng_run_completes(tmp_path):
     r = subprocess.run([*COMMAND, "strategy=fixed_threshold", "grid.k=2", "train.seeds=1", "train.epochs=1",
                         "privacy.secure_rng=true", f"hydra.run.dir={tmp_path}"], capture_output=True, text=True)
     assert r.returncode == 0, r.stderr
     assert len(pd.read_csv(tmp_path / "runs.csv")) == 4
+
+
+def test_secure_mode_draws_the_batches_too_so_even_nodp_runs_differ(tmp_path):
+    """No noise at all (nodp): two secure runs differ only if their batches do; seeded runs are identical."""
+    small = ["strategy=nodp", "grid.k=2", "train.seeds=1", "train.epochs=1", "train.eval_every=3"]
+    curves = {}
+    for name, extra in (("secure_a", ["privacy.secure_rng=true"]), ("secure_b", ["privacy.secure_rng=true"]),
+                        ("seeded_a", []), ("seeded_b", [])):
+        subprocess.run([*COMMAND, *small, *extra, f"hydra.run.dir={tmp_path / name}"], check=True, capture_output=True)
+        curves[name] = pd.read_csv(tmp_path / name / "curves.csv")
+    assert not curves["secure_a"].equals(curves["secure_b"])
+    pd.testing.assert_frame_equal(curves["seeded_a"], curves["seeded_b"])

@@ -1,34 +1,8 @@
 """What every strategy shares: the Gaussian mechanism on a sum, and the (momentum) SGD step."""
 
-import math
-import os
-
-import numpy as np
 import torch
 
-
-def secure_normal(shape) -> torch.Tensor:
-    """Standard normals from the OS's cryptographically secure generator (os.urandom), Box-Muller in
-    float64: nobody can predict the noise from a seed (the point of Opacus's secure mode)."""
-    n = math.prod(shape)
-    half = (n + 1) // 2
-    bits = np.frombuffer(os.urandom(16 * half), dtype=np.uint64) >> np.uint64(11)  # 53 random bits
-    u = (bits.astype(np.float64) + 1.0) / 2.0 ** 53  # uniform on (0, 1]
-    radius = np.sqrt(-2.0 * np.log(u[:half]))
-    angle = 2.0 * np.pi * u[half:]
-    z = np.concatenate([radius * np.cos(angle), radius * np.sin(angle)])[:n]
-    return torch.from_numpy(z).reshape(shape)
-
-
-def standard_normal(shape, generator, device, dtype, out=None) -> torch.Tensor:
-    """N(0, I) from a seeded torch.Generator, or from secure_normal when generator is "secure";
-    written into `out` (contiguous) when given."""
-    if isinstance(generator, torch.Generator):
-        if out is not None:
-            return torch.randn(shape, generator=generator, out=out)
-        return torch.randn(shape, generator=generator, device=device, dtype=dtype)
-    z = secure_normal(shape).to(device=device, dtype=dtype)
-    return z if out is None else out.copy_(z)
+from ..randomness import standard_normal  # noqa: F401  (strategies draw their noise through it)
 
 
 class Strategy:

@@ -66,12 +66,24 @@ def compose(overrides: list, with_hydra: bool = False):
         fail(str(e).strip().splitlines()[0])
 
 
+def early_checks(cfg) -> None:
+    """The checks that import nothing heavy (no torch): a bad value is refused within a second."""
+    from . import DpgridError
+    from .checks import check_config
+
+    try:
+        check_config(cfg)
+    except DpgridError as e:
+        fail(e)
+
+
 def plan_command(args: list) -> None:
+    as_json, compare = "--json" in args, "--compare" in args
+    cfg = compose([a for a in args if a not in ("--json", "--compare")])
+    early_checks(cfg)
     from . import DpgridError
     from .runner import plan_grid
 
-    as_json, compare = "--json" in args, "--compare" in args
-    cfg = compose([a for a in args if a not in ("--json", "--compare")])
     start = time.perf_counter()
     try:
         _, plan, _ = plan_grid(cfg, int(cfg.dataset.n_train))
@@ -119,16 +131,18 @@ def print_comparison(cfg, plan) -> None:
 
 
 def run_command(args: list) -> None:
+    outermost = None
+    if not ({"-m", "--multirun"} & set(args)):
+        # Refuse bad names, syntax and values before Hydra creates the run directory.
+        cfg = compose([a for a in args if not a.startswith("-")], with_hydra=True)
+        early_checks(cfg)
     import hydra
     from hydra.core.hydra_config import HydraConfig
 
     from . import DpgridError
     from .runner import check_run, describe_best, run_grid
 
-    outermost = None
     if not ({"-m", "--multirun"} & set(args)):
-        # Refuse bad names, syntax and values before Hydra creates the run directory.
-        cfg = compose([a for a in args if not a.startswith("-")], with_hydra=True)
         try:
             check_run(cfg, cfg.hydra.run.dir)
         except DpgridError as e:

@@ -4,6 +4,7 @@ Axes (SPEC §2): lr = logspace(lr_range, k), clip = logspace(clip_range, k), qua
 """
 
 import itertools
+import math
 
 import numpy as np
 
@@ -20,6 +21,15 @@ def axis_values(axis: str, grid_cfg) -> list:
     if axis == "quantile":
         return [float(v) for v in grid_cfg.quantiles]
     raise DpgridError(f"unknown grid axis {axis!r}; valid: {', '.join(ID_PREFIX)}")
+
+
+def size(strategy_cfg, grid_cfg) -> int:
+    """K, without building the configurations (a huge grid is refused before it is built)."""
+    lengths = {"lr": int(grid_cfg.k), "clip": int(grid_cfg.k), "quantile": len(grid_cfg.quantiles)}
+    unknown = [a for a in strategy_cfg.grid if a not in lengths]
+    if unknown:
+        raise DpgridError(f"strategy.grid names unknown axes {unknown}; valid: {', '.join(ID_PREFIX)}")
+    return math.prod(lengths[a] for a in strategy_cfg.grid)
 
 
 def configurations(strategy_cfg, grid_cfg) -> list:

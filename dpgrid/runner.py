@@ -8,6 +8,7 @@ import hashlib
 import json
 import math
 import os
+import re
 from pathlib import Path
 
 import pandas as pd
@@ -16,6 +17,7 @@ from omegaconf import OmegaConf
 from tqdm.auto import tqdm
 
 from . import DpgridError, data as data_mod, grid, strategies
+from .checks import check_config, check_size
 from .models import build_model, count_parameters
 from .persample import make_engine
 from .privacy import make_plan
@@ -34,17 +36,32 @@ def derive_seed(*parts) -> int:
 def resolve_device(name: str) -> torch.device:
     if name == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    if name == "cuda" and not torch.cuda.is_available():
-        raise DpgridError("train.device=cuda but no CUDA device is available; valid here: auto, cpu")
-    if name not in ("cpu", "cuda") and not name.startswith("cuda:"):
+    if name != "cpu" and not re.fullmatch(r"cuda(:\d+)?", name):
         raise DpgridError(f"train.device must be auto, cpu or cuda[:N], got {name!r}")
+    count = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    index = int(name.partition(":")[2] or 0) if name != "cpu" else 0
+    if name != "cpu" and index >= count:
+        valid = "auto, cpu" + (f", cuda:0..cuda:{count - 1}" if count else "")
+        raise DpgridError(f"train.device={name} but this machine has {count} CUDA device(s); valid here: {valid}")
     return torch.device(name)
+
+
+def validate(cfg, n_train: int):
+    """Every check that needs no data and writes nothing; returns the strategy class."""
+    check_config(cfg, n_train)
+    resolve_device(str(cfg.train.device))
+    strategy_cls = strategies.get(cfg.strategy.name)
+    strategy_cls.check_config(cfg)
+    n_configs = grid.size(cfg.strategy, cfg.grid)
+    steps = math.ceil(int(cfg.train.epochs) * n_train / int(cfg.train.batch_size))
+    check_size(n_configs, n_configs * int(cfg.train.seeds), steps, cfg.dataset.get("seconds_per_step"),
+               bool(cfg.grid.allow_large))
+    return strategy_cls
 
 
 def plan_grid(cfg, n_train: int):
     """The validated grid: (strategy class, plan, selected configurations). Raises DpgridError."""
-    resolve_device(str(cfg.train.device))
-    strategy_cls = strategies.get(cfg.strategy.name)
+    strategy_cls = validate(cfg, n_train)
     configs = grid.configurations(cfg.strategy, cfg.grid)
     selected = grid.select(configs, cfg.grid.only)
     plan = make_plan(cfg, n_train, strategy_cls, configs, count_parameters(build_model(cfg.dataset)))
@@ -74,7 +91,7 @@ def run_one(cfg, plan, strategy_cls, data, config: dict, seed: int, progress: bo
                             momentum=float(cfg.train.momentum))
     engine = make_engine(model, data.task, str(cfg.train.engine))
     return train_run(model, engine, strategy, data, plan.steps, plan.sample_rate, int(cfg.train.eval_every),
-                     sampler, progress, sampling=plan.sampling)
+                     sampler, progress, sampling=str(cfg.train.sampling))
 
 
 def append_csv(path: Path, rows: list) -> None:

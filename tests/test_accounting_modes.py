@@ -6,7 +6,8 @@ import pytest
 
 from dpgrid import DpgridError, strategies
 from dpgrid.grid import configurations
-from dpgrid.privacy import calibrate, epsilon_of, liu_talwar_parameters, make_plan, pld_epsilon
+from dpgrid.privacy import calibrate, epsilon_of, liu_talwar_parameters, pld_epsilon
+from dpgrid.runner import plan_grid
 
 from .conftest import load_cfg
 
@@ -15,7 +16,7 @@ Q, T = 512 / 60000, 1172
 
 def plan(strategy="fixed_threshold", **overrides):
     cfg = load_cfg("mnist", strategy, **{"grid.k": 7, **overrides})
-    return make_plan(cfg, 60000, strategies.get(strategy), configurations(cfg.strategy, cfg.grid), 0)
+    return plan_grid(cfg, 60000)[1]  # validated, as `dpgrid plan` and `dpgrid run` make it
 
 
 def test_per_run_and_per_grid_differ_exactly_by_the_k_fold_composition():

@@ -104,8 +104,8 @@ def test_plan_json_reports_per_query_multipliers():
 @pytest.mark.parametrize("args, message", [
     (["run", "strategy=bogus"], "strategy"),
     (["plan", "dataset=bogus"], "dataset"),
-    (["plan", "privacy.epsilon=0"], "privacy.epsilon must be > 0"),
-    (["plan", "grid.k=1"], "grid.k must be at least 2"),
+    (["plan", "privacy.epsilon=0"], "privacy.epsilon must be in (0, 100]"),
+    (["plan", "grid.k=1"], "grid.k must be a whole number >= 2"),
     (["frobnicate"], "unknown command"),
 ])
 def test_bad_input_is_one_line_and_exit_2(args, message, tmp_path):

@@ -51,8 +51,11 @@ def test_knobs_are_recorded_and_change_the_runs(tmp_path):
     base, momentum, shuffle, delta = (outs[n] for n in ("base", "momentum", "shuffle", "delta"))
     assert (base[0].momentum == 0).all() and (momentum[0].momentum == 0.9).all()
     assert not base[0].best_value.equals(momentum[0].best_value)
-    assert (shuffle[0].sampling == "shuffle").all() and shuffle[1]["sampling"] == "shuffle"
-    assert "do not match the Poisson analysis" in shuffle[2]
+    # shuffled batches: the same noise, but no epsilon claimed anywhere
+    assert (shuffle[0].sampling == "shuffle (not DP)").all() and shuffle[1]["sampling"] == "shuffle (not DP)"
+    assert shuffle[0].epsilon_spent.isna().all() and shuffle[0].epsilon_grid.isna().all()
+    assert shuffle[1]["epsilon_spent"] is None and shuffle[1]["noise_multiplier"] == base[1]["noise_multiplier"]
+    assert "NOT covered by the Poisson analysis" in shuffle[2]
     assert (base[0].sampling == "poisson").all() and (base[0].normalize == "unit").all()
     assert (delta[0].delta == 1e-6).all() and delta[1]["noise_multiplier"] > base[1]["noise_multiplier"]
     assert base[1]["budget"] == "per_grid" and (base[0].accountant == "rdp").all()

@@ -1,5 +1,6 @@
 import torch
 
+from .. import checks
 from .base import Strategy
 
 
@@ -13,6 +14,12 @@ class AdamWOSM(Strategy):
     ESS is DPAdam's effective step size when the noise dominates the second moment. The grid is
     over C only; alpha is fixed. `train.momentum` does not apply (beta1 is the momentum here).
     """
+
+    @classmethod
+    def check_config(cls, cfg) -> None:
+        checks.positive(cfg, "strategy.lr")
+        checks.fraction(cfg, "strategy.beta1", closed_low=True)
+        checks.real(cfg, "strategy.xi", "a finite number >= 0", lambda v: v >= 0)
 
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)

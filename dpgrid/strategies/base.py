@@ -16,6 +16,10 @@ class Strategy:
     private = True
     adapts = ()  # which of "clip", "lr" change during a run (reported as final_clip / final_lr)
 
+    @classmethod
+    def check_config(cls, cfg) -> None:
+        """Refuse this strategy's own keys (cfg.strategy.*) when out of range: DpgridError naming the key."""
+
     @staticmethod
     def split_noise(noise_multiplier: float, strategy_cfg, batch_size: int) -> dict:
         """Per-query multipliers when a step releases more than one noisy query (recorded in plan)."""

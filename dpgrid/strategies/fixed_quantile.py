@@ -1,6 +1,6 @@
 import torch
 
-from .. import DpgridError
+from .. import DpgridError, checks
 from .base import Strategy
 
 
@@ -17,6 +17,11 @@ class FixedQuantile(Strategy):
     """
 
     adapts = ("clip",)
+
+    @classmethod
+    def check_config(cls, cfg) -> None:
+        for key in ("strategy.clip0", "strategy.clip_lr", "strategy.count_noise_divisor"):
+            checks.positive(cfg, key)
 
     @staticmethod
     def split_noise(noise_multiplier: float, strategy_cfg, batch_size: int) -> dict:

@@ -1,5 +1,6 @@
 import torch
 
+from .. import checks
 from .base import Strategy, flatten, standard_normal
 
 
@@ -24,6 +25,13 @@ class Online(Strategy):
     """
 
     adapts = ("clip", "lr")
+
+    @classmethod
+    def check_config(cls, cfg) -> None:
+        for key in ("strategy.clip0", "strategy.clip_lr", "strategy.lr_lr"):
+            checks.positive(cfg, key)
+        # nu_q = (nu^-2 - nu_g^-2)^-1/2 is finite and real only for nu_g > nu
+        checks.real(cfg, "strategy.grad_noise_ratio", "a finite number > 1 (nu_g = ratio x nu)", lambda v: v > 1)
 
     @staticmethod
     def split_noise(noise_multiplier: float, strategy_cfg, batch_size: int) -> dict:

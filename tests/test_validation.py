@@ -1,0 +1,139 @@
+"""Every numeric key of conf/ set to 0, -1, nan, inf, 1e300 (and 2.5 for whole numbers): refused with
+one line naming the key when the value has no meaning, accepted otherwise (issue: privacy in every
+mode, point 10). The keys are discovered from conf/, so a new key without an expectation here fails."""
+
+import math
+import subprocess
+import sys
+
+import pytest
+from omegaconf import OmegaConf
+
+from dpgrid import DpgridError
+from dpgrid.runner import validate
+
+from .conftest import ROOT, load_cfg
+
+VALUES = [0, -1, math.nan, math.inf, 1e300]
+F32 = 3.4e38
+
+
+def whole(low=1):
+    return lambda v: isinstance(v, int) and v >= low
+
+
+def positive(v):
+    return 0 < v <= F32
+
+
+# key -> (is it a whole number, which values mean something, the key the message names)
+EXPECT = {
+    "privacy.epsilon": (False, lambda v: 0 < v <= 100, None),
+    "privacy.delta": (False, lambda v: 0 < v < 1, None),
+    "grid.k": (True, whole(2), None),
+    "grid.lr_range": (False, lambda v: abs(v) <= 10 and v < 1.5, None),    # set as [v, 1.5]
+    "grid.clip_range": (False, lambda v: abs(v) <= 10 and v < 2, None),    # set as [v, 2]
+    "grid.quantiles": (False, lambda v: 0 < v < 1, None),                  # set as [v]
+    "train.epochs": (True, whole(), None),
+    "train.batch_size": (True, whole(), None),
+    "train.eval_every": (True, whole(), None),
+    "train.seeds": (True, whole(), None),
+    "train.momentum": (False, lambda v: 0 <= v < 1, None),
+    "dataset.n_train": (True, whole(), None),
+    "dataset.batch_size": (True, whole(), "train.batch_size"),
+    "dataset.epochs": (True, whole(), "train.epochs"),
+    "dataset.default_epsilon": (False, lambda v: 0 < v <= 100, "privacy.epsilon"),
+    "dataset.epsilons": (False, lambda v: 0 < v <= 100, None),             # set as [v]
+    "dataset.seconds_per_step": (False, positive, None),
+    "dataset.max_words": (True, whole(), None),
+    "dataset.mean": (False, lambda v: 0 <= v <= 1, None),
+    "dataset.std": (False, lambda v: 0 < v <= 1, None),
+    "strategy.clip0": (False, positive, None),
+    "strategy.clip_lr": (False, positive, None),
+    "strategy.lr_lr": (False, positive, None),
+    "strategy.lr": (False, positive, None),
+    "strategy.count_noise_divisor": (False, positive, None),
+    "strategy.grad_noise_ratio": (False, lambda v: 1 < v <= F32, None),
+    "strategy.beta1": (False, lambda v: 0 <= v < 1, None),
+    "strategy.xi": (False, lambda v: 0 <= v <= F32, None),
+}
+LIST_FORM = {"grid.lr_range": "[{},1.5]", "grid.clip_range": "[{},2]", "grid.quantiles": "[{}]",
+             "dataset.epsilons": "[{}]"}
+# where each key exists (mean and std are read only when standardizing)
+WHERE = {"dataset.max_words": ("ag_news", "online", []), "dataset.mean": ("mnist", "online", ["dataset.normalize=standardize"]),
+         "dataset.std": ("mnist", "online", ["dataset.normalize=standardize"])}
+
+
+def numeric_keys() -> dict:
+    """Every numeric leaf (or list of numbers) of conf/, with a dataset and strategy that has it."""
+    found = {}
+    for dataset in sorted(p.stem for p in (ROOT / "conf" / "dataset").glob("*.yaml")):
+        for strategy in sorted(p.stem for p in (ROOT / "conf" / "strategy").glob("*.yaml")):
+            cfg = OmegaConf.to_container(load_cfg(dataset, strategy), resolve=True)
+            for section in ("privacy", "grid", "train", "dataset", "strategy", "data"):
+                for key, value in cfg.get(section, {}).items():
+                    numeric = isinstance(value, (int, float)) and not isinstance(value, bool)
+                    numeric = numeric or (isinstance(value, list) and all(isinstance(x, (int, float)) for x in value))
+                    if numeric:
+                        found.setdefault(f"{section}.{key}", (dataset, strategy, []))
+    return {**found, **{k: v for k, v in WHERE.items() if k in found}}
+
+
+KEYS = numeric_keys()
+
+
+def test_every_numeric_key_has_an_expectation():
+    assert set(KEYS) <= set(EXPECT), f"add these keys to EXPECT: {sorted(set(KEYS) - set(EXPECT))}"
+
+
+def override(key, value) -> str:
+    text = {math.inf: "inf", -math.inf: "-inf"}.get(value, "nan" if isinstance(value, float) and math.isnan(value)
+                                                     else repr(value))
+    return f"{key}={LIST_FORM.get(key, '{}').format(text)}"
+
+
+CASES = [(key, value) for key in sorted(KEYS) for value in VALUES + ([2.5] if EXPECT[key][0] else [])]
+
+
+@pytest.mark.parametrize("key, value", CASES, ids=[override(k, v) for k, v in CASES])
+def test_each_value_is_refused_with_one_line_or_accepted(key, value):
+    dataset, strategy, extra = KEYS[key]
+    _, meaningful, named = EXPECT[key]
+    args = dict(a.split("=", 1) for a in [override(key, value), *extra])
+    cfg = load_cfg(dataset, strategy, **args)
+    valid = not (isinstance(value, float) and not math.isfinite(value)) and meaningful(value)
+    if valid:
+        validate(cfg, int(cfg.dataset.n_train))
+        return
+    with pytest.raises(DpgridError) as refused:
+        validate(cfg, int(cfg.dataset.n_train) if isinstance(cfg.dataset.n_train, int) else 1)
+    message = str(refused.value)
+    assert "\n" not in message and (named or key) in message
+
+
+@pytest.mark.parametrize("args, message", [
+    (["privacy.epsilon=inf"], "privacy.epsilon must be in (0, 100]"),
+    (["privacy.epsilon=1e300"], "privacy.epsilon must be in (0, 100]"),
+    (["privacy.epsilon=abc"], "privacy.epsilon must be in (0, 100], got 'abc'"),
+    (["grid.k=-3"], "grid.k must be a whole number >= 2"),
+    (["grid.k=2.5"], "grid.k must be a whole number >= 2, got 2.5"),
+    (["strategy.grad_noise_ratio=1"], "strategy.grad_noise_ratio must be a finite number > 1"),
+    (["train.momentum=1.5"], "train.momentum must be in [0, 1)"),
+    (["strategy=fixed_quantile", "grid.quantiles=[0,1.5]"], "grid.quantiles must be a list of numbers in (0, 1)"),
+    (["grid.lr_range=[1,-1]"], "grid.lr_range must be [low, high] with low < high"),
+    (["train.device=cuda:7"], "train.device"),
+    (["strategy=fixed_threshold", "grid.k=1000"], "1,000,000 configurations"),
+    (["strategy=nodp", "train.epochs=1000000000"], "grid.allow_large=true"),
+])
+def test_the_command_line_refuses_before_anything_runs(args, message, tmp_path):
+    r = subprocess.run([sys.executable, "-m", "dpgrid.cli", "run", *args], capture_output=True, text=True,
+                       cwd=tmp_path, timeout=60)
+    assert r.returncode == 2 and r.stderr.count("\n") == 1 and message in r.stderr, r.stderr
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_a_large_grid_states_runs_steps_and_time_and_starts_when_allowed():
+    cfg = load_cfg("mnist", "fixed_threshold", **{"grid.k": 1000})
+    with pytest.raises(DpgridError, match=r"1,000,000 configurations, 5,000,000 runs of 1,172 steps .* days"):
+        validate(cfg, 60000)
+    validate(load_cfg("mnist", "fixed_threshold", **{"grid.k": 1000, "grid.allow_large": "true"}), 60000)

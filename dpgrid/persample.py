@@ -23,6 +23,8 @@ import torch
 from torch import nn
 from torch.func import functional_call, grad, vmap
 
+from . import DpgridError
+
 
 class PerSampleGrads:
     """One batch's per-sample gradient information.
@@ -122,7 +124,8 @@ class FastEngine:
     def _save(self, module, inputs, output):
         if self._record is not None and torch.is_grad_enabled():
             if module in self._record:
-                raise RuntimeError(f"{type(module).__name__} is used twice in one forward (weight sharing)")
+                raise DpgridError(f"model: {type(module).__name__} is used twice in one forward (weight sharing), "
+                                  "which the fast engine cannot clip per sample; use train.engine=func")
             self._record[module] = (inputs[0].detach(), output)
 
     def __call__(self, x: torch.Tensor, y: torch.Tensor) -> PerSampleGrads:
@@ -254,8 +257,29 @@ class MaterialisedFactors:
         return torch.tensordot(w, self.wg, dims=1), (w @ self.bg if self.has_bias else None)
 
 
+def check_model(model: nn.Module, engine: str = "fast") -> None:
+    """Refuse a model whose per-sample gradients an engine would get wrong, which would break the
+    sensitivity bound the noise is calibrated for: layers that mix the samples of a batch (BatchNorm
+    in training mode, with or without parameters), and for the fast engine a parameter shared by two
+    layers (it would clip their parts separately). DpgridError naming the module."""
+    for name, module in model.named_modules():
+        if isinstance(module, nn.modules.batchnorm._BatchNorm) and module.training:
+            raise DpgridError(f"model: {name or 'the model'} ({type(module).__name__}) mixes the samples of a batch, "
+                              "so one sample moves every per-sample gradient; use GroupNorm or LayerNorm instead")
+    if engine != "fast":
+        return
+    owner = {}
+    for name, module in model.named_modules():
+        for param in module.parameters(recurse=False):
+            if id(param) in owner:
+                raise DpgridError(f"model: {owner[id(param)]} and {name} share a parameter (tied weights), which the "
+                                  "fast engine would clip as two; use train.engine=func")
+            owner[id(param)] = name
+
+
 def make_engine(model: nn.Module, task: str, name: str = "fast"):
     """The engine `dpgrid run` uses: fast when every parametrised layer is supported, else func."""
+    check_model(model, name)
     if name == "func":
         return FuncEngine(model, task)
     try:

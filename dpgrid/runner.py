@@ -19,7 +19,7 @@ from tqdm.auto import tqdm
 from . import DpgridError, data as data_mod, grid, strategies
 from .checks import check_config, check_size
 from .models import build_model, count_parameters
-from .persample import make_engine
+from .persample import check_model, make_engine
 from .privacy import make_plan
 from .randomness import SecureRandom
 from .train import train_run
@@ -64,7 +64,9 @@ def plan_grid(cfg, n_train: int):
     strategy_cls = validate(cfg, n_train)
     configs = grid.configurations(cfg.strategy, cfg.grid)
     selected = grid.select(configs, cfg.grid.only)
-    plan = make_plan(cfg, n_train, strategy_cls, configs, count_parameters(build_model(cfg.dataset)))
+    model = build_model(cfg.dataset)
+    check_model(model, str(cfg.train.engine))  # before anything is written, not at the first run
+    plan = make_plan(cfg, n_train, strategy_cls, configs, count_parameters(model))
     return strategy_cls, plan, selected
 
 

@@ -6,6 +6,7 @@ import torch
 from torch import nn
 
 from dpgrid.models import autoencoder, bag_of_words, cnn
+from dpgrid import DpgridError
 from dpgrid.persample import FastEngine, FuncEngine, make_engine
 
 
@@ -98,8 +99,46 @@ def test_unsupported_layer_falls_back_with_a_warning():
 def test_fast_engine_refuses_weight_sharing():
     shared = nn.Linear(3, 3)
     model = nn.Sequential(shared, nn.ReLU(), shared)
-    with pytest.raises(RuntimeError, match="used twice"):
+    with pytest.raises(DpgridError, match="used twice"):
         FastEngine(model, "classification")(torch.rand(2, 3), torch.tensor([0, 1]))
+
+
+def clipped_sum_moves(model, engine, clip=1e-4):
+    """How far changing one sample moves the clipped sum, in units of the bound C."""
+    x = torch.randn(8, 4, dtype=torch.float64)
+    y = torch.randint(0, 2, (8,))
+    def clipped(x):
+        grads = engine(model, "classification")(x, y)
+        sums = grads.weighted_sum(torch.clamp(clip / grads.norms.clamp_min(1e-12), max=1.0))
+        return torch.cat([s.flatten() for s in sums])
+    neighbour = x.clone()
+    neighbour[0] = 10 * torch.randn(4, dtype=torch.float64)
+    return float((clipped(x) - clipped(neighbour)).norm() / clip)
+
+
+@pytest.mark.parametrize("affine", [True, False])
+def test_models_that_mix_samples_are_refused(affine):
+    """BatchNorm in training mode: one sample moves the other samples' clipped gradients too, so the
+    released sum moves by more than the replace-one bound 2C (shown with the bare fast engine, which sees
+    no parameter in a BatchNorm without affine), and make_engine refuses it."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(4, 6), nn.BatchNorm1d(6, affine=affine), nn.ReLU(), nn.Linear(6, 2)).double()
+    if not affine:
+        assert clipped_sum_moves(model, FastEngine) > 3  # 1.5 times the bound (3.4 C for this seed)
+    for name in ("fast", "func"):
+        with pytest.raises(DpgridError, match=r"model: 1 \(BatchNorm1d\) mixes the samples"):
+            make_engine(model, "classification", name)
+    model.eval()  # frozen statistics mix nothing
+    make_engine(model, "classification", "func")
+
+
+def test_tied_weights_are_refused_by_the_fast_engine_and_exact_in_func():
+    first, second = nn.Linear(4, 4).double(), nn.Linear(4, 4).double()
+    second.weight = first.weight
+    model = nn.Sequential(first, nn.Tanh(), second, nn.Tanh(), nn.Linear(4, 2).double())
+    with pytest.raises(DpgridError, match="model: 0 and 2 share a parameter"):
+        make_engine(model, "classification", "fast")
+    assert clipped_sum_moves(model, FuncEngine) <= 2.0 + 1e-9  # replace-one: at most 2 C
 
 
 @pytest.mark.parametrize("engine", [FastEngine, FuncEngine])

@@ -3,6 +3,7 @@
 prints the grid's privacy plan without training. User errors: one line on stderr, exit code 2."""
 
 import json
+import signal
 import sys
 import time
 import warnings
@@ -17,9 +18,18 @@ datasets: digits (embedded, default), mnist, fashion_mnist, ag_news
 strategies: online (default), fixed_threshold, fixed_quantile, adamwosm, nodp"""
 
 
-def fail(message) -> None:
+def fail(message, code: int = None) -> None:
+    """One line on stderr; exit code 2 (bad input or results), 1 for an environment fault (the error's own)."""
     print(f"dpgrid: error: {message}", file=sys.stderr)
-    raise SystemExit(2)
+    raise SystemExit(code or getattr(message, "exit_code", 2))
+
+
+class Interrupted(KeyboardInterrupt):
+    """SIGTERM, handled like Ctrl-C: the grid stops between two writes and says how to resume."""
+
+
+def on_sigterm(signum, frame):
+    raise Interrupted()
 
 
 def config_dir() -> str:
@@ -44,6 +54,7 @@ def remove_created(out: Path, outermost: Path | None) -> None:
 
     shutil.rmtree(out / ".hydra", ignore_errors=True)
     (out / "cli.log").unlink(missing_ok=True)
+    (out / ".lock").unlink(missing_ok=True)
     cwd = Path.cwd().resolve()
     for folder in [out.resolve(), *out.resolve().parents]:
         if any(folder.iterdir()) or (outermost is None and (folder == cwd or cwd not in folder.parents)):
@@ -152,13 +163,16 @@ def run_command(args: list) -> None:
     @hydra.main(version_base="1.3", config_path=config_dir(), config_name="config")
     def task(cfg) -> None:
         out = HydraConfig.get().runtime.output_dir
-        existed = {p.name for p in Path(out).iterdir()} - {".hydra", "cli.log"}
+        existed = {p.name for p in Path(out).iterdir()} - {".hydra", "cli.log", ".lock"}
         try:
             summary = run_grid(cfg, out)
         except DpgridError as e:  # e.g. missing data: leave no directory behind that we created
-            if not existed:
+            if not existed and not (Path(out) / "runs.csv").exists():
                 remove_created(Path(out), outermost)
             fail(e)
+        except KeyboardInterrupt as e:
+            name = "SIGTERM" if isinstance(e, Interrupted) else "interrupted"
+            fail(f"{name}: the grid in {out} is incomplete; the same command resumes it", 143 if name == "SIGTERM" else 130)
         print(describe_best(summary, cfg.dataset.task))
         print(f"results: {out}")
 
@@ -186,6 +200,7 @@ def main(argv=None) -> None:
         print(USAGE)
         return
     command, args = argv[0], argv[1:]
+    signal.signal(signal.SIGTERM, on_sigterm)
     if command == "run":
         run_command(args)
     elif command == "plan":

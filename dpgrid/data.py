@@ -6,6 +6,9 @@ AG News as the original CSV `<root>/ag_news_csv/{train,test}.csv[.gz]` or Huggin
 """
 
 import gzip
+import hashlib
+import json
+import os
 import re
 import struct
 from dataclasses import dataclass
@@ -57,6 +60,55 @@ def load(dataset_cfg, root, device="cpu") -> Data:
         mean, std = float(dataset_cfg.mean), float(dataset_cfg.std)
         x_tr, x_te = (x_tr - mean) / std, (x_te - mean) / std
     return Data(x_tr, y_tr, x_te, y_te, dataset_cfg.task)
+
+
+# --- the data's identity: what a run directory records instead of data.root --------------------------
+
+def source_files(dataset_cfg, root) -> dict:
+    """{name relative to data.root: path} of the files `load` reads (those present), so that a grid is
+    tied to its data's content, not to where the data lives."""
+    root, name = Path(root), dataset_cfg.name
+    if name in IDX_FOLDERS:
+        candidates = [Path(IDX_FOLDERS[name]) / "raw" / f for pair in IDX_FILES.values() for f in pair]
+    elif name == "ag_news":
+        candidates = [Path(folder) / f"{split}.{ext}" for split in ("train", "test")
+                      for folder, ext in (("ag_news_csv", "csv"), ("ag_news_csv", "csv.gz"), ("ag_news", "parquet"))]
+    else:
+        candidates = []
+    files = {str(c): root / c for c in candidates if (root / c).is_file()}
+    glove = dataset_cfg.get("glove")
+    if glove and Path(glove).is_file():
+        files[f"glove:{Path(glove).name}"] = Path(glove)
+    return files
+
+
+def fingerprint(files: dict) -> dict:
+    """{name: {"bytes": size, "sha256": checksum}}; checksums are cached per (path, size, mtime)."""
+    cache_path = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "dpgrid" / "checksums.json"
+    try:
+        cache = json.loads(cache_path.read_text())
+    except (OSError, ValueError):
+        cache = {}
+    result, changed = {}, False
+    for name, path in sorted(files.items()):
+        stat = path.stat()
+        key = f"{path.resolve()}|{stat.st_size}|{stat.st_mtime_ns}"
+        if key not in cache:
+            digest = hashlib.sha256()
+            with open(path, "rb") as f:
+                for block in iter(lambda: f.read(1 << 20), b""):
+                    digest.update(block)
+            cache[key], changed = digest.hexdigest(), True
+        result[name] = {"bytes": stat.st_size, "sha256": cache[key]}
+    if changed:
+        try:  # an optimisation only: a cache that cannot be written is skipped
+            cache_path.parent.mkdir(parents=True, exist_ok=True)
+            tmp = cache_path.with_name(f".{cache_path.name}.{os.getpid()}.tmp")
+            tmp.write_text(json.dumps(cache))
+            os.replace(tmp, cache_path)
+        except OSError:
+            pass
+    return result
 
 
 # --- IDX (MNIST, FashionMNIST) -------------------------------------------------------------------

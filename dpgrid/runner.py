@@ -5,23 +5,22 @@ commit record), `curves.csv` (every validation), `summary.csv` (per configuratio
 """
 
 import hashlib
-import json
 import math
-import os
 import re
 from pathlib import Path
 
 import pandas as pd
 import torch
-from omegaconf import OmegaConf
 from tqdm.auto import tqdm
 
 from . import DpgridError, data as data_mod, grid, strategies
 from .checks import check_config, check_size
+from .files import check_writable, environment, locked, write_csv
 from .models import build_model, count_parameters
 from .persample import check_model, make_engine
 from .privacy import make_plan
 from .randomness import SecureRandom
+from .results import append_curves, claim, commit_run, config_hash, finished_runs, write_header
 from .train import train_run
 
 METRIC = {"classification": "accuracy", "reconstruction": "mse"}
@@ -72,8 +71,13 @@ def plan_grid(cfg, n_train: int):
 
 def check_run(cfg, out_dir) -> None:
     """Everything about a run that can be refused before any file is written (data comes later)."""
-    plan_grid(cfg, int(cfg.dataset.n_train))
-    claim_directory(Path(out_dir), config_hash(cfg), bool(cfg.get("overwrite", False)))
+    _, plan, _ = plan_grid(cfg, int(cfg.dataset.n_train))
+    out = Path(out_dir)
+    check_writable(out)
+    if out.is_dir():
+        with locked(out):
+            claim(out, config_hash(cfg), data_mod.fingerprint(data_mod.source_files(cfg.dataset, cfg.data.root)),
+                  plan, bool(cfg.overwrite))
 
 
 def run_one(cfg, plan, strategy_cls, data, config: dict, seed: int, progress: bool):
@@ -94,77 +98,6 @@ def run_one(cfg, plan, strategy_cls, data, config: dict, seed: int, progress: bo
     engine = make_engine(model, data.task, str(cfg.train.engine))
     return train_run(model, engine, strategy, data, plan.steps, plan.sample_rate, int(cfg.train.eval_every),
                      sampler, progress, sampling=str(cfg.train.sampling))
-
-
-def append_csv(path: Path, rows: list) -> None:
-    """Append complete rows and fsync (curves.csv: rows of unfinished runs are dropped on resume)."""
-    frame = pd.DataFrame(rows)
-    with open(path, "a", newline="") as f:
-        frame.to_csv(f, header=f.tell() == 0, index=False)
-        f.flush()
-        os.fsync(f.fileno())
-
-
-def commit_run(path: Path, row: dict) -> None:
-    """Add a finished run to runs.csv by write-then-rename: the file is always whole, never torn."""
-    old = pd.read_csv(path, dtype={"config_id": str}) if path.exists() else None
-    frame = pd.DataFrame([row]) if old is None else pd.concat([old, pd.DataFrame([row])], ignore_index=True)
-    tmp = path.with_name(path.name + ".tmp")
-    with open(tmp, "w", newline="") as f:
-        frame.to_csv(f, index=False)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
-
-
-RESULT_FILES = ("runs.csv", "curves.csv", "summary.csv")
-NOT_HASHED = ("train.device", "train.engine", "grid.only", "overwrite")  # do not change what a run computes
-
-
-def config_hash(cfg) -> str:
-    """Hash of the resolved config, less the settings that cannot change the results.
-
-    train.seeds is left out unless the seeds are accounted: seed s's run does not depend on how many
-    seeds there are, so a grid can be extended with more seeds in place (its resume runs only the new ones)."""
-    plain = OmegaConf.to_container(OmegaConf.masked_copy(cfg, [k for k in cfg if k != "hydra"]), resolve=True)
-    unhashed = NOT_HASHED if plain["privacy"]["account_seeds"] else (*NOT_HASHED, "train.seeds")
-    for key in unhashed:
-        section, _, name = key.rpartition(".")
-        (plain.get(section, {}) if section else plain).pop(name, None)
-    return hashlib.sha256(json.dumps(plain, sort_keys=True).encode()).hexdigest()[:16]
-
-
-def claim_directory(out: Path, digest: str, overwrite: bool) -> None:
-    """Refuse to mix results of different configs in one directory (overwrite=true starts afresh)."""
-    plan_path = out / "plan.json"
-    if not (out / "runs.csv").exists() or not plan_path.exists():
-        return
-    previous = json.loads(plan_path.read_text()).get("config_hash")
-    if previous == digest:
-        return
-    if not overwrite:
-        raise DpgridError(f"{out} holds results of a different config (hash {previous} != {digest}); "
-                          "choose another hydra.run.dir, or pass overwrite=true to delete them")
-    for name in RESULT_FILES:
-        (out / name).unlink(missing_ok=True)
-
-
-def finished_runs(out: Path) -> set:
-    """(config_id, seed) already in runs.csv; curves of unfinished runs (a killed grid) are dropped."""
-    runs_path, curves_path = out / "runs.csv", out / "curves.csv"
-    if not runs_path.exists():
-        curves_path.unlink(missing_ok=True)
-        return set()
-    runs = pd.read_csv(runs_path, dtype={"config_id": str})
-    done = set(zip(runs.config_id, runs.seed))
-    if curves_path.exists():
-        curves = pd.read_csv(curves_path, dtype={"config_id": str})
-        keep = [(c, s) in done for c, s in zip(curves.config_id, curves.seed)]
-        if not all(keep):
-            tmp = curves_path.with_name(curves_path.name + ".tmp")
-            curves[keep].to_csv(tmp, index=False)
-            os.replace(tmp, curves_path)
-    return done
 
 
 def run_row(cfg, plan, strategy_cls, config, seed, result) -> dict:
@@ -212,24 +145,27 @@ def run_grid(cfg, out_dir, progress: bool = True) -> pd.DataFrame:
     out = Path(out_dir)
     data = data_mod.load(cfg.dataset, cfg.data.root, resolve_device(str(cfg.train.device)))
     strategy_cls, plan, selected = plan_grid(cfg, data.n_train)
-    digest = config_hash(cfg)
-    claim_directory(out, digest, bool(cfg.get("overwrite", False)))
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "config.yaml").write_text(OmegaConf.to_yaml(cfg, resolve=True))
-    (out / "plan.json").write_text(json.dumps({**plan.to_dict(), "config_hash": digest}, indent=2) + "\n")
-    done = finished_runs(out)
-    todo = [(c, s) for c in selected for s in range(plan.seeds) if (c["config_id"], s) not in done]
-    bar = tqdm(total=len(selected) * plan.seeds, initial=len(selected) * plan.seeds - len(todo),
-               desc=f"{plan.strategy} {plan.dataset} eps={plan.epsilon:g} k={plan.k}", disable=None if progress else True)
-    for config, seed in todo:
-        result = run_one(cfg, plan, strategy_cls, data, config, seed, progress)
-        append_csv(out / "curves.csv", [dict(config_id=config["config_id"], seed=seed, **c) for c in result.curve])
-        commit_run(out / "runs.csv", run_row(cfg, plan, strategy_cls, config, seed, result))
-        bar.update()
-    bar.close()
-    runs = pd.read_csv(out / "runs.csv", dtype={"config_id": str})
-    summary = summarize(runs, list(cfg.strategy.grid), data.task)
-    summary.to_csv(out / "summary.csv", index=False)
+    digest, data_files = config_hash(cfg), data_mod.fingerprint(data_mod.source_files(cfg.dataset, cfg.data.root))
+    check_writable(out)
+    with environment(out):
+        out.mkdir(parents=True, exist_ok=True)
+    with locked(out):
+        claim(out, digest, data_files, plan, bool(cfg.overwrite))
+        write_header(out, cfg, plan, digest, data_files)
+        done = finished_runs(out, plan)
+        todo = [(c, s) for c in selected for s in range(plan.seeds) if (c["config_id"], s) not in done]
+        bar = tqdm(total=len(selected) * plan.seeds, initial=len(selected) * plan.seeds - len(todo),
+                   desc=f"{plan.strategy} {plan.dataset} eps={plan.epsilon:g} k={plan.k}",
+                   disable=None if progress else True)
+        for config, seed in todo:
+            result = run_one(cfg, plan, strategy_cls, data, config, seed, progress)
+            append_curves(out / "curves.csv", [dict(config_id=config["config_id"], seed=seed, **c) for c in result.curve])
+            commit_run(out / "runs.csv", run_row(cfg, plan, strategy_cls, config, seed, result))
+            bar.update()
+        bar.close()
+        runs = pd.read_csv(out / "runs.csv", dtype={"config_id": str})
+        summary = summarize(runs, list(cfg.strategy.grid), data.task)
+        write_csv(out / "summary.csv", summary)
     return summary
 
 

@@ -1,0 +1,153 @@
+"""Files a grid writes and reads: whole or absent, one writer at a time, damage named in one line.
+
+- Every file is written by write-then-rename (`write_atomic`): a kill or a full disk leaves the old
+  file or the new one, never a torn or empty one; the temporary file is removed on failure.
+- `locked(out)`: an exclusive OS lock (flock) on the run directory for as long as a grid writes into
+  it; the kernel releases it when the holder dies, so kill -9 leaves nothing stale.
+- Environment faults (full disk, read-only or missing folders, a file where a folder should be)
+  become one line naming the path and what to do (`EnvironmentFault`, exit code 1).
+"""
+
+import contextlib
+import csv
+import errno
+import io
+import json
+import os
+import shutil
+from pathlib import Path
+
+from . import DpgridError, EnvironmentFault
+
+MIN_FREE_BYTES = 16 * 2 ** 20  # a grid's files are small; less free space than this is refused up front
+
+
+def describe_os_error(e: OSError, path) -> EnvironmentFault:
+    """An OSError at `path` as one line saying what to do."""
+    path = e.filename or path
+    what = {errno.ENOSPC: "no space left on the device: free some space, then run the same command again "
+                          "(it resumes where it stopped)",
+            errno.EDQUOT: "disk quota exceeded: free some space, then run the same command again",
+            errno.EACCES: "permission denied: choose a writable directory (hydra.run.dir=...)",
+            errno.EPERM: "permission denied: choose a writable directory (hydra.run.dir=...)",
+            errno.EROFS: "read-only file system: choose a writable directory (hydra.run.dir=...)",
+            errno.ENOTDIR: "a file stands where a folder is needed: choose another directory",
+            errno.EEXIST: "a file stands where a folder is needed: choose another directory",
+            errno.EISDIR: "a folder stands where a file is needed: move it away"}
+    return EnvironmentFault(f"cannot write {path}: {what.get(e.errno, e.strerror or str(e))}")
+
+
+@contextlib.contextmanager
+def environment(path):
+    """Turn OSErrors raised inside into one-line EnvironmentFaults naming `path`."""
+    try:
+        yield
+    except OSError as e:
+        raise describe_os_error(e, path) from None
+
+
+def write_atomic(path, content) -> None:
+    """Write text or bytes by write-then-rename, fsynced; on any failure the old file stays as it was."""
+    path = Path(path)
+    tmp = path.with_name(f".{path.name}.tmp")
+    data = content.encode() if isinstance(content, str) else content
+    with environment(path):
+        try:
+            with open(tmp, "wb") as f:
+                f.write(data)
+                f.flush()
+                os.fsync(f.fileno())
+            os.replace(tmp, path)
+        except BaseException:
+            with contextlib.suppress(OSError):
+                tmp.unlink()
+            raise
+
+
+def write_csv(path, frame) -> None:
+    buffer = io.StringIO()
+    frame.to_csv(buffer, index=False)
+    write_atomic(path, buffer.getvalue())
+
+
+def write_json(path, obj) -> None:
+    write_atomic(path, json.dumps(obj, indent=2) + "\n")
+
+
+def read_json(path, repair: str) -> dict:
+    """A JSON object, or DpgridError naming the file as damaged and saying `repair`."""
+    path = Path(path)
+    try:
+        obj = json.loads(path.read_text())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise DpgridError(f"damaged file {path} ({damage(path, e)}); {repair}") from None
+    if not isinstance(obj, dict):
+        raise DpgridError(f"damaged file {path} (not a JSON object); {repair}")
+    return obj
+
+
+def damage(path: Path, error=None) -> str:
+    if path.exists() and path.stat().st_size == 0:
+        return "empty"
+    return f"unreadable: {str(error).splitlines()[0]}" if error else "unreadable"
+
+
+def read_rows(path, repair: str) -> tuple:
+    """(header, rows) of a CSV file, every row as long as the header; DpgridError naming the file and
+    the first bad line otherwise (a torn last line included)."""
+    path = Path(path)
+    try:
+        text = path.read_text()
+    except (OSError, UnicodeDecodeError) as e:
+        raise DpgridError(f"damaged file {path} ({damage(path, e)}); {repair}") from None
+    if not text.strip():
+        raise DpgridError(f"damaged file {path} (empty); {repair}")
+    try:
+        lines = list(csv.reader(io.StringIO(text, newline="")))
+    except csv.Error as e:
+        raise DpgridError(f"damaged file {path} ({e}); {repair}") from None
+    header, rows = lines[0], lines[1:]
+    for number, row in enumerate(rows, start=2):
+        if len(row) != len(header):
+            raise DpgridError(f"damaged file {path}, line {number}: {len(row)} fields where the header has "
+                              f"{len(header)} (a torn or edited line); {repair}")
+    if not text.endswith("\n"):
+        raise DpgridError(f"damaged file {path}, line {len(lines)}: the last line is not terminated (torn); {repair}")
+    return header, rows
+
+
+def check_writable(folder) -> None:
+    """Refuse, before anything is written, a run directory that cannot be created or written into: a file
+    in its way, a read-only or full file system."""
+    folder = Path(folder).absolute()
+    existing = folder
+    while not existing.exists():
+        existing = existing.parent
+    if not existing.is_dir():
+        raise EnvironmentFault(f"cannot write {folder}: {existing} is a file, not a folder; choose another "
+                               "directory (hydra.run.dir=...)")
+    if not os.access(existing, os.W_OK | os.X_OK):
+        raise EnvironmentFault(f"cannot write {folder}: {existing} is not writable; choose a writable directory "
+                               "(hydra.run.dir=...)")
+    if shutil.disk_usage(existing).free < MIN_FREE_BYTES:
+        raise EnvironmentFault(f"cannot write {folder}: less than {MIN_FREE_BYTES // 2 ** 20} MB free on its "
+                               "device; free some space first")
+
+
+@contextlib.contextmanager
+def locked(folder):
+    """Hold an exclusive lock on `folder` (its .lock file) while the block runs; refuse a second writer."""
+    import fcntl
+
+    path = Path(folder) / ".lock"
+    with environment(path):
+        handle = open(path, "a+")
+    try:
+        try:
+            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            raise DpgridError(f"another dpgrid process is writing into {folder}; wait for it to finish, or give "
+                              "this job its own hydra.run.dir") from None
+        yield
+    finally:
+        handle.close()  # releases the lock

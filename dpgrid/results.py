@@ -1,0 +1,194 @@
+"""A grid's run directory: who may write it, what is already done, and each finished run's commit.
+
+runs.csv is the commit record (one row per finished run, rewritten whole by write-then-rename);
+curves.csv is appended and fsynced before its run's commit, so on resume its rows of unfinished runs
+are dropped. Damage is named in one line, with whether the same command repairs it.
+"""
+
+import hashlib
+import io
+import json
+import math
+import os
+import warnings
+from pathlib import Path
+
+import pandas as pd
+from omegaconf import OmegaConf
+
+from . import DpgridError
+from .files import environment, read_json, read_rows, write_atomic, write_csv
+
+RESULT_FILES = ("runs.csv", "curves.csv", "summary.csv")
+# Settings that cannot change what a run computes. data.root: the data's content is recorded instead
+# (plan.json's data_files), so a moved data directory resumes and a changed file is named.
+NOT_HASHED = ("train.device", "train.engine", "grid.only", "overwrite", "grid.allow_large", "data.root")
+RERUN = "fix or delete that line; the same command then trains that run again"
+# columns that must hold numbers (may be empty where a run has none, e.g. best_value of a diverged run)
+NUMERIC = ("epsilon", "delta", "k", "seed", "steps", "best_value", "best_step", "lr", "clip", "quantile",
+           "final_clip", "final_lr", "epsilon_spent", "epsilon_grid", "momentum", "seconds", "eval_seconds",
+           "count_noise_std")
+OPTIONAL = ("best_value", "final_clip", "final_lr", "epsilon_spent", "epsilon_grid")
+
+
+def config_hash(cfg) -> str:
+    """Hash of the resolved config, less the settings that cannot change the results.
+
+    train.seeds is left out unless the seeds are accounted: seed s's run does not depend on how many
+    seeds there are, so a grid can be extended with more seeds in place (its resume runs only the new ones)."""
+    plain = OmegaConf.to_container(OmegaConf.masked_copy(cfg, [k for k in cfg if k != "hydra"]), resolve=True)
+    unhashed = NOT_HASHED if plain["privacy"]["account_seeds"] else (*NOT_HASHED, "train.seeds")
+    for key in unhashed:
+        section, _, name = key.rpartition(".")
+        (plain.get(section, {}) if section else plain).pop(name, None)
+    return hashlib.sha256(json.dumps(plain, sort_keys=True).encode()).hexdigest()[:16]
+
+
+def claim(out: Path, digest: str, data_files: dict, plan, overwrite: bool) -> None:
+    """Refuse to mix results of different configs or data in one directory (overwrite=true starts afresh).
+
+    A damaged plan.json (or one without a config hash) is judged by the runs themselves: when runs.csv
+    was made with this plan's noise, steps and configurations, the grid resumes and plan.json is rewritten."""
+    if not (out / "runs.csv").exists():
+        return
+    try:
+        previous = read_json(out / "plan.json", "")
+    except DpgridError:
+        previous = {}
+    recorded, recorded_files = previous.get("config_hash"), previous.get("data_files", {})
+    if recorded == digest:
+        changed = sorted(n for n in set(data_files) | set(recorded_files) if data_files.get(n) != recorded_files.get(n))
+        if not changed:
+            return
+        problem = (f"{out} was run on other data: {changed[0]} is not the file its results were made with (size "
+                   "or checksum differ); restore that file, or pass overwrite=true to delete the results")
+    elif recorded:
+        problem = (f"{out} holds results of a different config (hash {recorded} != {digest}); choose another "
+                   "hydra.run.dir, or pass overwrite=true to delete them")
+    else:
+        why = "has no config hash" if previous else "is damaged or missing"
+        mismatch = runs_disagree(out / "runs.csv", plan)
+        if not mismatch:
+            warnings.warn(f"{out / 'plan.json'} {why}; runs.csv matches this config's plan, so the grid resumes "
+                          "and plan.json is rewritten")
+            return
+        problem = (f"{out / 'plan.json'} {why}, and runs.csv was not made by this config ({mismatch}); choose "
+                   "another hydra.run.dir, or pass overwrite=true to delete the results")
+    if not overwrite:
+        raise DpgridError(problem)
+    for name in RESULT_FILES:
+        with environment(out / name):
+            (out / name).unlink(missing_ok=True)
+
+
+def runs_disagree(runs_path: Path, plan) -> str:
+    """Why runs.csv cannot come from `plan` ('' when it can): its noise, steps or configurations differ."""
+    try:
+        runs = read_runs(runs_path, plan)
+    except DpgridError as e:
+        return str(e)
+    if len(runs) == 0:
+        return ""
+    for column, value in (("noise_multiplier", plan.noise_multiplier), ("steps", plan.steps),
+                          ("epsilon", plan.epsilon), ("strategy", plan.strategy), ("dataset", plan.dataset)):
+        found = set(runs[column]) if column in runs else {None}
+        if found != {value}:
+            return f"its {column} is {', '.join(map(str, sorted(found, key=str)))}, this plan's {value}"
+    return ""
+
+
+def read_runs(path: Path, plan) -> pd.DataFrame:
+    """runs.csv, checked row by row: whole lines, numbers where numbers belong, configurations of this
+    grid, no (configuration, seed) twice. DpgridError naming the file and the line otherwise."""
+    header, rows = read_rows(path, RERUN)
+    ids = {c["config_id"] for c in plan.configurations}
+    seen = {}
+    for line, row in enumerate(rows, start=2):
+        record = dict(zip(header, row))
+        if record.get("config_id") not in ids:
+            raise DpgridError(f"{path}, line {line}: configuration {record.get('config_id')!r} is not in this grid; {RERUN}")
+        for column in [c for c in header if c in NUMERIC or c.startswith("noise_multiplier")]:
+            value = record[column]
+            if value == "" and column in OPTIONAL:
+                continue
+            try:
+                number = float(value)
+            except ValueError:
+                raise DpgridError(f"{path}, line {line}: {column} = {value!r} is not a number; {RERUN}") from None
+            if column == "seed" and not (number.is_integer() and number >= 0):
+                raise DpgridError(f"{path}, line {line}: seed = {value!r} is not a whole number; {RERUN}")
+        if record.get("diverged") not in ("True", "False"):
+            raise DpgridError(f"{path}, line {line}: diverged = {record.get('diverged')!r} is not True or False; {RERUN}")
+        key = (record["config_id"], int(float(record["seed"])))
+        if key in seen:
+            raise DpgridError(f"{path}, lines {seen[key]} and {line}: configuration {key[0]} seed {key[1]} twice; "
+                              f"delete one of them (the same command keeps the other)")
+        seen[key] = line
+    return pd.read_csv(io.StringIO(path.read_text()), dtype={"config_id": str}) if rows else pd.DataFrame(columns=header)
+
+
+def finished_runs(out: Path, plan) -> set:
+    """(config_id, seed) of the runs already committed. Curves of unfinished runs (a killed grid) are
+    dropped; a committed run whose curves are missing or damaged is taken out of runs.csv and trained again."""
+    runs_path, curves_path = out / "runs.csv", out / "curves.csv"
+    if runs_path.exists() and runs_path.stat().st_size == 0:
+        warnings.warn(f"{runs_path} was empty (damaged): the grid's runs are trained again")
+        with environment(runs_path):
+            runs_path.unlink()
+    if not runs_path.exists():
+        with environment(curves_path):
+            curves_path.unlink(missing_ok=True)
+        return set()
+    runs = read_runs(runs_path, plan)
+    done = set(zip(runs.config_id, runs.seed.astype(int)))
+    curves = read_curves(curves_path)
+    keep = curves[[(c, s) in done for c, s in zip(curves.config_id, curves.seed)]]
+    last = keep.groupby(["config_id", "seed"]).step.max()
+    complete = {(c, s) for c, s, diverged in zip(runs.config_id, runs.seed.astype(int), runs.diverged.astype(str))
+                if (c, s) in last.index and (diverged == "True" or last[(c, s)] == plan.steps)}
+    if complete != done:
+        warnings.warn(f"{curves_path} lacks the curves of {len(done - complete)} committed run(s): they are trained again")
+        mask = [(c, s) in complete for c, s in zip(runs.config_id, runs.seed.astype(int))]
+        write_csv(runs_path, runs[mask])
+    keep = keep[[(c, s) in complete for c, s in zip(keep.config_id, keep.seed)]]
+    if len(keep) != len(curves) or not curves_path.exists():
+        write_csv(curves_path, keep)
+    return complete
+
+
+def read_curves(path: Path) -> pd.DataFrame:
+    """curves.csv's complete rows; a torn last line (a kill mid-append) and other damage are dropped."""
+    columns = ["config_id", "seed", "step"]
+    if not path.exists() or path.stat().st_size == 0:
+        return pd.DataFrame(columns=columns)
+    try:
+        curves = pd.read_csv(path, dtype={"config_id": str}, on_bad_lines="skip")
+        curves = curves.dropna(subset=[c for c in curves.columns if c not in ("value", "test_loss", "clip", "lr")])
+        curves["seed"], curves["step"] = curves.seed.astype(int), curves.step.astype(int)
+        return curves
+    except (ValueError, KeyError, pd.errors.ParserError, UnicodeDecodeError):
+        warnings.warn(f"{path} is damaged (unreadable): the runs it held are trained again")
+        return pd.DataFrame(columns=columns)
+
+
+def append_curves(path: Path, rows: list) -> None:
+    """Append complete rows and fsync, before the run's commit."""
+    frame = pd.DataFrame(rows)
+    with environment(path), open(path, "a", newline="") as f:
+        frame.to_csv(f, header=f.tell() == 0, index=False)
+        f.flush()
+        os.fsync(f.fileno())
+
+
+def commit_run(path: Path, row: dict) -> None:
+    """Add a finished run to runs.csv by write-then-rename: the file is always whole, never torn."""
+    new = pd.DataFrame([row])
+    frame = new if not path.exists() else pd.concat([pd.read_csv(path, dtype={"config_id": str}), new],
+                                                      ignore_index=True)
+    write_csv(path, frame)
+
+
+def write_header(out: Path, cfg, plan, digest: str, data_files: dict) -> None:
+    write_atomic(out / "config.yaml", OmegaConf.to_yaml(cfg, resolve=True))
+    plan_dict = {**plan.to_dict(), "config_hash": digest, "data_files": data_files}
+    write_atomic(out / "plan.json", json.dumps(plan_dict, indent=2, default=lambda v: None if v is math.nan else v) + "\n")

@@ -10,13 +10,14 @@ import io
 import json
 import math
 import os
-import warnings
 from pathlib import Path
 
+import numpy as np
 import pandas as pd
 from omegaconf import OmegaConf
 
 from . import DpgridError
+from .checks import warn_once
 from .files import environment, read_json, read_rows, write_atomic, write_csv
 
 RESULT_FILES = ("runs.csv", "curves.csv", "summary.csv")
@@ -69,7 +70,7 @@ def claim(out: Path, digest: str, data_files: dict, plan, overwrite: bool) -> No
         why = "has no config hash" if previous else "is damaged or missing"
         mismatch = runs_disagree(out / "runs.csv", plan)
         if not mismatch:
-            warnings.warn(f"{out / 'plan.json'} {why}; runs.csv matches this config's plan, so the grid resumes "
+            warn_once(f"{out / 'plan.json'} {why}; runs.csv matches this config's plan, so the grid resumes "
                           "and plan.json is rewritten")
             return
         problem = (f"{out / 'plan.json'} {why}, and runs.csv was not made by this config ({mismatch}); choose "
@@ -117,8 +118,9 @@ def read_runs(path: Path, plan) -> pd.DataFrame:
                 raise DpgridError(f"{path}, line {line}: {column} = {value!r} is not a number; {RERUN}") from None
             if column == "seed" and not (number.is_integer() and number >= 0):
                 raise DpgridError(f"{path}, line {line}: seed = {value!r} is not a whole number; {RERUN}")
-        if record.get("diverged") not in ("True", "False"):
-            raise DpgridError(f"{path}, line {line}: diverged = {record.get('diverged')!r} is not True or False; {RERUN}")
+        for column in ("diverged", "seeds_accounted"):
+            if column in record and record[column] not in ("True", "False"):
+                raise DpgridError(f"{path}, line {line}: {column} = {record[column]!r} is not True or False; {RERUN}")
         key = (record["config_id"], int(float(record["seed"])))
         if key in seen:
             raise DpgridError(f"{path}, lines {seen[key]} and {line}: configuration {key[0]} seed {key[1]} twice; "
@@ -132,7 +134,7 @@ def finished_runs(out: Path, plan) -> set:
     dropped; a committed run whose curves are missing or damaged is taken out of runs.csv and trained again."""
     runs_path, curves_path = out / "runs.csv", out / "curves.csv"
     if runs_path.exists() and runs_path.stat().st_size == 0:
-        warnings.warn(f"{runs_path} was empty (damaged): the grid's runs are trained again")
+        warn_once(f"{runs_path} was empty (damaged): the grid's runs are trained again")
         with environment(runs_path):
             runs_path.unlink()
     if not runs_path.exists():
@@ -142,15 +144,15 @@ def finished_runs(out: Path, plan) -> set:
     runs = read_runs(runs_path, plan)
     done = set(zip(runs.config_id, runs.seed.astype(int)))
     curves = read_curves(curves_path)
-    keep = curves[[(c, s) in done for c, s in zip(curves.config_id, curves.seed)]]
+    keep = curves.loc[np.array([(c, s) in done for c, s in zip(curves.config_id, curves.seed)], dtype=bool)]
     last = keep.groupby(["config_id", "seed"]).step.max()
     complete = {(c, s) for c, s, diverged in zip(runs.config_id, runs.seed.astype(int), runs.diverged.astype(str))
                 if (c, s) in last.index and (diverged == "True" or last[(c, s)] == plan.steps)}
     if complete != done:
-        warnings.warn(f"{curves_path} lacks the curves of {len(done - complete)} committed run(s): they are trained again")
-        mask = [(c, s) in complete for c, s in zip(runs.config_id, runs.seed.astype(int))]
-        write_csv(runs_path, runs[mask])
-    keep = keep[[(c, s) in complete for c, s in zip(keep.config_id, keep.seed)]]
+        warn_once(f"{curves_path} lacks the curves of {len(done - complete)} committed run(s): they are trained again")
+        mask = np.array([(c, s) in complete for c, s in zip(runs.config_id, runs.seed.astype(int))], dtype=bool)
+        write_csv(runs_path, runs.loc[mask])
+    keep = keep.loc[np.array([(c, s) in complete for c, s in zip(keep.config_id, keep.seed)], dtype=bool)]
     if len(keep) != len(curves) or not curves_path.exists():
         write_csv(curves_path, keep)
     return complete
@@ -167,7 +169,7 @@ def read_curves(path: Path) -> pd.DataFrame:
         curves["seed"], curves["step"] = curves.seed.astype(int), curves.step.astype(int)
         return curves
     except (ValueError, KeyError, pd.errors.ParserError, UnicodeDecodeError):
-        warnings.warn(f"{path} is damaged (unreadable): the runs it held are trained again")
+        warn_once(f"{path} is damaged (unreadable): the runs it held are trained again")
         return pd.DataFrame(columns=columns)
 
 

@@ -11,7 +11,7 @@ from pathlib import Path
 
 USAGE = """usage: dpgrid run [-m] [OVERRIDES...]     run one private grid (-m: Hydra multirun sweep)
        dpgrid plan [--json] [--compare] [OVERRIDES...]  the privacy plan, no training (--compare: all accountants)
-       dpgrid tables [RESULTS_DIR]          paper-style tables and figures from results (default outputs/)
+       dpgrid tables [--mix-budgets] [RESULTS_DIR]  paper-style tables and figures (default outputs/)
 
 overrides are Hydra's: dataset=mnist strategy=fixed_threshold privacy.epsilon=3 grid.k=7 ...
 datasets: digits (embedded, default), mnist, fashion_mnist, ag_news
@@ -181,14 +181,21 @@ def run_command(args: list) -> None:
 
 
 def tables_command(args: list) -> None:
+    from . import DpgridError
     from .report import write_tables
 
+    mix = "--mix-budgets" in args
+    args = [a for a in args if a != "--mix-budgets"]
     if len(args) > 1 or any(a.startswith("-") for a in args):
-        fail("usage: dpgrid tables [RESULTS_DIR]")
+        fail("usage: dpgrid tables [--mix-budgets] [RESULTS_DIR]")
     results = Path(args[0] if args else "outputs")
     if not results.is_dir():
         fail(f"no results directory {results}; run a grid first (dpgrid run) or name the directory")
-    written = write_tables(results)
+    try:
+        written = write_tables(results, mix_budgets=mix, report=lambda line: print(f"dpgrid: warning: {line}",
+                                                                                   file=sys.stderr))
+    except DpgridError as e:
+        fail(e)
     print(f"wrote {len(written)} files to {results / 'tables'}")
 
 

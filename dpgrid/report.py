@@ -10,13 +10,17 @@
 Missing cells are "–" with the reason in a footnote, never zero.
 """
 
-import json
 import math
 from importlib import resources
 from pathlib import Path
 
 import numpy as np
 import pandas as pd
+
+from . import DpgridError
+from .files import check_writable, read_json, read_rows, write_atomic, write_csv
+from .privacy import NOT_DP_SAMPLING
+from .results import summarize
 
 PRIVATE = ["online", "fixed_threshold", "fixed_quantile", "adamwosm"]
 LABEL = {"online": "Online", "fixed_threshold": "Fixed Threshold", "fixed_quantile": "Fixed Quantile",
@@ -26,7 +30,8 @@ AXES = {"online": ["lr"], "fixed_threshold": ["lr", "clip"], "fixed_quantile": [
 SYMBOL = {"lr": "ρ", "clip": "C", "quantile": "γ"}
 EPSILONS = {"mnist": [3, 5, 7, 9], "ag_news": [3, 5, 7, 9], "fashion_mnist": [1, 2, 3, 4], "digits": [3, 5, 7, 9]}
 MISSING = "–"
-NOT_RUN, DIVERGED = "grid not run", "all seeds diverged"
+NOT_RUN, DIVERGED, NOT_DP = "grid not run", "all seeds diverged", "not DP (sampling=shuffle)"
+PRIVACY_FIGURES = ("noise_multiplier", "epsilon_spent", "epsilon_grid", "budget", "sampling")
 
 
 def paper_results() -> pd.DataFrame:
@@ -34,31 +39,78 @@ def paper_results() -> pd.DataFrame:
         return pd.read_csv(f, comment="#")
 
 
-def collect(results_dir: Path) -> pd.DataFrame:
-    """One row per grid found under results_dir: its best configuration and where it is."""
-    rows = []
-    for summary_path in sorted(Path(results_dir).rglob("summary.csv")):
-        folder = summary_path.parent
-        if "tables" in folder.relative_to(results_dir).parts or not (folder / "plan.json").exists():
-            continue
-        plan = json.loads((folder / "plan.json").read_text())
-        summary = pd.read_csv(summary_path, dtype={"config_id": str})
-        metric = pd.read_csv(folder / "runs.csv", nrows=1)["metric"].iloc[0]
-        row = dict(dataset=plan["dataset"], strategy=plan["strategy"], k=plan["k"], epsilon=plan["epsilon"],
-                   metric=metric, noise_multiplier=plan["noise_multiplier"], epsilon_spent=plan["epsilon_spent"],
-                   n_configs=plan["n_configs"], configs_run=len(summary), path=str(folder))
-        best = summary[summary.best]
-        if len(best):
-            b = best.iloc[0]
-            row.update({a: b[a] for a in AXES.get(plan["strategy"], []) if a in b},
-                       config_id=b.config_id, value=b["mean"], std=b["std"],
-                       n_seeds=int(b.n_seeds - b.n_diverged), status="ok")
-        else:
-            row.update(status=DIVERGED, value=math.nan, std=math.nan)
-        rows.append(row)
-    columns = ["dataset", "strategy", "k", "epsilon", "metric", "lr", "clip", "quantile", "config_id", "value",
-               "std", "n_seeds", "status", "noise_multiplier", "epsilon_spent", "n_configs", "configs_run", "path"]
-    return pd.DataFrame(rows).reindex(columns=columns)
+def grid_folders(results_dir: Path) -> list:
+    """Every folder under results_dir that holds a grid (plan.json or runs.csv), tables/ excepted."""
+    found = {p.parent for name in ("plan.json", "runs.csv") for p in results_dir.rglob(name)}
+    return sorted(f for f in found if "tables" not in f.relative_to(results_dir).parts)
+
+
+def same(a, b) -> bool:
+    missing = lambda v: v is None or (isinstance(v, float) and math.isnan(v))  # noqa: E731
+    if missing(a) or missing(b):
+        return missing(a) and missing(b)
+    if isinstance(a, (int, float)) and isinstance(b, (int, float)):
+        return math.isclose(a, b, rel_tol=1e-12)
+    return str(a) == str(b)
+
+
+def grid_row(folder: Path) -> dict:
+    """One grid's best configuration, with the privacy figures its runs record (checked against plan.json)."""
+    repair = "run the grid's command again to rewrite it (its results are kept)"
+    plan = read_json(folder / "plan.json", repair)
+    read_rows(folder / "runs.csv", "fix or delete that line, then run the grid's command again")
+    runs = pd.read_csv(folder / "runs.csv", dtype={"config_id": str})
+    if not len(runs):
+        raise DpgridError(f"{folder / 'runs.csv'} holds no finished run yet")
+    privacy = {}
+    for key in PRIVACY_FIGURES:
+        values = set(runs[key].dropna()) if key in runs else set()
+        if len(values) > 1:
+            raise DpgridError(f"{folder / 'runs.csv'} holds several {key} values ({sorted(values, key=str)}); one grid "
+                              "has one")
+        privacy[key] = values.pop() if values else None
+        if not same(privacy[key], plan.get(key)):
+            raise DpgridError(f"plan.json says {key} = {plan.get(key)} but runs.csv says {privacy[key]}; the results "
+                              "were not made with this plan (remove the wrong file, or run the grid again)")
+    axes = [a for a in plan.get("configurations", [{}])[0] if a != "config_id"]
+    metric = runs.metric.iloc[0]
+    summary = summarize(runs, axes, "reconstruction" if metric == "mse" else "classification")
+    row = dict(dataset=plan["dataset"], strategy=plan["strategy"], k=plan["k"], epsilon=plan["epsilon"],
+               metric=metric, **privacy, n_configs=plan["n_configs"], configs_run=len(summary), path=str(folder))
+    best = summary[summary.best]
+    if privacy["sampling"] == NOT_DP_SAMPLING:
+        row.update(status=NOT_DP, value=math.nan, std=math.nan)
+    elif len(best):
+        b = best.iloc[0]
+        row.update({a: b[a] for a in axes}, config_id=b.config_id, value=b["mean"], std=b["std"],
+                   n_seeds=int(b.n_seeds - b.n_diverged), status="ok")
+    else:
+        row.update(status=DIVERGED, value=math.nan, std=math.nan)
+    return row
+
+
+def collect(results_dir: Path) -> tuple:
+    """(one row per readable grid under results_dir, [one line per grid skipped and why])."""
+    rows, skipped = [], []
+    for folder in grid_folders(Path(results_dir)):
+        try:
+            rows.append(grid_row(folder))
+        except DpgridError as e:
+            skipped.append(f"skipped the grid in {folder}: {e}")
+    columns = ["dataset", "strategy", "k", "epsilon", "budget", "epsilon_spent", "epsilon_grid", "sampling", "metric",
+               "lr", "clip", "quantile", "config_id", "value", "std", "n_seeds", "status", "noise_multiplier",
+               "n_configs", "configs_run", "path"]
+    return pd.DataFrame(rows).reindex(columns=columns), skipped
+
+
+def budget_note(grids: pd.DataFrame) -> str:
+    """The budget the grids of one table were run under, in words (tables and figure captions)."""
+    budgets = set(grids[grids.strategy != "nodp"].budget.dropna())
+    if budgets == {"per_run"}:
+        return "ε per run (privacy.budget=per_run): each run spends ε; the whole grid's true ε is the 'ε grid' column"
+    if budgets == {"per_grid"} or not budgets:
+        return "ε per grid: all runs of a grid together spend ε (honest tuning)"
+    return "MIXED budgets: per-grid and per-run ε side by side (--mix-budgets); see each cell's ε grid"
 
 
 # --- formatting -------------------------------------------------------------------------------------
@@ -75,28 +127,40 @@ def fmt_value(v, metric) -> str:
 
 
 def paper_layout(grids: pd.DataFrame, dataset: str, k: int, with_values: bool):
-    """The wide table (strings) and its footnotes for one dataset and granularity."""
+    """The wide table (strings) and its footnotes for one dataset and granularity. Rows are epsilon (and
+    the budget mode, which a `budget` column states); per-run grids get an `ε grid` column per strategy,
+    the whole grid's true cost. Grids with no DP guarantee (shuffled batches) are left out and named."""
     metric = grids.metric.dropna().iloc[0] if len(grids.metric.dropna()) else "accuracy"
-    found = set(grids.epsilon)
-    epsilons = sorted(set(EPSILONS.get(dataset, [])) | found)
-    notes, table = {}, pd.DataFrame({"ε": [f"{e:g}" for e in epsilons]})
+    not_dp = grids[grids.status == NOT_DP]
+    grids = grids[grids.status != NOT_DP]
+    private = grids[grids.strategy.isin(PRIVATE)]
+    budgets = sorted(set(private.budget.dropna())) or ["per_grid"]
+    rows = sorted({(float(e), b) for e in EPSILONS.get(dataset, []) for b in budgets}
+                  | set(zip(private.epsilon.astype(float), private.budget)))
+    notes, table = {}, pd.DataFrame({"ε": [f"{e:g}" for e, _ in rows], "budget": [b for _, b in rows]})
     for strategy in PRIVATE:
-        for e_index, eps in enumerate(epsilons):
-            cell = grids[(grids.strategy == strategy) & np.isclose(grids.epsilon, eps)]
+        for index, (eps, budget) in enumerate(rows):
+            cell = grids[(grids.strategy == strategy) & np.isclose(grids.epsilon, eps) & (grids.budget == budget)]
             reason = NOT_RUN if cell.empty else (None if cell.status.iloc[0] == "ok" else DIVERGED)
             if reason:
                 notes.setdefault(reason, []).append(f"{LABEL[strategy]} ε={eps:g}")
             for axis in AXES[strategy]:
-                table.loc[e_index, f"{LABEL[strategy]} {SYMBOL[axis]}"] = MISSING if reason else fmt_hp(cell[axis].iloc[0])
+                table.loc[index, f"{LABEL[strategy]} {SYMBOL[axis]}"] = MISSING if reason else fmt_hp(cell[axis].iloc[0])
             if with_values:
                 name = "mse×10²" if metric == "mse" else "acc"
-                table.loc[e_index, f"{LABEL[strategy]} {name}"] = MISSING if reason else fmt_value(cell.value.iloc[0], metric)
-                table.loc[e_index, f"{LABEL[strategy]} std"] = MISSING if reason else fmt_value(cell["std"].iloc[0], metric)
+                table.loc[index, f"{LABEL[strategy]} {name}"] = MISSING if reason else fmt_value(cell.value.iloc[0], metric)
+                table.loc[index, f"{LABEL[strategy]} std"] = MISSING if reason else fmt_value(cell["std"].iloc[0], metric)
+            if "per_run" in budgets:
+                grid_eps = cell.epsilon_grid.iloc[0] if not cell.empty else math.nan
+                table.loc[index, f"{LABEL[strategy]} ε grid"] = MISSING if pd.isna(grid_eps) else f"{grid_eps:.3g}"
     footnotes = [f"{MISSING}: {reason}: {', '.join(cells)}" for reason, cells in notes.items()]
     partial = grids[(grids.configs_run < grids.n_configs) & grids.strategy.isin(PRIVATE)]
     if len(partial):  # grid.only: the best of a subset, still with the whole grid's noise
         footnotes.append("partial grids (grid.only; best of the configurations run, whole grid's noise): " + ", ".join(
             f"{LABEL[r.strategy]} ε={r.epsilon:g} ({r.configs_run} of {r.n_configs})" for r in partial.itertuples()))
+    if len(not_dp):
+        footnotes.append("not shown, no DP guarantee (train.sampling=shuffle): " + ", ".join(
+            f"{LABEL.get(r.strategy, r.strategy)} ε={r.epsilon:g}" for r in not_dp.itertuples()))
     nodp = grids[(grids.strategy == "nodp") & (grids.status == "ok")]
     if len(nodp):
         best = nodp.sort_values("value", ascending=metric == "mse").iloc[0]
@@ -168,101 +232,61 @@ def comparison_markdown(comp: pd.DataFrame, metric: str, title: str) -> str:
     return "\n".join(lines) + "\n"
 
 
-# --- figures ---------------------------------------------------------------------------------------
-
-def plot_metric_vs_epsilon(grids, dataset, k, metric, out_base: Path) -> None:
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, ax = plt.subplots(figsize=(5.5, 4))
-    for strategy in PRIVATE:
-        g = grids[(grids.strategy == strategy) & (grids.status == "ok")].sort_values("epsilon")
-        if len(g):
-            ax.errorbar(g["epsilon"], g["value"], yerr=g["std"].fillna(0), marker="o", capsize=3, label=LABEL[strategy])
-    nodp = grids[(grids.strategy == "nodp") & (grids.status == "ok")]
-    if len(nodp):
-        best = nodp.value.min() if metric == "mse" else nodp.value.max()
-        ax.axhline(best, color="gray", linestyle="--", label=f"NoDP (best): {fmt_value(best, metric)}")
-    ax.margins(y=0.12)  # keep the NoDP line off the frame
-    ax.set_xticks(sorted(grids[grids.strategy != "nodp"].epsilon.unique()))
-    ax.set_xlabel("ε (whole grid)")
-    ax.set_ylabel("MSE (lower is better)" if metric == "mse" else "accuracy % (higher is better)")
-    ax.set_title(f"{dataset}, k = {k}")
-    ax.grid(alpha=0.3)
-    ax.legend(fontsize=8)
-    fig.tight_layout()
-    for ext in ("png", "pdf"):
-        fig.savefig(out_base.with_suffix(f".{ext}"), dpi=150)
-    plt.close(fig)
-
-
-def plot_learning_curve(grid_row, out_path: Path) -> None:
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    curves = pd.read_csv(Path(grid_row.path) / "curves.csv", dtype={"config_id": str})
-    best = curves[curves.config_id == grid_row.config_id].groupby("step")[["value", "clip", "lr"]].mean()
-    adaptive = grid_row.strategy in ("online", "fixed_quantile")
-    fig, axes = plt.subplots(1, 3 if adaptive else 1, figsize=(12 if adaptive else 5, 3.5), squeeze=False)
-    axes = axes[0]
-    axes[0].plot(best.index, best["value"], marker=".")
-    axes[0].set_ylabel(grid_row.metric)
-    if adaptive:
-        for ax, column, label, color in ((axes[1], "clip", "C_t", "C1"), (axes[2], "lr", "ρ_t", "C2")):
-            ax.plot(best.index, best[column], color=color, marker=".")
-            ax.set_ylabel(label)
-            if best[column].max() > 10 * best[column].min() > 0:  # log scale only for wide ranges
-                ax.set_yscale("log")
-    for ax in axes:
-        ax.set_xlabel("step")
-        ax.grid(alpha=0.3)
-    fig.suptitle(f"{grid_row.dataset} {LABEL.get(grid_row.strategy, grid_row.strategy)} ε={grid_row.epsilon:g} "
-                 f"k={grid_row.k}: best configuration {grid_row.config_id} (mean over seeds)")
-    fig.tight_layout()
-    fig.savefig(out_path, dpi=120)
-    plt.close(fig)
-
-
 # --- the command -----------------------------------------------------------------------------------
 
-def write_tables(results_dir, figures: bool = True) -> list:
-    """Everything above into results_dir/tables; returns the paths written."""
+def write_tables(results_dir, figures: bool = True, mix_budgets: bool = False, report=print) -> list:
+    """Everything above into results_dir/tables; returns the paths written. Grids whose files cannot be
+    read are skipped, one line each through `report`; no readable grid at all is a DpgridError."""
     results_dir = Path(results_dir)
+    grids, skipped = collect(results_dir)
+    for line in skipped:
+        report(line)
+    if not len(grids):
+        raise DpgridError(f"no readable grid under {results_dir} (a grid is a folder with plan.json and runs.csv); "
+                          "run one first (dpgrid run) or name the results directory")
+    mixed = [f"{d} k={k}" for (d, k), g in grids[grids.strategy.isin(PRIVATE)].groupby(["dataset", "k"])
+             if g.budget.nunique() > 1]
+    if mixed and not mix_budgets:
+        raise DpgridError(f"{', '.join(mixed)}: per-grid and per-run grids would share a table, whose ε then means two "
+                          "things; tabulate them apart (one results directory each) or pass --mix-budgets")
     out = results_dir / "tables"
-    out.mkdir(parents=True, exist_ok=True)
-    grids = collect(results_dir)
+    check_writable(out)
+    (out / "figures" / "curves").mkdir(parents=True, exist_ok=True) if figures else out.mkdir(exist_ok=True)
     written = [out / "results.csv"]
-    grids.to_csv(written[0], index=False)
+    write_csv(written[0], grids)
     paper = paper_results()
     try:
         import matplotlib  # noqa: F401
     except ImportError:
         figures = False
-        print("matplotlib is not installed (pip install 'dpgrid[plots]'): tables only, no figures")
+        report("matplotlib is not installed (pip install 'dpgrid[plots]'): tables only, no figures")
     for (dataset, k), g in grids.groupby(["dataset", "k"]):
-        metric = g.metric.iloc[0]
-        with_values = k != 7
-        title = f"{dataset}, k = {k}" + ("" if with_values else " (best hyperparameters, as Tables 2–4)")
-        table, notes = paper_layout(g, dataset, k, with_values)
-        base = out / f"{dataset}_k{k}"
-        table.to_csv(base.with_suffix(".csv"), index=False)
-        base.with_suffix(".md").write_text(to_markdown(table, title, notes))
-        base.with_suffix(".tex").write_text(to_latex(table, title, notes))
-        written += [base.with_suffix(s) for s in (".csv", ".md", ".tex")]
-        comp = comparison(g, paper, dataset, k)
-        if len(comp) and k != 7:
-            comp.to_csv(out / f"{dataset}_k{k}_vs_paper.csv", index=False)
-            (out / f"{dataset}_k{k}_vs_paper.md").write_text(
-                comparison_markdown(comp, metric, f"{dataset}, k = {k}: dpgrid vs the paper"))
-            written += [out / f"{dataset}_k{k}_vs_paper.csv", out / f"{dataset}_k{k}_vs_paper.md"]
-        if figures:
-            (out / "figures" / "curves").mkdir(parents=True, exist_ok=True)
-            plot_metric_vs_epsilon(g, dataset, k, metric, out / "figures" / f"{dataset}_k{k}")
-            written += [out / "figures" / f"{dataset}_k{k}.png", out / "figures" / f"{dataset}_k{k}.pdf"]
-            for row in g[g.status == "ok"].itertuples():
-                path = out / "figures" / "curves" / f"{dataset}_{row.strategy}_eps{row.epsilon:g}_k{k}.png"
-                plot_learning_curve(row, path)
-                written.append(path)
+        written += write_one_table(g, dataset, k, out, paper, figures)
+    return written
+
+
+def write_one_table(g, dataset, k, out: Path, paper, figures: bool) -> list:
+    metric, with_values = g.metric.iloc[0], k != 7
+    title = (f"{dataset}, k = {k}" + ("" if with_values else " (best hyperparameters, as Tables 2–4)")
+             + f"; {budget_note(g)}")
+    table, notes = paper_layout(g, dataset, k, with_values)
+    base = out / f"{dataset}_k{k}"
+    write_csv(base.with_suffix(".csv"), table)
+    write_atomic(base.with_suffix(".md"), to_markdown(table, title, notes))
+    write_atomic(base.with_suffix(".tex"), to_latex(table, title, notes))
+    written = [base.with_suffix(s) for s in (".csv", ".md", ".tex")]
+    comp = comparison(g[g.budget.isin(["per_grid"]) | (g.strategy == "nodp")], paper, dataset, k)
+    if len(comp) and k != 7:  # the paper's grids are per grid: per-run grids are not compared with it
+        write_csv(out / f"{dataset}_k{k}_vs_paper.csv", comp)
+        write_atomic(out / f"{dataset}_k{k}_vs_paper.md",
+                     comparison_markdown(comp, metric, f"{dataset}, k = {k}: dpgrid (ε per grid) vs the paper"))
+        written += [out / f"{dataset}_k{k}_vs_paper.csv", out / f"{dataset}_k{k}_vs_paper.md"]
+    if figures:
+        from .figures import plot_learning_curve, plot_metric_vs_epsilon
+
+        written += plot_metric_vs_epsilon(g[g.status != NOT_DP], dataset, k, metric, out / "figures" / f"{dataset}_k{k}")
+        for row in g[g.status == "ok"].itertuples():
+            path = out / "figures" / "curves" / f"{dataset}_{row.strategy}_eps{row.epsilon:g}_{row.budget}_k{k}.png"
+            plot_learning_curve(row, path)
+            written.append(path)
     return written

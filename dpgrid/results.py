@@ -190,6 +190,29 @@ def commit_run(path: Path, row: dict) -> None:
     write_csv(path, frame)
 
 
+def summarize(runs: pd.DataFrame, axes: list, task: str) -> pd.DataFrame:
+    """Per configuration: mean and std (ddof=0) of the run values over converged seeds.
+
+    The best configuration is the best mean among those with no diverged seed (falling back to
+    those with some converged seed when every configuration has a diverged one)."""
+    rows = []
+    for config_id, g in runs.groupby("config_id", sort=False):
+        values = g.best_value[~g.diverged.astype(bool)]
+        rows.append(dict(config_id=config_id, **{a: g[a].iloc[0] for a in axes},
+                         mean=values.mean() if len(values) else math.nan,
+                         std=values.std(ddof=0) if len(values) else math.nan,
+                         n_seeds=len(g), n_diverged=int(g.diverged.astype(bool).sum())))
+    summary = pd.DataFrame(rows)
+    sign = -1.0 if task == "classification" else 1.0
+    candidates = summary[summary["mean"].notna()]
+    summary["best"] = False
+    if len(candidates):
+        key = candidates.assign(_any_div=candidates.n_diverged > 0, _score=sign * candidates["mean"])
+        best = key.sort_values(["_any_div", "_score"], kind="stable").index[0]
+        summary.loc[best, "best"] = True
+    return summary
+
+
 def write_header(out: Path, cfg, plan, digest: str, data_files: dict) -> None:
     write_atomic(out / "config.yaml", OmegaConf.to_yaml(cfg, resolve=True))
     plan_dict = {**plan.to_dict(), "config_hash": digest, "data_files": data_files}

@@ -20,7 +20,7 @@ from .models import build_model, count_parameters
 from .persample import check_model, make_engine
 from .privacy import make_plan
 from .randomness import SecureRandom
-from .results import append_curves, claim, commit_run, config_hash, finished_runs, write_header
+from .results import append_curves, claim, commit_run, config_hash, finished_runs, summarize, write_header
 from .train import train_run
 
 METRIC = {"classification": "accuracy", "reconstruction": "mse"}
@@ -116,29 +116,6 @@ def run_row(cfg, plan, strategy_cls, config, seed, result) -> dict:
         row["final_lr"] = result.final_lr
     row.update(diverged=result.diverged, seconds=round(result.seconds, 3), eval_seconds=round(result.eval_seconds, 3))
     return row
-
-
-def summarize(runs: pd.DataFrame, axes: list, task: str) -> pd.DataFrame:
-    """Per configuration: mean and std (ddof=0) of the run values over converged seeds.
-
-    The best configuration is the best mean among those with no diverged seed (falling back to
-    those with some converged seed when every configuration has a diverged one)."""
-    rows = []
-    for config_id, g in runs.groupby("config_id", sort=False):
-        values = g.best_value[~g.diverged.astype(bool)]
-        rows.append(dict(config_id=config_id, **{a: g[a].iloc[0] for a in axes},
-                         mean=values.mean() if len(values) else math.nan,
-                         std=values.std(ddof=0) if len(values) else math.nan,
-                         n_seeds=len(g), n_diverged=int(g.diverged.astype(bool).sum())))
-    summary = pd.DataFrame(rows)
-    sign = -1.0 if task == "classification" else 1.0
-    candidates = summary[summary["mean"].notna()]
-    summary["best"] = False
-    if len(candidates):
-        key = candidates.assign(_any_div=candidates.n_diverged > 0, _score=sign * candidates["mean"])
-        best = key.sort_values(["_any_div", "_score"], kind="stable").index[0]
-        summary.loc[best, "best"] = True
-    return summary
 
 
 def run_grid(cfg, out_dir, progress: bool = True) -> pd.DataFrame:

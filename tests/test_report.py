@@ -7,21 +7,27 @@ import sys
 import pandas as pd
 import pytest
 
+from dpgrid import DpgridError
 from dpgrid.report import paper_results, write_tables
 
 
-def make_grid(root, dataset, strategy, epsilon, k, configs, metric="accuracy", n_configs=None):
+def make_grid(root, dataset, strategy, epsilon, k, configs, metric="accuracy", n_configs=None, budget="per_grid",
+              sampling="poisson"):
     """configs: list of (config_id, {hp}, [values per seed], n_diverged)."""
-    folder = root / dataset / strategy / f"eps={epsilon}" / f"k={k}"
+    folder = root / dataset / strategy / f"eps={epsilon}" / budget / f"k={k}"
     folder.mkdir(parents=True)
+    nodp = strategy == "nodp"
+    privacy = dict(noise_multiplier=0.0 if nodp else 1.0, epsilon_spent=None if nodp else epsilon * 0.999,
+                   epsilon_grid=None if nodp else epsilon * (0.999 if budget == "per_grid" else 7.5),
+                   budget=budget, sampling=sampling)
     folder.joinpath("plan.json").write_text(json.dumps(dict(
-        dataset=dataset, strategy=strategy, k=k, epsilon=epsilon, noise_multiplier=1.0, epsilon_spent=epsilon * 0.999,
-        n_configs=n_configs or len(configs))))
+        dataset=dataset, strategy=strategy, k=k, epsilon=epsilon, **privacy, n_configs=n_configs or len(configs),
+        configurations=[dict(config_id=c, **hp) for c, hp, *_ in configs])))
     runs, summary = [], []
     for config_id, hp, values, diverged in configs:
-        for seed, v in enumerate(values):
+        for seed, v in enumerate(values + [float("nan")] * diverged):
             runs.append(dict(dataset=dataset, strategy=strategy, metric=metric, config_id=config_id, seed=seed,
-                             best_value=v, diverged=False, **hp))
+                             best_value=v, diverged=seed >= len(values), **hp, **privacy))
         ok = pd.Series(values, dtype=float)
         summary.append(dict(config_id=config_id, **hp, mean=ok.mean() if len(ok) else float("nan"),
                             std=ok.std(ddof=0) if len(ok) else float("nan"), n_seeds=len(values) + diverged,
@@ -31,7 +37,7 @@ def make_grid(root, dataset, strategy, epsilon, k, configs, metric="accuracy", n
         best = summary["mean"].idxmin() if metric == "mse" else summary["mean"].idxmax()
         summary.loc[best, "best"] = True
     summary.to_csv(folder / "summary.csv", index=False)
-    pd.DataFrame(runs or [dict(metric=metric)]).to_csv(folder / "runs.csv", index=False)
+    pd.DataFrame(runs).to_csv(folder / "runs.csv", index=False)
     steps = [50, 100]
     pd.DataFrame([dict(config_id=c, seed=0, step=s, value=60 + s / 10, clip=0.1, lr=0.3, test_loss=1.0)
                   for c, *_ in configs for s in steps]).to_csv(folder / "curves.csv", index=False)
@@ -51,6 +57,12 @@ def tree(tmp_path):
     # fashion_mnist (MSE, printed x 10^2) at k = 7: hyperparameters only
     make_grid(root, "fashion_mnist", "online", 1, 7, [("lr3", {"lr": 0.316228}, [0.0250, 0.0270], 0)], "mse")
     return root
+
+
+def write(root, **kwargs):
+    lines = []
+    written = write_tables(root, report=lines.append, **kwargs)
+    return written, lines
 
 
 def test_paper_layout_cells(tree):
@@ -105,9 +117,9 @@ def test_figures_are_written(tree):
     pytest.importorskip("matplotlib")
     written = write_tables(tree)
     figures = tree / "tables" / "figures"
-    for name in ("mnist_k9.png", "mnist_k9.pdf", "fashion_mnist_k7.png", "curves/mnist_online_eps3_k9.png"):
+    for name in ("mnist_k9.png", "mnist_k9.pdf", "fashion_mnist_k7.png", "curves/mnist_online_eps3_per_grid_k9.png"):
         assert (figures / name).stat().st_size > 1000, name
-    assert figures / "curves" / "mnist_online_eps3_k9.png" in written
+    assert figures / "curves" / "mnist_online_eps3_per_grid_k9.png" in written
 
 
 def test_paper_reference_data_matches_the_paper_file():
@@ -132,3 +144,84 @@ def test_tables_command(tree):
     r = subprocess.run([sys.executable, "-m", "dpgrid.cli", "tables", str(tree / "nope")], capture_output=True,
                        text=True)
     assert r.returncode == 2 and "no results directory" in r.stderr
+
+
+def test_tables_carry_the_budget_and_per_run_grids_their_true_epsilon(tmp_path):
+    root = tmp_path / "outputs"
+    make_grid(root, "mnist", "online", 3, 9, [("lr4", {"lr": 0.316228}, [91.0, 92.0], 0)], budget="per_run")
+    write(root)
+    table = pd.read_csv(root / "tables" / "mnist_k9.csv", dtype=str, keep_default_na=False)
+    row3 = table[table["ε"] == "3"].iloc[0]
+    assert row3["budget"] == "per_run" and row3["Online ε grid"] == "22.5"  # the grid's cost beside the per-run ε
+    for name in ("mnist_k9.md", "mnist_k9.tex"):
+        assert "ε per run (privacy.budget=per_run)" in (root / "tables" / name).read_text().replace("$\\varepsilon$", "ε")
+    assert not (root / "tables" / "mnist_k9_vs_paper.csv").exists() or "per_run" not in \
+        (root / "tables" / "mnist_k9_vs_paper.md").read_text()
+
+
+def test_mixing_per_grid_and_per_run_grids_needs_asking(tree):
+    make_grid(tree, "mnist", "online", 3, 9, [("lr4", {"lr": 0.316228}, [91.0, 92.0], 0)], budget="per_run")
+    with pytest.raises(DpgridError, match="mnist k=9: per-grid and per-run grids would share a table"):
+        write(tree)
+    write(tree, mix_budgets=True)
+    table = pd.read_csv(tree / "tables" / "mnist_k9.csv", dtype=str, keep_default_na=False)
+    threes = table[table["ε"] == "3"]
+    assert sorted(threes.budget) == ["per_grid", "per_run"] and set(threes["Online acc"]) == {"91.69", "91.50"}
+    assert "MIXED budgets" in (tree / "tables" / "mnist_k9.md").read_text()
+
+
+def test_shuffled_grids_claim_nothing_and_are_left_out(tmp_path):
+    root = tmp_path / "outputs"
+    make_grid(root, "mnist", "online", 3, 9, [("lr4", {"lr": 0.316228}, [91.0, 92.0], 0)], sampling="shuffle (not DP)")
+    write(root)
+    table = pd.read_csv(root / "tables" / "mnist_k9.csv", dtype=str, keep_default_na=False)
+    assert table[table["ε"] == "3"].iloc[0]["Online acc"] == "–"
+    assert "not shown, no DP guarantee (train.sampling=shuffle): Online ε=3" in (root / "tables" / "mnist_k9.md").read_text()
+    assert pd.read_csv(root / "tables" / "results.csv").status.tolist() == ["not DP (sampling=shuffle)"]
+
+
+def test_privacy_figures_come_from_the_runs_and_must_agree_with_the_plan(tree):
+    folder = tree / "mnist" / "online" / "eps=3" / "per_grid" / "k=9"
+    plan = json.loads((folder / "plan.json").read_text())
+    (folder / "plan.json").write_text(json.dumps({**plan, "noise_multiplier": 0.01}))
+    _, lines = write(tree)
+    assert lines == [f"skipped the grid in {folder}: plan.json says noise_multiplier = 0.01 but runs.csv says 1.0; "
+                     "the results were not made with this plan (remove the wrong file, or run the grid again)"]
+    results = pd.read_csv(tree / "tables" / "results.csv")
+    assert not ((results.strategy == "online") & (results.epsilon == 3)).any()
+
+
+@pytest.mark.parametrize("name, content, message", [
+    ("plan.json", "", "damaged file .*plan.json \\(empty\\); run the grid's command again to rewrite it"),
+    ("plan.json", "{not json", "damaged file .*plan.json \\(unreadable"),
+    ("runs.csv", "", "damaged file .*runs.csv \\(empty\\)"),
+    ("summary.csv", "", None),  # derived from runs.csv: its damage changes nothing
+])
+def test_damaged_files_skip_their_grid_with_one_line(tree, name, content, message):
+    folder = tree / "mnist" / "online" / "eps=3" / "per_grid" / "k=9"
+    (folder / name).write_text(content)
+    _, lines = write(tree)
+    if message is None:
+        assert lines == []
+        return
+    assert len(lines) == 1 and __import__("re").search(message, lines[0]), lines
+
+
+def test_no_readable_grid_is_an_error(tmp_path):
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(DpgridError, match="no readable grid under"):
+        write(tmp_path / "empty")
+    r = subprocess.run([sys.executable, "-m", "dpgrid.cli", "tables", str(tmp_path / "empty")], capture_output=True,
+                       text=True)
+    assert r.returncode == 2 and r.stderr.count("\n") == 1 and "no readable grid" in r.stderr
+
+
+def test_a_full_disk_during_tables_is_one_line_and_leaves_no_empty_file(tree):
+    harness = ("import errno, os, sys\ncalls, real = [0], os.fsync\n"
+               "def fsync(fd):\n    calls[0] += 1\n    if calls[0] == 4:\n"
+               "        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))\n    return real(fd)\n"
+               "os.fsync = fsync\nfrom dpgrid.cli import main\nmain(sys.argv[1:])\n")
+    r = subprocess.run([sys.executable, "-c", harness, "tables", str(tree)], capture_output=True, text=True)
+    assert r.returncode == 1 and r.stderr.count("\n") == 1 and "no space left on the device" in r.stderr, r.stderr
+    assert all(p.stat().st_size > 0 for p in (tree / "tables").rglob("*") if p.is_file())
+    assert not list((tree / "tables").rglob(".*.tmp"))

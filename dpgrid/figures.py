@@ -1,0 +1,76 @@
+"""Figures of `dpgrid tables`: the metric against epsilon per strategy, and the best configuration's
+learning curve with C_t and rho_t. Each is rendered in memory and written whole (write-then-rename)."""
+
+import io
+from pathlib import Path
+
+import pandas as pd
+
+from .files import write_atomic
+from .report import LABEL, PRIVATE, budget_note, fmt_value
+
+
+def pyplot():
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    return plt
+
+
+def save(fig, path: Path, dpi: int) -> None:
+    buffer = io.BytesIO()
+    fig.savefig(buffer, format=path.suffix[1:], dpi=dpi)
+    write_atomic(path, buffer.getvalue())
+
+
+def plot_metric_vs_epsilon(grids, dataset, k, metric, out_base: Path) -> list:
+    plt = pyplot()
+    fig, ax = plt.subplots(figsize=(5.5, 4.3))
+    for strategy in PRIVATE:
+        g = grids[(grids.strategy == strategy) & (grids.status == "ok")].sort_values("epsilon")
+        if len(g):
+            ax.errorbar(g["epsilon"], g["value"], yerr=g["std"].fillna(0), marker="o", capsize=3, label=LABEL[strategy])
+    nodp = grids[(grids.strategy == "nodp") & (grids.status == "ok")]
+    if len(nodp):
+        best = nodp.value.min() if metric == "mse" else nodp.value.max()
+        ax.axhline(best, color="gray", linestyle="--", label=f"NoDP (best): {fmt_value(best, metric)}")
+    ax.margins(y=0.12)  # keep the NoDP line off the frame
+    ax.set_xticks(sorted(grids[grids.strategy != "nodp"].epsilon.unique()))
+    ax.set_xlabel("ε")
+    ax.set_ylabel("MSE (lower is better)" if metric == "mse" else "accuracy % (higher is better)")
+    ax.set_title(f"{dataset}, k = {k}\n{budget_note(grids)}", fontsize=9)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    paths = [out_base.with_suffix(f".{ext}") for ext in ("png", "pdf")]
+    for path in paths:
+        save(fig, path, 150)
+    plt.close(fig)
+    return paths
+
+
+def plot_learning_curve(grid_row, out_path: Path) -> None:
+    plt = pyplot()
+    curves = pd.read_csv(Path(grid_row.path) / "curves.csv", dtype={"config_id": str})
+    best = curves[curves.config_id == grid_row.config_id].groupby("step")[["value", "clip", "lr"]].mean()
+    adaptive = grid_row.strategy in ("online", "fixed_quantile")
+    fig, axes = plt.subplots(1, 3 if adaptive else 1, figsize=(12 if adaptive else 5, 3.5), squeeze=False)
+    axes = axes[0]
+    axes[0].plot(best.index, best["value"], marker=".")
+    axes[0].set_ylabel(grid_row.metric)
+    if adaptive:
+        for ax, column, label, color in ((axes[1], "clip", "C_t", "C1"), (axes[2], "lr", "ρ_t", "C2")):
+            ax.plot(best.index, best[column], color=color, marker=".")
+            ax.set_ylabel(label)
+            ax.ticklabel_format(axis="y", useOffset=False, style="plain") if ax.get_yscale() == "linear" else None
+            if best[column].max() > 10 * best[column].min() > 0:  # log scale only for wide ranges
+                ax.set_yscale("log")
+    for ax in axes:
+        ax.set_xlabel("step")
+        ax.grid(alpha=0.3)
+    scope = "ε per run" if grid_row.budget == "per_run" else "ε per grid"
+    fig.suptitle(f"{grid_row.dataset} {LABEL.get(grid_row.strategy, grid_row.strategy)} ε={grid_row.epsilon:g} "
+                 f"({scope}) k={grid_row.k}: best configuration {grid_row.config_id} (mean over seeds)")
+    fig.tight_layout()
+    save(fig, out_path, 120)
+    plt.close(fig)

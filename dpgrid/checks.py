@@ -98,7 +98,7 @@ ACCOUNTANTS = ("rdp", "pld", "prv")  # dpgrid.privacy's; listed here so that che
 BUDGETS = ("per_grid", "per_run")
 
 
-def check_config(cfg, n_train: int = None) -> None:
+def check_config(cfg, n_train: int = None, warn: bool = True) -> None:
     """The common keys (privacy, grid, train, data); the strategy's own come from the strategy class.
     n_train: the loaded data's N, or None for the config's dataset.n_train (`dpgrid plan`, early checks).
     Imports nothing heavy, so that `dpgrid run` refuses a bad value within a second."""
@@ -106,7 +106,7 @@ def check_config(cfg, n_train: int = None) -> None:
     n_train = n_config if n_train is None else n_train
     real(cfg, "privacy.epsilon", f"in (0, {MAX_EPSILON:g}]", lambda v: 0 < v <= MAX_EPSILON)
     delta = real(cfg, "privacy.delta", "in (0, 1)", lambda v: 0 < v < 1)
-    if delta >= 1 / n_train:
+    if warn and delta >= 1 / n_train:
         warn_once(f"privacy.delta={delta:g} is not below 1/N = {1 / n_train:.3g}: a weak guarantee")
     for key in ("privacy.account_seeds", "privacy.secure_rng", "overwrite", "grid.allow_large"):
         flag(cfg, key)
@@ -135,6 +135,8 @@ def check_config(cfg, n_train: int = None) -> None:
                               f"dataset.std; {cfg.dataset.name} has none (mnist and fashion_mnist do)")
         real(cfg, "dataset.mean", "in [0, 1] (pixels are in [0, 1])", lambda v: 0 <= v <= 1)
         real(cfg, "dataset.std", "in (0, 1] (pixels are in [0, 1])", lambda v: 0 < v <= 1)
+    if get(cfg, "dataset.classes") is not None:
+        whole(cfg, "dataset.classes", low=2)
     if get(cfg, "dataset.max_words") is not None:
         whole(cfg, "dataset.max_words")
     if get(cfg, "dataset.seconds_per_step") is not None:

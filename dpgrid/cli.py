@@ -78,12 +78,13 @@ def compose(overrides: list, with_hydra: bool = False):
 
 
 def early_checks(cfg) -> None:
-    """The checks that import nothing heavy (no torch): a bad value is refused within a second."""
+    """The checks that import nothing heavy (no torch): a bad value is refused within a second. Warnings
+    wait for the real checks, which know the loaded data's N."""
     from . import DpgridError
     from .checks import check_config
 
     try:
-        check_config(cfg)
+        check_config(cfg, warn=False)
     except DpgridError as e:
         fail(e)
 

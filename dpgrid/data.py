@@ -5,6 +5,7 @@ AG News as the original CSV `<root>/ag_news_csv/{train,test}.csv[.gz]` or Huggin
 `<root>/ag_news/{train,test}.parquet`; `digits` is bundled with scikit-learn (no files needed).
 """
 
+import csv
 import gzip
 import hashlib
 import json
@@ -25,6 +26,7 @@ IDX_FILES = {
     "test": ("t10k-images-idx3-ubyte.gz", "t10k-labels-idx1-ubyte.gz"),
 }
 IMAGE_MAGIC, LABEL_MAGIC = 2051, 2049
+IDX_CLASSES = 10  # MNIST digits and FashionMNIST's garment classes
 
 
 @dataclass
@@ -52,6 +54,7 @@ def load(dataset_cfg, root, device="cpu") -> Data:
         x_tr, y_tr, x_te, y_te = load_digits()
     else:
         raise DpgridError(f"unknown dataset {name!r}; valid: mnist, fashion_mnist, ag_news, digits")
+    check_loaded(dataset_cfg, root, x_tr, y_tr, x_te, y_te)
     x_tr, y_tr, x_te, y_te = (t.to(device) for t in (x_tr, y_tr, x_te, y_te))
     if dataset_cfg.task == "reconstruction":
         y_tr, y_te = x_tr, x_te  # the targets stay in [0, 1] (the autoencoder ends in a sigmoid)
@@ -60,6 +63,23 @@ def load(dataset_cfg, root, device="cpu") -> Data:
         mean, std = float(dataset_cfg.mean), float(dataset_cfg.std)
         x_tr, x_te = (x_tr - mean) / std, (x_te - mean) / std
     return Data(x_tr, y_tr, x_te, y_te, dataset_cfg.task)
+
+
+def check_loaded(dataset_cfg, root, x_tr, y_tr, x_te, y_te) -> None:
+    """Whatever the loader: non-empty splits, as many targets as inputs, and class labels in
+    0..classes-1 (a label outside would crash training midway, or count silently as a miss)."""
+    name, classes = dataset_cfg.name, dataset_cfg.get("classes")
+    for split, x, y in (("train", x_tr, y_tr), ("test", x_te, y_te)):
+        where = f"{name}'s {split} split under {root}"
+        if len(x) == 0:
+            raise DpgridError(f"{where} holds no examples")
+        if len(x) != len(y):
+            raise DpgridError(f"{where}: {len(x)} inputs but {len(y)} labels")
+        if dataset_cfg.task == "classification" and classes is not None:
+            bad = ((y < 0) | (y >= int(classes))).nonzero()
+            if len(bad):
+                i = int(bad[0][0])
+                raise DpgridError(f"{where}: label {int(y[i])} of example {i} is outside 0..{int(classes) - 1}")
 
 
 # --- the data's identity: what a run directory records instead of data.root --------------------------
@@ -130,17 +150,22 @@ def read_idx(path: Path, magic: int) -> np.ndarray:
             raw = f.read()
     except (OSError, EOFError) as e:
         raise DpgridError(f"corrupt gzip file {path}: {e}; re-download it") from None
-    if len(raw) < 8:
-        raise DpgridError(f"truncated IDX file {path}: {len(raw)} bytes")
+    if len(raw) < 4:
+        raise DpgridError(f"truncated IDX file {path}: {len(raw)} bytes, not even a magic number")
     (found,) = struct.unpack(">i", raw[:4])
     if found != magic:
         raise DpgridError(f"wrong IDX magic number in {path}: {found}, expected {magic}")
     ndim = found & 0xFF
+    if len(raw) < 4 + 4 * ndim:
+        raise DpgridError(f"truncated IDX file {path}: its header is cut ({len(raw)} bytes, the header alone "
+                          f"needs {4 + 4 * ndim})")
     dims = struct.unpack(f">{ndim}i", raw[4:4 + 4 * ndim])
-    body = raw[4 + 4 * ndim:]
-    if len(body) != int(np.prod(dims)):
-        raise DpgridError(f"truncated IDX file {path}: header says {dims} ({int(np.prod(dims))} bytes), "
-                          f"found {len(body)} bytes")
+    body, expected = raw[4 + 4 * ndim:], int(np.prod(dims))
+    if len(body) < expected:
+        raise DpgridError(f"truncated IDX file {path}: header says {dims} ({expected} bytes), found {len(body)} bytes")
+    if len(body) > expected:
+        raise DpgridError(f"IDX file {path} is longer than its header says: {dims} ({expected} bytes), found "
+                          f"{len(body)} bytes (trailing data); re-download it")
     return np.frombuffer(body, dtype=np.uint8).reshape(dims)
 
 
@@ -148,9 +173,15 @@ def load_idx_split(folder: Path, split: str):
     images_file, labels_file = IDX_FILES[split]
     images = read_idx(folder / images_file, IMAGE_MAGIC)
     labels = read_idx(folder / labels_file, LABEL_MAGIC)
-    if images.ndim != 3 or images.shape[1:] != (28, 28) or len(images) != len(labels):
+    if images.ndim != 3 or images.shape[1:] != (28, 28) or labels.ndim != 1 or len(images) != len(labels):
         raise DpgridError(f"unexpected IDX shapes in {folder}: images {images.shape}, labels {labels.shape}; "
                           "expected (N, 28, 28) and (N,)")
+    if len(images) == 0:
+        raise DpgridError(f"IDX file {folder / images_file} holds no images")
+    outside = np.flatnonzero(labels >= IDX_CLASSES)
+    if len(outside):
+        raise DpgridError(f"IDX file {folder / labels_file}, example {outside[0]}: label {labels[outside[0]]} is "
+                          f"outside 0..{IDX_CLASSES - 1}; re-download it")
     x = torch.from_numpy(images.astype(np.float32) / 255.0).unsqueeze(1)  # [0, 1], (N, 1, 28, 28)
     return x, torch.from_numpy(labels.astype(np.int64))
 
@@ -164,22 +195,39 @@ def tokenize(text: str) -> list:
     return TOKEN.findall(text.lower())
 
 
+def read_ag_news_csv(path: Path):
+    """The original CSV: every row exactly `class,title,description` with class 1..4, else one line
+    naming the file and the row."""
+    opener = gzip.open if path.suffix == ".gz" else open
+    texts, labels = [], []
+    reader = None
+    try:
+        with opener(path, "rt", encoding="utf8", newline="") as f:
+            reader = csv.reader(f, strict=True)
+            for number, row in enumerate(reader, start=1):
+                if len(row) != 3:
+                    raise DpgridError(f"AG News file {path}, row {number}: {len(row)} field(s), expected 3 "
+                                      "(class,title,description; an unterminated quote joins rows)")
+                if row[0].strip() not in ("1", "2", "3", "4"):
+                    raise DpgridError(f"AG News labels outside 1..4 in {path}, row {number}: {row[0]!r}")
+                labels.append(int(row[0]) - 1)
+                texts.append(f"{row[1]} {row[2]}")
+    except csv.Error as e:  # e.g. an unterminated quote
+        raise DpgridError(f"AG News file {path}, row {reader.line_num}: malformed CSV ({e})") from None
+    except (OSError, EOFError, UnicodeDecodeError) as e:
+        raise DpgridError(f"unreadable AG News file {path}: {str(e).splitlines()[0]}") from None
+    if not texts:
+        raise DpgridError(f"AG News file {path} holds no rows")
+    return texts, np.asarray(labels, dtype=np.int64)
+
+
 def read_ag_news_split(root: Path, split: str):
     """-> (texts "title description", labels 0..3) from the CSV or the parquet layout."""
     import pandas as pd
 
-    for csv in (root / "ag_news_csv" / f"{split}.csv", root / "ag_news_csv" / f"{split}.csv.gz"):
-        if csv.is_file():
-            try:
-                df = pd.read_csv(csv, header=None, names=["label", "title", "description"],
-                                 dtype={"title": str, "description": str}, keep_default_na=False)
-            except Exception as e:  # pandas raises many types for malformed files
-                raise DpgridError(f"unreadable AG News file {csv}: {e}") from None
-            labels = pd.to_numeric(df["label"], errors="coerce")
-            if labels.isna().any() or not labels.isin([1, 2, 3, 4]).all():
-                raise DpgridError(f"AG News labels outside 1..4 in {csv}")
-            texts = (df["title"] + " " + df["description"]).tolist()
-            return texts, labels.to_numpy(dtype=np.int64) - 1
+    for path in (root / "ag_news_csv" / f"{split}.csv", root / "ag_news_csv" / f"{split}.csv.gz"):
+        if path.is_file():
+            return read_ag_news_csv(path)
     parquet = root / "ag_news" / f"{split}.parquet"
     if parquet.is_file():
         try:
@@ -188,6 +236,8 @@ def read_ag_news_split(root: Path, split: str):
             raise DpgridError(f"unreadable AG News file {parquet}: {e}") from None
         if not df["label"].isin([0, 1, 2, 3]).all():
             raise DpgridError(f"AG News labels outside 0..3 in {parquet}")
+        if not len(df):
+            raise DpgridError(f"AG News file {parquet} holds no rows")
         return df["text"].astype(str).tolist(), df["label"].to_numpy(dtype=np.int64, copy=True)
     raise _missing(root / "ag_news_csv" / f"{split}.csv",
                    f"or {parquet}: get the original AG News CSV (torchtext's AG_NEWS) or Hugging Face's "

@@ -65,12 +65,29 @@ def corrupt(raw, how):
         path.write_bytes(b"this is not gzip data")
     elif how == "shape":
         write_idx(path, np.zeros((12, 20, 20)), 2051)
+    elif how == "label200":
+        write_idx(raw / "train-labels-idx1-ubyte.gz", np.array([0, 1, 200] + [0] * 9), 2049)
+    elif how == "testlabel10":
+        write_idx(raw / "t10k-labels-idx1-ubyte.gz", np.array([0, 10, 0, 0, 0]), 2049)
+    elif how == "header":
+        with gzip.open(path, "wb") as f:
+            f.write(struct.pack(">ii", 2051, 12))  # cut after the first dimension
+    elif how == "empty":
+        write_idx(path, np.zeros((0, 28, 28)), 2051)
+        write_idx(raw / "train-labels-idx1-ubyte.gz", np.zeros(0), 2049)
+    elif how == "longer":
+        data = gzip.open(path).read()
+        with gzip.open(path, "wb") as f:
+            f.write(data + b"\0" * 100)
 
 
 @pytest.mark.parametrize("how, message", [
     ("missing", "missing data file .*MNIST/raw/train-images-idx3-ubyte.gz"),
     ("magic", "wrong IDX magic"), ("truncated", "truncated IDX"), ("gzip", "corrupt gzip"),
-    ("shape", "unexpected IDX shapes")])
+    ("shape", "unexpected IDX shapes"),
+    ("label200", "train-labels-idx1-ubyte.gz, example 2: label 200 is outside 0..9"),
+    ("testlabel10", "t10k-labels-idx1-ubyte.gz, example 1: label 10 is outside 0..9"),
+    ("header", "its header is cut"), ("empty", "holds no images"), ("longer", "longer than its header says")])
 def test_idx_errors_are_clear(tmp_path, how, message):
     corrupt(make_idx_root(tmp_path), how)
     with pytest.raises(DpgridError, match=message):
@@ -132,6 +149,32 @@ def test_ag_news_bad_labels_and_missing_files(tmp_path, glove_txt):
         pd.DataFrame([(5, "a", "b")]).to_csv(folder / f"{split}.csv", header=False, index=False)
     with pytest.raises(DpgridError, match="labels outside 1..4"):
         load(ag_cfg(glove_txt), tmp_path)
+
+
+@pytest.mark.parametrize("text, message", [
+    ("", "holds no rows"),
+    ('3,"Stocks rise","the stocks"\n2\n', "row 2: 1 field"),
+    ('3,"Stocks rise","the stocks"\n2,"Team wins,"game on\n1,"a","b"\n', "row 2: malformed CSV"),
+    ('3,"Stocks rise","the stocks"\n2,"Team wins,game on\n', "row 2: malformed CSV \\(unexpected end of data"),
+])
+def test_ag_news_rows_are_checked(tmp_path, glove_txt, text, message):
+    folder = tmp_path / "ag_news_csv"
+    folder.mkdir()
+    (folder / "train.csv").write_text(text)
+    pd.DataFrame(ROWS).to_csv(folder / "test.csv", header=False, index=False)
+    with pytest.raises(DpgridError, match=f"ag_news_csv/train.csv.*{message}"):
+        load(ag_cfg(glove_txt), tmp_path)
+
+
+def test_generic_checks_catch_any_loader(tmp_path):
+    from dpgrid.data import check_loaded
+
+    cfg = OmegaConf.create(dict(name="mine", task="classification", classes=3))
+    x, y = torch.zeros(4, 2), torch.tensor([0, 1, 2, 3])
+    with pytest.raises(DpgridError, match="mine's train split under .*: label 3 of example 3 is outside 0..2"):
+        check_loaded(cfg, tmp_path, x, y, x, y.clamp(max=2))
+    with pytest.raises(DpgridError, match="test split .* holds no examples"):
+        check_loaded(cfg, tmp_path, x, y.clamp(max=2), x[:0], y[:0])
 
 
 def test_tokenizer_and_padding():

@@ -104,7 +104,7 @@ def test_more_seeds_extend_a_grid_in_place_unless_seeds_are_accounted(tmp_path):
 def bad_data(tmp_path):
     """Data roots with one broken thing each."""
     roots = {}
-    for how in ("missing", "magic", "truncated", "gzip", "shape"):
+    for how in ("missing", "magic", "truncated", "gzip", "shape", "label200", "empty"):
         root = tmp_path / f"idx_{how}"
         corrupt(make_idx_root(root), how)
         roots[how] = root
@@ -136,6 +136,8 @@ BAD_INPUTS = [
     (["dataset=mnist", "data.root={gzip}"], "corrupt gzip"),
     (["dataset=mnist", "data.root={shape}"], "unexpected IDX shapes"),
     (["dataset=ag_news", "data.root={ag_labels}"], "labels outside 1..4"),
+    (["dataset=mnist", "data.root={label200}", "train.batch_size=4"], "label 200 is outside 0..9"),
+    (["dataset=mnist", "data.root={empty}"], "holds no images"),
 ]
 
 

@@ -46,6 +46,7 @@ EXPECT = {
     "dataset.epsilons": (False, lambda v: 0 < v <= 100, None),             # set as [v]
     "dataset.seconds_per_step": (False, positive, None),
     "dataset.max_words": (True, whole(), None),
+    "dataset.classes": (True, whole(2), None),
     "dataset.mean": (False, lambda v: 0 <= v <= 1, None),
     "dataset.std": (False, lambda v: 0 < v <= 1, None),
     "strategy.clip0": (False, positive, None),

@@ -67,14 +67,37 @@ def remove_created(out: Path, outermost: Path | None) -> None:
 def compose(overrides: list, with_hydra: bool = False):
     """The resolved config for `overrides`, as `dpgrid run` would see it (no output directory)."""
     from hydra import compose as hydra_compose, initialize_config_dir
-    from hydra.errors import HydraException
+    from hydra.errors import HydraException, OverrideParseException
     from omegaconf.errors import OmegaConfBaseException
 
     try:
         with initialize_config_dir(version_base="1.3", config_dir=config_dir()):
             return hydra_compose("config", overrides=overrides, return_hydra_config=with_hydra)
+    except OverrideParseException:
+        fail(unparsable(overrides))
     except (HydraException, OmegaConfBaseException) as e:
         fail(str(e).strip().splitlines()[0])
+
+
+def unparsable(overrides: list) -> str:
+    """Which override Hydra cannot parse, and the quoted form that it can."""
+    import shlex
+
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+    from hydra.errors import HydraException
+
+    parser = OverridesParser.create()
+    for text in overrides:
+        try:
+            parser.parse_override(text)
+        except HydraException as e:
+            key, _, value = text.partition("=")
+            if not any(c in value for c in "= '\"()"):
+                return f"cannot parse the override {text!r}: {str(e).splitlines()[0]} (Hydra's override grammar)"
+            quoted = shlex.quote(f'{key}="{value}"' if '"' not in value else f"{key}='{value}'")
+            return (f"cannot parse the override {text!r}: a value with '=', spaces, quotes or parentheses must be "
+                    f"quoted for Hydra; on the command line write {quoted}")
+    return "cannot parse the overrides"
 
 
 def early_checks(cfg) -> None:

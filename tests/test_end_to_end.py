@@ -79,7 +79,7 @@ def test_multirun_sweeps_into_the_deterministic_tree(tmp_path):
     r = dpgrid("run", "-m", "strategy=online,nodp", *SMALL, "train.seeds=1", f"hydra.sweep.dir={tmp_path}")
     assert r.returncode == 0, r.stderr
     for strategy in ("online", "nodp"):
-        assert len(pd.read_csv(tmp_path / "digits" / strategy / "eps=3" / "k=2" / "runs.csv")) == 2
+        assert len(pd.read_csv(tmp_path / "digits" / strategy / "eps3" / "k2" / "runs.csv")) == 2
 
 
 def test_plan_json_for_the_paper_grid():

@@ -138,3 +138,14 @@ def test_a_large_grid_states_runs_steps_and_time_and_starts_when_allowed():
     with pytest.raises(DpgridError, match=r"1,000,000 configurations, 5,000,000 runs of 1,172 steps .* days"):
         validate(cfg, 60000)
     validate(load_cfg("mnist", "fixed_threshold", **{"grid.k": 1000, "grid.allow_large": "true"}), 60000)
+
+
+def test_an_unparsable_override_says_how_to_quote_it(tmp_path):
+    run_dir = tmp_path / "outputs" / "eps=3" / "k=7"
+    r = subprocess.run([sys.executable, "-m", "dpgrid.cli", "run", f"hydra.run.dir={run_dir}"], capture_output=True,
+                       text=True, cwd=tmp_path)
+    assert r.returncode == 2 and r.stderr.count("\n") == 1, r.stderr
+    assert f"""on the command line write 'hydra.run.dir="{run_dir}"'""" in r.stderr
+    quoted = subprocess.run([sys.executable, "-m", "dpgrid.cli", "plan", f'hydra.run.dir="{run_dir}"'],
+                            capture_output=True, text=True, cwd=tmp_path)
+    assert quoted.returncode == 0, quoted.stderr  # the quoted form is accepted

@@ -168,16 +168,17 @@ def test_a_second_writer_is_refused(tmp_path):
     assert first.wait(timeout=60) == 143
 
 
-def test_sigterm_is_one_line_and_the_same_command_resumes(tmp_path, reference):
+@pytest.mark.parametrize("sig, code", [(signal.SIGTERM, 143), (signal.SIGINT, 130)])
+def test_sigterm_and_ctrl_c_are_one_line_and_the_same_command_resumes(sig, code, tmp_path, reference):
     out = tmp_path / "grid"
     proc = subprocess.Popen([*COMMAND, *GRID, f"hydra.run.dir={out}"], stdout=subprocess.DEVNULL,
                             stderr=subprocess.PIPE, text=True)
     deadline = time.time() + 60
     while not (out / "runs.csv").exists() and time.time() < deadline:
         time.sleep(0.01)
-    proc.send_signal(signal.SIGTERM)
+    proc.send_signal(sig)
     stderr = proc.stderr.read()
-    assert proc.wait() == 143 and len(stderr.strip().splitlines()) == 1, stderr
+    assert proc.wait() == code and len(stderr.strip().splitlines()) == 1, stderr
     assert "incomplete; the same command resumes it" in stderr
     assert dpgrid("run", *GRID, f"hydra.run.dir={out}").returncode == 0
     assert_same(out, reference)

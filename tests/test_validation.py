@@ -149,3 +149,26 @@ def test_an_unparsable_override_says_how_to_quote_it(tmp_path):
     quoted = subprocess.run([sys.executable, "-m", "dpgrid.cli", "plan", f'hydra.run.dir="{run_dir}"'],
                             capture_output=True, text=True, cwd=tmp_path)
     assert quoted.returncode == 0, quoted.stderr  # the quoted form is accepted
+
+
+def test_checks_hold_under_python_O(tmp_path):
+    """`python -O` strips asserts: every guard is explicit code, so the refusals stay."""
+    for args, message in ((["strategy.grad_noise_ratio=0.5"], "strategy.grad_noise_ratio"),
+                          (["privacy.epsilon=inf"], "privacy.epsilon")):
+        r = subprocess.run([sys.executable, "-O", "-m", "dpgrid.cli", "plan", *args], capture_output=True, text=True,
+                           cwd=tmp_path, timeout=60)
+        assert r.returncode == 2 and message in r.stderr, r.stderr
+
+
+def test_a_plan_that_would_overspend_is_refused(monkeypatch):
+    """The guard that the calibrated noise spends at most the target (an assert before, gone under -O)."""
+    import dpgrid.privacy as privacy
+
+    monkeypatch.setattr(privacy, "calibrate", lambda *a, **k: 0.5)  # far too little noise for K = 7
+    with pytest.raises(DpgridError, match="spends epsilon = .* > the target 3"):
+        validate_and_plan(load_cfg("mnist", "online"))
+
+
+def validate_and_plan(cfg):
+    from dpgrid.runner import plan_grid
+    return plan_grid(cfg, 60000)

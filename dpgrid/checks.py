@@ -137,8 +137,8 @@ def check_config(cfg, n_train: int = None, warn: bool = True) -> None:
         real(cfg, "dataset.std", "in (0, 1] (pixels are in [0, 1])", lambda v: 0 < v <= 1)
     if get(cfg, "dataset.classes") is not None:
         whole(cfg, "dataset.classes", low=2)
-    if get(cfg, "dataset.max_words") is not None:
-        whole(cfg, "dataset.max_words")
+    if get(cfg, "dataset.load.max_words") is not None:
+        whole(cfg, "dataset.load.max_words")
     if get(cfg, "dataset.seconds_per_step") is not None:
         positive(cfg, "dataset.seconds_per_step")
 

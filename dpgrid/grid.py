@@ -11,6 +11,7 @@ import numpy as np
 from . import DpgridError
 
 ID_PREFIX = {"lr": "lr", "clip": "clip", "quantile": "q"}
+AXIS_SYMBOL = {"lr": "ρ", "clip": "C", "quantile": "γ"}  # how tables and figures print each axis
 
 
 def axis_values(axis: str, grid_cfg) -> list:

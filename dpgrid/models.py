@@ -51,6 +51,11 @@ def autoencoder() -> nn.Sequential:
 
 def bag_of_words(max_words: int = 15, embedding_dim: int = 50) -> nn.Sequential:
     """AG News fully connected model over concatenated GloVe vectors, Table 7 (logits stay linear)."""
+    from . import DpgridError
+
+    for key, value in (("max_words", max_words), ("embedding_dim", embedding_dim)):
+        if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+            raise DpgridError(f"model.{key} must be a whole number >= 1, got {value!r}")
     return nn.Sequential(
         nn.Linear(max_words * embedding_dim, 128), nn.LeakyReLU(),
         nn.Linear(128, 128), nn.LeakyReLU(),
@@ -63,18 +68,15 @@ def mlp() -> nn.Sequential:
     return nn.Sequential(nn.Linear(64, 32), nn.ReLU(), nn.Linear(32, 10))
 
 
-def build_model(dataset_cfg) -> nn.Module:
-    name = dataset_cfg.model
-    if name == "cnn":
-        return cnn()
-    if name == "autoencoder":
-        return autoencoder()
-    if name == "bag_of_words":
-        return bag_of_words(dataset_cfg.max_words)
-    if name == "mlp":
-        return mlp()
+def build_model(model_cfg) -> nn.Module:
+    """The model a `model` config names in `_target_`, called with the config's other keys."""
     from . import DpgridError
-    raise DpgridError(f"unknown model {name!r}; valid: cnn, autoencoder, bag_of_words, mlp")
+    from .plugins import call
+
+    model = call(model_cfg, "model")
+    if not isinstance(model, nn.Module):
+        raise DpgridError(f"model: _target_ {model_cfg._target_} returned {type(model).__name__}, not a torch.nn.Module")
+    return model
 
 
 def count_parameters(model: nn.Module) -> int:

@@ -18,6 +18,7 @@ from opacus.accountants import RDPAccountant
 from opacus.accountants.analysis.rdp import compute_rdp, get_privacy_spent
 
 from . import DpgridError
+from .plugins import arguments
 
 MAX_NOISE_MULTIPLIER = 1e4  # beyond this the target epsilon is treated as unreachable
 
@@ -98,6 +99,11 @@ class Plan:
     epsilon_per_run: float = None  # one configuration's cost (its seeds too when they are accounted)
     liu_talwar: dict = field(default_factory=dict)  # the cost of Liu-Talwar selection, for comparison
     model_parameters: int = 0
+    label: str = ""           # the strategy's name in tables and figures
+    private: bool = True      # False for a non-private baseline
+    adapts: list = field(default_factory=list)  # quantities the strategy adapts (final_* columns)
+    axes: list = field(default_factory=list)    # the grid's axes, e.g. ["lr", "clip"]
+    dataset_epsilons: list = field(default_factory=list)  # the dataset's privacy levels (table rows)
     configurations: list = field(default_factory=list)
 
     def to_dict(self) -> dict:
@@ -115,6 +121,9 @@ def make_plan(cfg, n_train: int, strategy_cls, configs: list, model_parameters: 
     composed = len(configs) * per_config
     budget, accountant = str(p.get("budget", "per_grid")), str(p.get("accountant", "rdp"))
     plan = Plan(dataset=cfg.dataset.name, strategy=cfg.strategy.name, k=int(cfg.grid.k), n_configs=len(configs),
+                label=str(cfg.strategy.get("label") or strategy_cls.label or cfg.strategy.name),
+                private=bool(strategy_cls.private), adapts=list(strategy_cls.adapts), axes=list(cfg.strategy.grid),
+                dataset_epsilons=[float(e) for e in cfg.dataset.epsilons],
                 n_train=n_train, batch_size=batch_size, epochs=epochs, steps=steps, sample_rate=sample_rate,
                 epsilon=float(p.epsilon), delta=float(p.delta), seeds=int(t.seeds),
                 account_seeds=bool(p.account_seeds), composed_runs=composed, noise_multiplier=0.0,
@@ -124,7 +133,7 @@ def make_plan(cfg, n_train: int, strategy_cls, configs: list, model_parameters: 
         budget_runs = composed if budget == "per_grid" else per_config
         nu = calibrate(plan.epsilon, sample_rate, budget_runs * steps, plan.delta, accountant=accountant)
         plan.noise_multiplier = nu
-        plan.per_query = strategy_cls.split_noise(nu, cfg.strategy, batch_size)
+        plan.per_query = strategy_cls.split_noise(nu, arguments(cfg.strategy), batch_size)
         plan.epsilon_spent = epsilon_of(accountant, sample_rate, nu, budget_runs * steps, plan.delta)
         if not plan.epsilon_spent <= plan.epsilon:  # explicit: must hold under python -O too
             raise DpgridError(f"the calibrated noise spends epsilon = {plan.epsilon_spent:.6g} > the target "

@@ -20,15 +20,11 @@ import pandas as pd
 from . import DpgridError
 from .files import check_writable, read_json, read_rows, write_atomic, write_csv
 from .privacy import NOT_DP_SAMPLING
+from .grid import AXIS_SYMBOL
 from .results import summarize
 
-PRIVATE = ["online", "fixed_threshold", "fixed_quantile", "adamwosm"]
-LABEL = {"online": "Online", "fixed_threshold": "Fixed Threshold", "fixed_quantile": "Fixed Quantile",
-         "adamwosm": "Adam WOSM", "nodp": "NoDP"}
-AXES = {"online": ["lr"], "fixed_threshold": ["lr", "clip"], "fixed_quantile": ["lr", "quantile"],
-        "adamwosm": ["clip"], "nodp": ["lr"]}
-SYMBOL = {"lr": "ρ", "clip": "C", "quantile": "γ"}
-EPSILONS = {"mnist": [3, 5, 7, 9], "ag_news": [3, 5, 7, 9], "fashion_mnist": [1, 2, 3, 4], "digits": [3, 5, 7, 9]}
+# Everything about a strategy (label, axes, private or not, what adapts) comes from the plan.json its
+# grid wrote, which asked the strategy class and its config: nothing here lists strategies.
 MISSING = "–"
 NOT_RUN, DIVERGED, NOT_DP = "grid not run", "all seeds diverged", "not DP (sampling=shuffle)"
 PRIVACY_FIGURES = ("noise_multiplier", "epsilon_spent", "epsilon_grid", "budget", "sampling")
@@ -72,11 +68,14 @@ def grid_row(folder: Path) -> dict:
         if not same(privacy[key], plan.get(key)):
             raise DpgridError(f"plan.json says {key} = {plan.get(key)} but runs.csv says {privacy[key]}; the results "
                               "were not made with this plan (remove the wrong file, or run the grid again)")
-    axes = [a for a in plan.get("configurations", [{}])[0] if a != "config_id"]
+    axes = plan.get("axes") or [a for a in plan.get("configurations", [{}])[0] if a != "config_id"]
     metric = runs.metric.iloc[0]
     summary = summarize(runs, axes, "reconstruction" if metric == "mse" else "classification")
     row = dict(dataset=plan["dataset"], strategy=plan["strategy"], k=plan["k"], epsilon=plan["epsilon"],
-               metric=metric, **privacy, n_configs=plan["n_configs"], configs_run=len(summary), path=str(folder))
+               metric=metric, **privacy, n_configs=plan["n_configs"], configs_run=len(summary), path=str(folder),
+               label=plan.get("label") or plan["strategy"], private=bool(plan.get("private", privacy["noise_multiplier"])),
+               axes=",".join(axes), adapts=",".join(plan.get("adapts", [])),
+               dataset_epsilons=",".join(f"{e:g}" for e in plan.get("dataset_epsilons", [])))
     best = summary[summary.best]
     if privacy["sampling"] == NOT_DP_SAMPLING:
         row.update(status=NOT_DP, value=math.nan, std=math.nan)
@@ -99,13 +98,24 @@ def collect(results_dir: Path) -> tuple:
             skipped.append(f"skipped the grid in {folder}: {e}")
     columns = ["dataset", "strategy", "k", "epsilon", "budget", "epsilon_spent", "epsilon_grid", "sampling", "metric",
                "lr", "clip", "quantile", "config_id", "value", "std", "n_seeds", "status", "noise_multiplier",
-               "n_configs", "configs_run", "path"]
+               "n_configs", "configs_run", "label", "private", "axes", "adapts", "dataset_epsilons", "path"]
     return pd.DataFrame(rows).reindex(columns=columns), skipped
+
+
+def private_strategies(grids: pd.DataFrame) -> list:
+    """[(name, label, axes)] of the private strategies among grids, by label."""
+    rows = grids[grids.private.astype(bool)].drop_duplicates("strategy")
+    return sorted(((r.strategy, r.label, r.axes.split(",")) for r in rows.itertuples()), key=lambda t: t[1])
+
+
+def label_of(grids: pd.DataFrame, strategy: str) -> str:
+    found = grids.label[grids.strategy == strategy]
+    return found.iloc[0] if len(found) else strategy
 
 
 def budget_note(grids: pd.DataFrame) -> str:
     """The budget the grids of one table were run under, in words (tables and figure captions)."""
-    budgets = set(grids[grids.strategy != "nodp"].budget.dropna())
+    budgets = set(grids[grids.private.astype(bool)].budget.dropna())
     if budgets == {"per_run"}:
         return "ε per run (privacy.budget=per_run): each run spends ε; the whole grid's true ε is the 'ε grid' column"
     if budgets == {"per_grid"} or not budgets:
@@ -131,40 +141,41 @@ def paper_layout(grids: pd.DataFrame, dataset: str, k: int, with_values: bool):
     the budget mode, which a `budget` column states); per-run grids get an `ε grid` column per strategy,
     the whole grid's true cost. Grids with no DP guarantee (shuffled batches) are left out and named."""
     metric = grids.metric.dropna().iloc[0] if len(grids.metric.dropna()) else "accuracy"
+    levels = [float(e) for e in str(grids.dataset_epsilons.dropna().iloc[0] if len(grids) else "").split(",") if e]
+    columns = private_strategies(grids)  # a strategy with only non-DP grids still gets its (empty) columns
     not_dp = grids[grids.status == NOT_DP]
     grids = grids[grids.status != NOT_DP]
-    private = grids[grids.strategy.isin(PRIVATE)]
+    private = grids[grids.private.astype(bool)]
     budgets = sorted(set(private.budget.dropna())) or ["per_grid"]
-    rows = sorted({(float(e), b) for e in EPSILONS.get(dataset, []) for b in budgets}
-                  | set(zip(private.epsilon.astype(float), private.budget)))
+    rows = sorted({(e, b) for e in levels for b in budgets} | set(zip(private.epsilon.astype(float), private.budget)))
     notes, table = {}, pd.DataFrame({"ε": [f"{e:g}" for e, _ in rows], "budget": [b for _, b in rows]})
-    for strategy in PRIVATE:
+    for strategy, label, axes in columns:
         for index, (eps, budget) in enumerate(rows):
             cell = grids[(grids.strategy == strategy) & np.isclose(grids.epsilon, eps) & (grids.budget == budget)]
             reason = NOT_RUN if cell.empty else (None if cell.status.iloc[0] == "ok" else DIVERGED)
             if reason:
-                notes.setdefault(reason, []).append(f"{LABEL[strategy]} ε={eps:g}")
-            for axis in AXES[strategy]:
-                table.loc[index, f"{LABEL[strategy]} {SYMBOL[axis]}"] = MISSING if reason else fmt_hp(cell[axis].iloc[0])
+                notes.setdefault(reason, []).append(f"{label} ε={eps:g}")
+            for axis in axes:
+                table.loc[index, f"{label} {AXIS_SYMBOL.get(axis, axis)}"] = MISSING if reason else fmt_hp(cell[axis].iloc[0])
             if with_values:
                 name = "mse×10²" if metric == "mse" else "acc"
-                table.loc[index, f"{LABEL[strategy]} {name}"] = MISSING if reason else fmt_value(cell.value.iloc[0], metric)
-                table.loc[index, f"{LABEL[strategy]} std"] = MISSING if reason else fmt_value(cell["std"].iloc[0], metric)
+                table.loc[index, f"{label} {name}"] = MISSING if reason else fmt_value(cell.value.iloc[0], metric)
+                table.loc[index, f"{label} std"] = MISSING if reason else fmt_value(cell["std"].iloc[0], metric)
             if "per_run" in budgets:
                 grid_eps = cell.epsilon_grid.iloc[0] if not cell.empty else math.nan
-                table.loc[index, f"{LABEL[strategy]} ε grid"] = MISSING if pd.isna(grid_eps) else f"{grid_eps:.3g}"
+                table.loc[index, f"{label} ε grid"] = MISSING if pd.isna(grid_eps) else f"{grid_eps:.3g}"
     footnotes = [f"{MISSING}: {reason}: {', '.join(cells)}" for reason, cells in notes.items()]
-    partial = grids[(grids.configs_run < grids.n_configs) & grids.strategy.isin(PRIVATE)]
+    partial = private[private.configs_run < private.n_configs]
     if len(partial):  # grid.only: the best of a subset, still with the whole grid's noise
         footnotes.append("partial grids (grid.only; best of the configurations run, whole grid's noise): " + ", ".join(
-            f"{LABEL[r.strategy]} ε={r.epsilon:g} ({r.configs_run} of {r.n_configs})" for r in partial.itertuples()))
+            f"{r.label} ε={r.epsilon:g} ({r.configs_run} of {r.n_configs})" for r in partial.itertuples()))
     if len(not_dp):
         footnotes.append("not shown, no DP guarantee (train.sampling=shuffle): " + ", ".join(
-            f"{LABEL.get(r.strategy, r.strategy)} ε={r.epsilon:g}" for r in not_dp.itertuples()))
-    nodp = grids[(grids.strategy == "nodp") & (grids.status == "ok")]
+            f"{r.label} ε={r.epsilon:g}" for r in not_dp.itertuples()))
+    nodp = grids[~grids.private.astype(bool) & (grids.status == "ok")]
     if len(nodp):
         best = nodp.sort_values("value", ascending=metric == "mse").iloc[0]
-        footnotes.append(f"best NoDP: ρ = {best.lr:.4g}, {fmt_value(best.value, metric)}")
+        footnotes.append(f"best {best.label}: ρ = {best.lr:.4g}, {fmt_value(best.value, metric)}")
     return table, footnotes
 
 
@@ -189,9 +200,11 @@ def to_latex(table: pd.DataFrame, title: str, footnotes: list) -> str:
 
 
 def comparison(grids: pd.DataFrame, paper: pd.DataFrame, dataset: str, k: int) -> pd.DataFrame:
-    """Ours next to the paper's, per (epsilon, strategy) the paper reports."""
+    """Ours next to the paper's, per (epsilon, strategy) the paper reports, for the private strategies
+    that have at least one grid in `grids`."""
     rows = []
-    for p in paper[(paper.dataset == dataset) & (paper.k == k) & paper.strategy.isin(PRIVATE)].itertuples():
+    ran = {name for name, _, _ in private_strategies(grids)}  # the paper's cells of the strategies run here
+    for p in paper[(paper.dataset == dataset) & (paper.k == k) & paper.strategy.isin(ran)].itertuples():
         cell = grids[(grids.strategy == p.strategy) & np.isclose(grids.epsilon, p.epsilon)]
         status = NOT_RUN if cell.empty else cell.status.iloc[0]
         ours = cell.iloc[0] if len(cell) else None
@@ -200,11 +213,13 @@ def comparison(grids: pd.DataFrame, paper: pd.DataFrame, dataset: str, k: int) -
                    n_configs=ours.n_configs if ours is not None else math.nan,
                    value=ours.value if ours is not None else math.nan,
                    std=ours["std"] if ours is not None else math.nan, status=status)
-        for axis in AXES[p.strategy]:
+        axes = [a for a in ("lr", "clip", "quantile") if not pd.isna(getattr(p, a))]  # the paper's columns
+        for axis in axes:
             row[f"paper_{axis}"] = getattr(p, axis)
             row[axis] = ours[axis] if ours is not None else math.nan
         row["same_hyperparameters"] = (status == "ok" and all(
-            np.isclose(row[a], row[f"paper_{a}"], rtol=2e-3) for a in AXES[p.strategy]))
+            np.isclose(row[a], row[f"paper_{a}"], rtol=2e-3) for a in axes))
+        row["axes"], row["label"] = ",".join(axes), label_of(grids, p.strategy)
         row["difference"] = row["value"] - row["paper_value"]
         combined = math.sqrt(np.nan_to_num(row["std"]) ** 2 + np.nan_to_num(row["paper_std"]) ** 2)
         row["within_std"] = bool(abs(row["difference"]) <= combined) if not math.isnan(row["difference"]) else None
@@ -216,9 +231,9 @@ def comparison_markdown(comp: pd.DataFrame, metric: str, title: str) -> str:
     lines = [f"### {title}", "", "| ε | strategy | paper hyperparameters | paper | ours: hyperparameters | ours | "
              "difference | within combined std |", "|---|---|---|---|---|---|---|---|"]
     for r in comp.itertuples():
-        axes = AXES[r.strategy]
-        paper_hp = ", ".join(f"{SYMBOL[a]}={fmt_hp(getattr(r, 'paper_' + a))}" for a in axes)
-        ours_hp = ", ".join(f"{SYMBOL[a]}={fmt_hp(getattr(r, a))}" for a in axes) if r.status == "ok" else MISSING
+        axes = r.axes.split(",")
+        paper_hp = ", ".join(f"{AXIS_SYMBOL[a]}={fmt_hp(getattr(r, 'paper_' + a))}" for a in axes)
+        ours_hp = ", ".join(f"{AXIS_SYMBOL[a]}={fmt_hp(getattr(r, a))}" for a in axes) if r.status == "ok" else MISSING
         paper_v = (f"{fmt_value(r.paper_value, metric)} ± {fmt_value(r.paper_std, metric)}"
                    if not pd.isna(r.paper_value) else f"{MISSING} (diverged)")
         ours_v = (f"{fmt_value(r.value, metric)} ± {fmt_value(r.std, metric)}" if r.status == "ok"
@@ -227,7 +242,7 @@ def comparison_markdown(comp: pd.DataFrame, metric: str, title: str) -> str:
         within = MISSING if r.within_std is None or pd.isna(r.within_std) else ("yes" if r.within_std else "no")
         if r.status == "ok" and r.configs_run < r.n_configs:
             ours_hp += f" ({r.configs_run:.0f} of {r.n_configs:.0f} configurations run)"
-        lines.append(f"| {r.epsilon:g} | {LABEL[r.strategy]} | {paper_hp} | {paper_v} | {ours_hp} | {ours_v} | "
+        lines.append(f"| {r.epsilon:g} | {r.label} | {paper_hp} | {paper_v} | {ours_hp} | {ours_v} | "
                      f"{diff} | {within} |")
     return "\n".join(lines) + "\n"
 
@@ -244,7 +259,7 @@ def write_tables(results_dir, figures: bool = True, mix_budgets: bool = False, r
     if not len(grids):
         raise DpgridError(f"no readable grid under {results_dir} (a grid is a folder with plan.json and runs.csv); "
                           "run one first (dpgrid run) or name the results directory")
-    mixed = [f"{d} k={k}" for (d, k), g in grids[grids.strategy.isin(PRIVATE)].groupby(["dataset", "k"])
+    mixed = [f"{d} k={k}" for (d, k), g in grids[grids.private.astype(bool)].groupby(["dataset", "k"])
              if g.budget.nunique() > 1]
     if mixed and not mix_budgets:
         raise DpgridError(f"{', '.join(mixed)}: per-grid and per-run grids would share a table, whose ε then means two "
@@ -275,7 +290,7 @@ def write_one_table(g, dataset, k, out: Path, paper, figures: bool) -> list:
     write_atomic(base.with_suffix(".md"), to_markdown(table, title, notes))
     write_atomic(base.with_suffix(".tex"), to_latex(table, title, notes))
     written = [base.with_suffix(s) for s in (".csv", ".md", ".tex")]
-    comp = comparison(g[g.budget.isin(["per_grid"]) | (g.strategy == "nodp")], paper, dataset, k)
+    comp = comparison(g[g.budget.isin(["per_grid"]) | ~g.private.astype(bool)], paper, dataset, k)
     if len(comp) and k != 7:  # the paper's grids are per grid: per-run grids are not compared with it
         write_csv(out / f"{dataset}_k{k}_vs_paper.csv", comp)
         write_atomic(out / f"{dataset}_k{k}_vs_paper.md",

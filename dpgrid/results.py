@@ -18,7 +18,7 @@ from omegaconf import OmegaConf
 
 from . import DpgridError
 from .checks import warn_once
-from .files import environment, read_json, read_rows, write_atomic, write_csv
+from .files import environment, read_json, read_rows, write_atomic, write_csv, write_json
 
 RESULT_FILES = ("runs.csv", "curves.csv", "summary.csv")
 # Settings that cannot change what a run computes. data.root: the data's content is recorded instead
@@ -58,6 +58,8 @@ def claim(out: Path, digest: str, data_files: dict, plan, overwrite: bool) -> No
         previous = {}
     recorded, recorded_files = previous.get("config_hash"), previous.get("data_files", {})
     if recorded == digest:
+        if data_files is None:  # not loaded yet: compared again once it is
+            return
         changed = sorted(n for n in set(data_files) | set(recorded_files) if data_files.get(n) != recorded_files.get(n))
         if not changed:
             return
@@ -215,5 +217,4 @@ def summarize(runs: pd.DataFrame, axes: list, task: str) -> pd.DataFrame:
 
 def write_header(out: Path, cfg, plan, digest: str, data_files: dict) -> None:
     write_atomic(out / "config.yaml", OmegaConf.to_yaml(cfg, resolve=True))
-    plan_dict = {**plan.to_dict(), "config_hash": digest, "data_files": data_files}
-    write_atomic(out / "plan.json", json.dumps(plan_dict, indent=2, default=lambda v: None if v is math.nan else v) + "\n")
+    write_json(out / "plan.json", {**plan.to_dict(), "config_hash": digest, "data_files": data_files})

@@ -18,6 +18,7 @@ from .checks import check_config, check_size
 from .files import check_writable, environment, locked, write_csv
 from .models import build_model, count_parameters
 from .persample import check_model, make_engine
+from .plugins import arguments
 from .privacy import make_plan
 from .randomness import SecureRandom
 from .results import append_curves, claim, commit_run, config_hash, finished_runs, summarize, write_header
@@ -46,25 +47,25 @@ def resolve_device(name: str) -> torch.device:
 
 
 def validate(cfg, n_train: int):
-    """Every check that needs no data and writes nothing; returns the strategy class."""
+    """Every check that needs no data and writes nothing; returns the strategy class and the model."""
     check_config(cfg, n_train)
     resolve_device(str(cfg.train.device))
-    strategy_cls = strategies.get(cfg.strategy.name)
+    strategy_cls = strategies.resolve(cfg.strategy)
     strategy_cls.check_config(cfg)
     n_configs = grid.size(cfg.strategy, cfg.grid)
     steps = math.ceil(int(cfg.train.epochs) * n_train / int(cfg.train.batch_size))
     check_size(n_configs, n_configs * int(cfg.train.seeds), steps, cfg.dataset.get("seconds_per_step"),
                bool(cfg.grid.allow_large))
-    return strategy_cls
+    model = build_model(cfg.model)
+    check_model(model, str(cfg.train.engine))  # before anything is written, not at the first run
+    return strategy_cls, model
 
 
 def plan_grid(cfg, n_train: int):
     """The validated grid: (strategy class, plan, selected configurations). Raises DpgridError."""
-    strategy_cls = validate(cfg, n_train)
+    strategy_cls, model = validate(cfg, n_train)
     configs = grid.configurations(cfg.strategy, cfg.grid)
     selected = grid.select(configs, cfg.grid.only)
-    model = build_model(cfg.dataset)
-    check_model(model, str(cfg.train.engine))  # before anything is written, not at the first run
     plan = make_plan(cfg, n_train, strategy_cls, configs, count_parameters(model))
     return strategy_cls, plan, selected
 
@@ -76,15 +77,14 @@ def check_run(cfg, out_dir) -> None:
     check_writable(out)
     if out.is_dir():
         with locked(out):
-            claim(out, config_hash(cfg), data_mod.fingerprint(data_mod.source_files(cfg.dataset, cfg.data.root)),
-                  plan, bool(cfg.overwrite))
+            claim(out, config_hash(cfg), None, plan, bool(cfg.overwrite))  # the data is compared once loaded
 
 
 def run_one(cfg, plan, strategy_cls, data, config: dict, seed: int, progress: bool):
     grid_key = (plan.dataset, plan.strategy, plan.epsilon, plan.k)
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(derive_seed(plan.dataset, "init", seed))  # same start for every strategy
-        model = build_model(cfg.dataset).to(data.x_train.device)
+        model = build_model(cfg.model).to(data.x_train.device)
     if cfg.privacy.secure_rng:  # batches and noise unpredictable; such runs are not reproducible
         sampler = noise = SecureRandom()
     else:  # public seeds: reproducible, and predictable by anyone who knows these names
@@ -93,7 +93,7 @@ def run_one(cfg, plan, strategy_cls, data, config: dict, seed: int, progress: bo
         noise.manual_seed(derive_seed(*grid_key, config["config_id"], seed, "noise"))
     hp = {k: v for k, v in config.items() if k != "config_id"}
     multipliers = {"noise_multiplier": plan.noise_multiplier, **plan.per_query}
-    strategy = strategy_cls(model.parameters(), hp, multipliers, plan.batch_size, cfg.strategy, noise,
+    strategy = strategy_cls(model.parameters(), hp, multipliers, plan.batch_size, arguments(cfg.strategy), noise,
                             momentum=float(cfg.train.momentum))
     engine = make_engine(model, data.task, str(cfg.train.engine))
     return train_run(model, engine, strategy, data, plan.steps, plan.sample_rate, int(cfg.train.eval_every),
@@ -122,7 +122,7 @@ def run_grid(cfg, out_dir, progress: bool = True) -> pd.DataFrame:
     out = Path(out_dir)
     data = data_mod.load(cfg.dataset, cfg.data.root, resolve_device(str(cfg.train.device)))
     strategy_cls, plan, selected = plan_grid(cfg, data.n_train)
-    digest, data_files = config_hash(cfg), data_mod.fingerprint(data_mod.source_files(cfg.dataset, cfg.data.root))
+    digest, data_files = config_hash(cfg), data_mod.fingerprint(data.files)
     check_writable(out)
     with environment(out):
         out.mkdir(parents=True, exist_ok=True)

@@ -37,6 +37,7 @@ STRATEGY_HP = {"online": {"lr": 0.1}, "fixed_threshold": {"lr": 0.1, "clip": 1.0
                "fixed_quantile": {"lr": 0.1, "quantile": 0.5}, "adamwosm": {"clip": 1.0}, "nodp": {"lr": 0.1}}
 BATCH = 512
 NOISE = 1.0
+CONF = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "conf")
 
 
 def batch(model_name):
@@ -62,10 +63,10 @@ def nonprivate_step(model_name):
 def strategy_step(model_name, strategy, engine_name):
     model = MODELS[model_name][0]()
     x, y, task = batch(model_name)
-    cls = strategies.get(strategy)
-    cfg = OmegaConf.load(os.path.join(os.path.dirname(__file__), "..", "conf", "strategy", f"{strategy}.yaml"))
-    noise = {"noise_multiplier": NOISE, **cls.split_noise(NOISE, cfg, BATCH)} if cls.private else {}
-    s = cls(model.parameters(), STRATEGY_HP[strategy], noise, BATCH, cfg, torch.Generator().manual_seed(0))
+    cfg = OmegaConf.load(os.path.join(CONF, "strategy", f"{strategy}.yaml"))
+    cls = strategies.resolve(cfg)
+    noise = {"noise_multiplier": NOISE, **cls.split_noise(NOISE, dict(cfg), BATCH)} if cls.private else {}
+    s = cls(model.parameters(), STRATEGY_HP[strategy], noise, BATCH, dict(cfg), torch.Generator().manual_seed(0))
     engine = make_engine(model, task, engine_name)
     return lambda: s.step(engine(x, y))
 
@@ -87,8 +88,8 @@ def sampled_step(model_name, mode, engine_name):
     y = x if task == "reconstruction" else torch.randint(0, classes, (n,), generator=g)
     sampler = SecureRandom() if secure_sampling else torch.Generator().manual_seed(1)
     noise = SecureRandom() if secure_noise else torch.Generator().manual_seed(2)
-    s = strategies.get("fixed_threshold")(model.parameters(), {"lr": 0.1, "clip": 1.0}, {"noise_multiplier": NOISE},
-                                          BATCH, None, noise)
+    s = strategies.FixedThreshold(model.parameters(), {"lr": 0.1, "clip": 1.0}, {"noise_multiplier": NOISE}, BATCH, {},
+                                  noise)
     engine = make_engine(model, task, engine_name)
 
     def step():

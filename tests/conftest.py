@@ -15,6 +15,12 @@ def load_cfg(dataset="digits", strategy="online", **overrides):
     return compose(args)
 
 
+def strategy_class(name):
+    """A built-in strategy's class, resolved from its config as `dpgrid run` resolves it."""
+    from dpgrid.strategies import resolve
+    return resolve(OmegaConf.load(ROOT / "conf" / "strategy" / f"{name}.yaml"))
+
+
 @pytest.fixture
 def shared_data():
     if not (SHARED_DATA / "MNIST" / "raw").is_dir():
@@ -22,4 +28,4 @@ def shared_data():
     return SHARED_DATA
 
 
-__all__ = ["load_cfg", "OmegaConf"]
+__all__ = ["load_cfg", "OmegaConf", "strategy_class"]

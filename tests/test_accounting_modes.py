@@ -4,8 +4,7 @@ import math
 
 import pytest
 
-from dpgrid import DpgridError, strategies
-from dpgrid.grid import configurations
+from dpgrid import DpgridError
 from dpgrid.privacy import calibrate, epsilon_of, liu_talwar_parameters, pld_epsilon
 from dpgrid.runner import plan_grid
 

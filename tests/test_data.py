@@ -10,7 +10,8 @@ import torch
 from omegaconf import OmegaConf
 
 from dpgrid import DpgridError
-from dpgrid.data import embed, load, tokenize
+from dpgrid.data import load
+from dpgrid.datasets import embed, tokenize
 
 from .conftest import SHARED_DATA
 
@@ -31,8 +32,13 @@ def make_idx_root(root, folder="MNIST", n_train=12, n_test=5):
     return raw
 
 
-MNIST = OmegaConf.create(dict(name="mnist", task="classification"))
-FASHION = OmegaConf.create(dict(name="fashion_mnist", task="reconstruction"))
+def idx_cfg(name, folder, task, **extra):
+    return OmegaConf.create(dict(name=name, task=task, load={"_target_": "dpgrid.datasets.load_idx", "folder": folder},
+                                 **extra))
+
+
+MNIST = idx_cfg("mnist", "MNIST", "classification")
+FASHION = idx_cfg("fashion_mnist", "FashionMNIST", "reconstruction")
 
 
 def test_idx_loader_reads_generated_files(tmp_path):
@@ -108,7 +114,8 @@ def glove_txt(tmp_path):
 
 
 def ag_cfg(glove, max_words=3):
-    return OmegaConf.create(dict(name="ag_news", task="classification", max_words=max_words, glove=str(glove)))
+    return OmegaConf.create(dict(name="ag_news", task="classification", load={
+        "_target_": "dpgrid.datasets.load_ag_news", "max_words": max_words, "glove": str(glove)}))
 
 
 ROWS = [(3, "Stocks rise", "the stocks, rise"), (2, "Team wins", "game on"), (1, "Zzz unknown", "x")]
@@ -184,7 +191,7 @@ def test_tokenizer_and_padding():
 
 
 def test_packaged_glove_vectors_cover_common_words():
-    from dpgrid.data import load_glove
+    from dpgrid.datasets import load_glove
     index, vectors = load_glove()
     assert vectors.shape == (400000, 50) and index["the"] == 0 and "," in index
 
@@ -192,7 +199,8 @@ def test_packaged_glove_vectors_cover_common_words():
 # --- the embedded default and the real files --------------------------------------------------
 
 def test_digits_is_embedded():
-    d = load(OmegaConf.create(dict(name="digits", task="classification")), "/nonexistent")
+    d = load(OmegaConf.create(dict(name="digits", task="classification",
+                                   load={"_target_": "dpgrid.datasets.load_digits"})), "/nonexistent")
     assert d.x_train.shape == (1437, 64) and d.x_test.shape == (360, 64)
     assert sorted(d.y_train.unique().tolist()) == list(range(10))
 
@@ -213,7 +221,8 @@ def test_real_ag_news_test_split_as_a_scratch_train_test_pair(shared_data, tmp_p
     folder.mkdir()
     rows.iloc[:6000].to_csv(folder / "train.csv", header=False, index=False)
     rows.iloc[6000:].to_csv(folder / "test.csv", header=False, index=False)
-    cfg = OmegaConf.create(dict(name="ag_news", task="classification", max_words=15, glove=None))
+    cfg = OmegaConf.create(dict(name="ag_news", task="classification", load={
+        "_target_": "dpgrid.datasets.load_ag_news", "max_words": 15, "glove": None}))
     d = load(cfg, tmp_path)
     assert d.x_train.shape == (6000, 750) and d.x_test.shape == (1600, 750)
     assert (d.x_train != 0).any(dim=1).float().mean() > 0.99  # nearly every text has known words

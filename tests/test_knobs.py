@@ -12,7 +12,7 @@ from omegaconf import OmegaConf
 from dpgrid.data import load
 from dpgrid.train import batches
 
-from .test_data import make_idx_root
+from .test_data import idx_cfg, make_idx_root
 
 COMMAND = [sys.executable, "-m", "dpgrid.cli", "run", "grid.k=2", "train.seeds=1", "train.epochs=2",
            "train.eval_every=5", "strategy=fixed_threshold"]
@@ -30,13 +30,13 @@ def test_shuffle_gives_fixed_size_batches_covering_each_pass():
 
 def test_standardize_uses_the_published_constants(tmp_path):
     make_idx_root(tmp_path)
-    unit = load(OmegaConf.create(dict(name="mnist", task="classification")), tmp_path)
-    std = load(OmegaConf.create(dict(name="mnist", task="classification", normalize="standardize",
-                                     mean=0.1307, std=0.3081)), tmp_path)
+    unit = load(idx_cfg("mnist", "MNIST", "classification"), tmp_path)
+    std = load(idx_cfg("mnist", "MNIST", "classification", normalize="standardize",
+                       mean=0.1307, std=0.3081), tmp_path)
     torch.testing.assert_close(std.x_train, (unit.x_train - 0.1307) / 0.3081)
     make_idx_root(tmp_path, "FashionMNIST")
-    ae = load(OmegaConf.create(dict(name="fashion_mnist", task="reconstruction", normalize="standardize",
-                                    mean=0.286, std=0.353)), tmp_path)
+    ae = load(idx_cfg("fashion_mnist", "FashionMNIST", "reconstruction", normalize="standardize",
+                   mean=0.286, std=0.353), tmp_path)
     assert ae.y_train.min() >= 0 and ae.y_train.max() <= 1 and ae.x_train.min() < 0  # targets stay in [0, 1]
 
 

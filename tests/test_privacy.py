@@ -9,7 +9,7 @@ from dpgrid import DpgridError, strategies
 from dpgrid.grid import configurations
 from dpgrid.privacy import calibrate, make_plan, rdp_epsilon
 
-from .conftest import load_cfg
+from .conftest import load_cfg, strategy_class
 
 MNIST_Q, MNIST_T = 512 / 60000, math.ceil(10 * 60000 / 512)
 
@@ -56,7 +56,7 @@ def test_calibration_matches_spec_sanity_figures(epsilon, runs, expected):
 
 def plan_for(strategy, **overrides):
     cfg = load_cfg("mnist", strategy, **overrides)
-    cls = strategies.get(strategy)
+    cls = strategy_class(strategy)
     return make_plan(cfg, 60000, cls, configurations(cfg.strategy, cfg.grid), 551322)
 
 
@@ -90,7 +90,7 @@ def test_fixed_quantile_split_and_refusal():
     assert plan.per_query["noise_multiplier_grad"] ** -2 + (2 * sigma_b) ** -2 == pytest.approx(nu ** -2)
     cfg = load_cfg("mnist", "fixed_quantile")
     with pytest.raises(DpgridError, match="2 sigma_b"):
-        strategies.get("fixed_quantile").split_noise(2 * sigma_b, cfg.strategy, 512)
+        strategy_class("fixed_quantile").split_noise(2 * sigma_b, dict(cfg.strategy), 512)
 
 
 def test_nodp_has_no_noise_and_no_epsilon():

@@ -1,6 +1,5 @@
 """Resume after SIGKILL, determinism, refusal of bad input, and the privacy invariants."""
 
-import os
 import signal
 import subprocess
 import sys
@@ -17,7 +16,7 @@ from dpgrid import strategies
 from dpgrid.grid import configurations
 from dpgrid.privacy import make_plan
 
-from .conftest import load_cfg
+from .conftest import load_cfg, strategy_class
 from .test_data import corrupt, make_idx_root
 
 GRID = ["strategy=online", "grid.k=4", "train.seeds=3", "train.epochs=4", "train.eval_every=10"]
@@ -185,7 +184,7 @@ def independent(q, nu, steps, delta, kind):
 @pytest.mark.parametrize("strategy", ["online", "fixed_threshold", "fixed_quantile", "adamwosm"])
 def test_every_grid_spends_at_most_its_target(dataset, n_train, epsilon, strategy):
     cfg = load_cfg(dataset, strategy, **{"privacy.epsilon": epsilon, "grid.k": 5})
-    plan = make_plan(cfg, n_train, strategies.get(strategy), configurations(cfg.strategy, cfg.grid), 0)
+    plan = make_plan(cfg, n_train, strategy_class(strategy), configurations(cfg.strategy, cfg.grid), 0)
     steps = plan.composed_runs * plan.steps
     assert plan.epsilon_spent <= epsilon
     # PLD (tight) never exceeds the target; dp-accounting's RDP bounds fractional orders more loosely

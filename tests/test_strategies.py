@@ -9,6 +9,8 @@ from omegaconf import OmegaConf
 from dpgrid import strategies
 from dpgrid.persample import PerSampleGrads, empty_batch
 
+from .conftest import strategy_class
+
 CFG = {
     "online": dict(clip0=0.1, clip_lr=2.5e-3, lr_lr=2.5e-3, grad_noise_ratio=1.01),
     "fixed_quantile": dict(clip0=0.1, clip_lr=0.2, count_noise_divisor=20),
@@ -28,7 +30,7 @@ def make(name, hp, noise=None, batch_size=4, dim=3, momentum=0.0, seed=0):
     noise = noise if noise is not None else {"noise_multiplier": 0.0, "noise_multiplier_g": 0.0,
                                               "noise_multiplier_q": 0.0, "noise_multiplier_grad": 0.0,
                                               "count_noise_std": 0.0}
-    cls = strategies.get(name)
+    cls = strategy_class(name)
     s = cls([param], hp, noise, batch_size, OmegaConf.create(CFG[name]), torch.Generator().manual_seed(seed),
             momentum=momentum)
     return s, param

@@ -45,7 +45,9 @@ EXPECT = {
     "dataset.default_epsilon": (False, lambda v: 0 < v <= 100, "privacy.epsilon"),
     "dataset.epsilons": (False, lambda v: 0 < v <= 100, None),             # set as [v]
     "dataset.seconds_per_step": (False, positive, None),
-    "dataset.max_words": (True, whole(), None),
+    "dataset.load.max_words": (True, whole(), None),
+    "model.max_words": (True, whole(), None),
+    "model.embedding_dim": (True, whole(), None),
     "dataset.classes": (True, whole(2), None),
     "dataset.mean": (False, lambda v: 0 <= v <= 1, None),
     "dataset.std": (False, lambda v: 0 < v <= 1, None),
@@ -61,8 +63,17 @@ EXPECT = {
 LIST_FORM = {"grid.lr_range": "[{},1.5]", "grid.clip_range": "[{},2]", "grid.quantiles": "[{}]",
              "dataset.epsilons": "[{}]"}
 # where each key exists (mean and std are read only when standardizing)
-WHERE = {"dataset.max_words": ("ag_news", "online", []), "dataset.mean": ("mnist", "online", ["dataset.normalize=standardize"]),
+WHERE = {"model.max_words": ("ag_news", "online", []), "model.embedding_dim": ("ag_news", "online", []),
+         "dataset.load.max_words": ("ag_news", "online", []), "dataset.mean": ("mnist", "online", ["dataset.normalize=standardize"]),
          "dataset.std": ("mnist", "online", ["dataset.normalize=standardize"])}
+
+
+def leaves(node, prefix=""):
+    for key, value in node.items():
+        if isinstance(value, dict):
+            yield from leaves(value, f"{prefix}{key}.")
+        else:
+            yield f"{prefix}{key}", value
 
 
 def numeric_keys() -> dict:
@@ -71,12 +82,11 @@ def numeric_keys() -> dict:
     for dataset in sorted(p.stem for p in (ROOT / "conf" / "dataset").glob("*.yaml")):
         for strategy in sorted(p.stem for p in (ROOT / "conf" / "strategy").glob("*.yaml")):
             cfg = OmegaConf.to_container(load_cfg(dataset, strategy), resolve=True)
-            for section in ("privacy", "grid", "train", "dataset", "strategy", "data"):
-                for key, value in cfg.get(section, {}).items():
-                    numeric = isinstance(value, (int, float)) and not isinstance(value, bool)
-                    numeric = numeric or (isinstance(value, list) and all(isinstance(x, (int, float)) for x in value))
-                    if numeric:
-                        found.setdefault(f"{section}.{key}", (dataset, strategy, []))
+            for key, value in leaves(cfg):
+                numeric = isinstance(value, (int, float)) and not isinstance(value, bool)
+                numeric = numeric or (isinstance(value, list) and all(isinstance(x, (int, float)) for x in value))
+                if numeric:
+                    found.setdefault(key, (dataset, strategy, []))
     return {**found, **{k: v for k, v in WHERE.items() if k in found}}
 
 

@@ -1,16 +1,23 @@
-"""Clipping strategies: one module per strategy, each mapping per-sample gradient information to a
-noisy update. `dpgrid.strategies.<name>` exports STRATEGY; conf/strategy/<name>.yaml configures it."""
-
-import importlib
+"""Clipping strategies: one module per strategy, each a subclass of `Strategy` that maps per-sample
+gradient information to a noisy update. A strategy config (conf/strategy/<name>.yaml, or a user's own
+on Hydra's search path) names its class in `_target_`; nothing here lists them."""
 
 from .. import DpgridError
+from ..plugins import resolve as resolve_target
+from .adamwosm import AdamWOSM
+from .base import Strategy
+from .fixed_quantile import FixedQuantile
+from .fixed_threshold import FixedThreshold
+from .nodp import NoDP
+from .online import Online
 
-NAMES = ("online", "fixed_threshold", "fixed_quantile", "adamwosm", "nodp")
+__all__ = ["Strategy", "Online", "FixedThreshold", "FixedQuantile", "AdamWOSM", "NoDP", "resolve"]
 
 
-def get(name: str):
-    try:
-        module = importlib.import_module(f"{__name__}.{name}")
-    except ModuleNotFoundError:
-        raise DpgridError(f"unknown strategy {name!r}; valid: {', '.join(NAMES)}") from None
-    return module.STRATEGY
+def resolve(strategy_cfg) -> type:
+    """The Strategy subclass a strategy config names in `_target_` (DpgridError when it is none)."""
+    where = f"strategy={strategy_cfg.get('name', '?')}"
+    cls = resolve_target(strategy_cfg, where, kind="class")
+    if not (isinstance(cls, type) and issubclass(cls, Strategy)):
+        raise DpgridError(f"{where}: _target_ {strategy_cfg._target_} is not a subclass of dpgrid.Strategy")
+    return cls

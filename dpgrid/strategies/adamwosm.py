@@ -15,6 +15,7 @@ class AdamWOSM(Strategy):
     over C only; alpha is fixed. `train.momentum` does not apply (beta1 is the momentum here).
     """
 
+    label = "Adam WOSM"
     @classmethod
     def check_config(cls, cfg) -> None:
         checks.positive(cfg, "strategy.lr")
@@ -23,10 +24,10 @@ class AdamWOSM(Strategy):
 
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
-        c = self.cfg
-        self.lr.fill_(float(c.lr) / (self.noise["noise_multiplier"] * float(self.hp["clip"]) / self.batch_size
-                                     + float(c.xi)))  # ESS, constant within a run
-        self.beta1 = float(c.beta1)
+        c = self.options
+        self.lr.fill_(float(c["lr"]) / (self.noise["noise_multiplier"] * float(self.hp["clip"]) / self.batch_size
+                                     + float(c["xi"])))  # ESS, constant within a run
+        self.beta1 = float(c["beta1"])
         self.t = 0
         self.m = [torch.zeros_like(p) for p in self.params]
 
@@ -40,5 +41,3 @@ class AdamWOSM(Strategy):
             m.mul_(self.beta1).add_(g, alpha=1 - self.beta1)
             p.addcmul_(m, self.lr, value=-1 / correction)  # theta -= ESS m_hat, no temporaries
 
-
-STRATEGY = AdamWOSM

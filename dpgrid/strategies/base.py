@@ -10,24 +10,26 @@ class Strategy:
 
     `hp` is the configuration (e.g. {"lr": 0.3, "clip": 1.0}); `noise` the plan's multipliers
     ({"noise_multiplier": nu, ...}); `batch_size` the EXPECTED batch size B, the divisor of every
-    noisy sum (the realised size is private and never used).
+    noisy sum (the realised size is private and never used); `options` the strategy config's own keys
+    as a plain dict (e.g. {"clip0": 0.1, ...}); `generator` a seeded torch.Generator or a SecureRandom.
     """
 
-    private = True
-    adapts = ()  # which of "clip", "lr" change during a run (reported as final_clip / final_lr)
+    label = ""       # its name in tables and figures (the config's `label`, then this, then its `name`)
+    private = True   # False: no clipping, no noise, no epsilon (the non-private baseline)
+    adapts = ()      # which of "clip", "lr" change during a run (reported as final_clip / final_lr)
 
     @classmethod
     def check_config(cls, cfg) -> None:
         """Refuse this strategy's own keys (cfg.strategy.*) when out of range: DpgridError naming the key."""
 
     @staticmethod
-    def split_noise(noise_multiplier: float, strategy_cfg, batch_size: int) -> dict:
+    def split_noise(noise_multiplier: float, options: dict, batch_size: int) -> dict:
         """Per-query multipliers when a step releases more than one noisy query (recorded in plan)."""
         return {}
 
-    def __init__(self, params, hp: dict, noise: dict, batch_size: int, cfg, generator, momentum=0.0):
+    def __init__(self, params, hp: dict, noise: dict, batch_size: int, options: dict, generator, momentum=0.0):
         self.params = list(params)
-        self.hp, self.noise, self.batch_size, self.cfg = hp, noise, batch_size, cfg
+        self.hp, self.noise, self.batch_size, self.options = hp, noise, batch_size, options
         self.generator = generator
         self.momentum = momentum
         self._velocity = None

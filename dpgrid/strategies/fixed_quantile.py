@@ -16,6 +16,7 @@ class FixedQuantile(Strategy):
     mechanism of multiplier nu when nu_D = (nu^-2 - (2 sigma_b)^-2)^-1/2; needs nu < 2 sigma_b.
     """
 
+    label = "Fixed Quantile"
     adapts = ("clip",)
 
     @classmethod
@@ -24,21 +25,21 @@ class FixedQuantile(Strategy):
             checks.positive(cfg, key)
 
     @staticmethod
-    def split_noise(noise_multiplier: float, strategy_cfg, batch_size: int) -> dict:
-        count_std = batch_size / float(strategy_cfg.count_noise_divisor)
+    def split_noise(noise_multiplier: float, options: dict, batch_size: int) -> dict:
+        count_std = batch_size / float(options["count_noise_divisor"])
         if noise_multiplier >= 2 * count_std:
             raise DpgridError(
                 f"fixed_quantile needs noise multiplier < 2 sigma_b = {2 * count_std:.4g} "
-                f"(sigma_b = B / {strategy_cfg.count_noise_divisor}), but the grid needs {noise_multiplier:.4g}; "
+                f"(sigma_b = B / {options['count_noise_divisor']}), but the grid needs {noise_multiplier:.4g}; "
                 "raise epsilon or the batch size, or lower strategy.count_noise_divisor")
         grad_multiplier = (noise_multiplier ** -2 - (2 * count_std) ** -2) ** -0.5
         return {"noise_multiplier_grad": grad_multiplier, "count_noise_std": count_std}
 
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
-        self.clip.fill_(float(self.cfg.clip0))
+        self.clip.fill_(float(self.options["clip0"]))
         self.quantile = float(self.hp["quantile"])
-        self.clip_lr = float(self.cfg.clip_lr)  # eta_C (config reads are slow in the hot loop)
+        self.clip_lr = float(self.options["clip_lr"])  # eta_C (config reads are slow in the hot loop)
 
     def step(self, grads) -> None:
         clipped_sum = grads.weighted_sum(self.clip_weights(grads.norms))
@@ -48,5 +49,3 @@ class FixedQuantile(Strategy):
         self.descend(g_tilde, self.lr)
         self.clip = self.clip * torch.exp(-self.clip_lr * (b_tilde - self.quantile))
 
-
-STRATEGY = FixedQuantile

@@ -9,11 +9,10 @@ class NoDP(Strategy):
     Dividing by the realised batch size is fine here only because nothing is private.
     """
 
+    label = "NoDP"
     private = False
 
     def step(self, grads) -> None:
         weights = torch.full((grads.size,), 1.0 / max(grads.size, 1), device=self.lr.device)
         self.descend(grads.weighted_sum(weights), self.lr)
 
-
-STRATEGY = NoDP

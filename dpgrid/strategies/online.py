@@ -24,6 +24,7 @@ class Online(Strategy):
     guarantee is unchanged, and the step draws half the noise.
     """
 
+    label = "Online"
     adapts = ("clip", "lr")
 
     @classmethod
@@ -34,15 +35,15 @@ class Online(Strategy):
         checks.real(cfg, "strategy.grad_noise_ratio", "a finite number > 1 (nu_g = ratio x nu)", lambda v: v > 1)
 
     @staticmethod
-    def split_noise(noise_multiplier: float, strategy_cfg, batch_size: int) -> dict:
-        nu_g = float(strategy_cfg.grad_noise_ratio) * noise_multiplier
+    def split_noise(noise_multiplier: float, options: dict, batch_size: int) -> dict:
+        nu_g = float(options["grad_noise_ratio"]) * noise_multiplier
         nu_q = (noise_multiplier ** -2 - nu_g ** -2) ** -0.5
         return {"noise_multiplier_g": nu_g, "noise_multiplier_q": nu_q}
 
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
-        self.clip.fill_(float(self.cfg.clip0))
-        self.clip_lr, self.lr_lr = float(self.cfg.clip_lr), float(self.cfg.lr_lr)  # rho_c, rho_r (config reads are slow)
+        self.clip.fill_(float(self.options["clip0"]))
+        self.clip_lr, self.lr_lr = float(self.options["clip_lr"]), float(self.options["lr_lr"])  # rho_c, rho_r
         self.prev_g = self.prev_q_sum = None  # g_tilde_{t-1} and sum_i q_i of t-1, flat; None stands for 0
 
     def step(self, grads) -> None:
@@ -67,5 +68,3 @@ class Online(Strategy):
         xi = standard_normal((), self.generator, g_norm.device, g_norm.dtype)
         return (torch.dot(g_tilde, self.prev_q_sum) + self.noise["noise_multiplier_q"] * g_norm * xi) / self.batch_size
 
-
-STRATEGY = Online

@@ -1,0 +1,35 @@
+"""`_target_` nodes: what a config names, resolved and called. Built-in strategies, models and dataset
+loaders go through here exactly like a user's (their own package, their own config folder on Hydra's
+search path). Failures are one line naming the config option and the target."""
+
+from hydra.utils import get_class, get_method
+from omegaconf import DictConfig, OmegaConf
+
+from . import DpgridError
+
+
+def target_name(node, where: str) -> str:
+    target = node.get("_target_") if isinstance(node, DictConfig) else None
+    if not target or not isinstance(target, str):
+        raise DpgridError(f"{where}: no _target_ (a dotted path to a class or function, e.g. mypkg.module.Name)")
+    return target
+
+
+def resolve(node, where: str, kind: str = "callable"):
+    """The class (kind="class") or callable that node._target_ names."""
+    target = target_name(node, where)
+    try:
+        return get_class(target) if kind == "class" else get_method(target)
+    except Exception as e:  # Hydra wraps import errors of every kind
+        reason = str(e).strip().splitlines()[-1] if str(e).strip() else type(e).__name__
+        raise DpgridError(f"{where}: cannot import _target_ {target} ({reason})") from None
+
+
+def arguments(node) -> dict:
+    """The node's keys other than _target_, as plain Python values."""
+    return {k: v for k, v in OmegaConf.to_container(node, resolve=True).items() if k != "_target_"}
+
+
+def call(node, where: str, **extra):
+    """Call node._target_ with the node's other keys and `extra` (which win)."""
+    return resolve(node, where)(**{**arguments(node), **extra})

@@ -1,6 +1,19 @@
-"""dpgrid: honest private hyperparameter search for DP-SGD clipping strategies."""
+"""dpgrid: honest private hyperparameter search for DP-SGD clipping strategies.
+
+The Python API (see dpgrid.api): compose, plan, run_grid, tables; the plugin base classes Strategy
+(dpgrid.strategies) and Data (dpgrid.data). Imported on first use, so `import dpgrid` stays light.
+"""
 
 __version__ = "0.1.0"
+_LAZY = {"compose": "api", "plan": "api", "run_grid": "api", "tables": "api", "GridResult": "api",
+         "Strategy": "strategies", "Data": "data"}
+
+
+def __getattr__(name):
+    if name in _LAZY:
+        import importlib
+        return getattr(importlib.import_module(f"{__name__}.{_LAZY[name]}"), name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 class DpgridError(ValueError):

@@ -14,8 +14,13 @@ USAGE = """usage: dpgrid run [-m] [OVERRIDES...]     run one private grid (-m: H
        dpgrid tables [--mix-budgets] [RESULTS_DIR]  paper-style tables and figures (default outputs/)
 
 overrides are Hydra's: dataset=mnist strategy=fixed_threshold privacy.epsilon=3 grid.k=7 ...
-datasets: digits (embedded, default), mnist, fashion_mnist, ag_news
-strategies: online (default), fixed_threshold, fixed_quantile, adamwosm, nodp"""
+your own options: hydra.searchpath=[file:///abs/path/to/conf] (see docs/extending.md)"""
+
+
+def usage() -> str:
+    from .api import options
+    lines = [f"{group}: {', '.join(options(group))}" for group in ("dataset", "strategy", "model")]
+    return USAGE + "\n" + "\n".join(lines)
 
 
 def fail(message, code: int = None) -> None:
@@ -32,13 +37,7 @@ def on_sigterm(signum, frame):
     raise Interrupted()
 
 
-def config_dir() -> str:
-    """conf/ as installed (package dpgrid.conf), or beside the package in a source checkout."""
-    try:
-        import dpgrid.conf
-        return str(Path(dpgrid.conf.__file__).parent)
-    except ImportError:
-        return str(Path(__file__).resolve().parent.parent / "conf")
+from .api import config_dir  # noqa: E402  (Hydra's decorator needs it here)
 
 
 def outermost_missing(path: Path) -> Path | None:
@@ -65,39 +64,14 @@ def remove_created(out: Path, outermost: Path | None) -> None:
 
 
 def compose(overrides: list, with_hydra: bool = False):
-    """The resolved config for `overrides`, as `dpgrid run` would see it (no output directory)."""
-    from hydra import compose as hydra_compose, initialize_config_dir
-    from hydra.errors import HydraException, OverrideParseException
-    from omegaconf.errors import OmegaConfBaseException
+    """api.compose, its DpgridError as one line and exit code 2."""
+    from . import DpgridError
+    from .api import compose as api_compose
 
     try:
-        with initialize_config_dir(version_base="1.3", config_dir=config_dir()):
-            return hydra_compose("config", overrides=overrides, return_hydra_config=with_hydra)
-    except OverrideParseException:
-        fail(unparsable(overrides))
-    except (HydraException, OmegaConfBaseException) as e:
-        fail(str(e).strip().splitlines()[0])
-
-
-def unparsable(overrides: list) -> str:
-    """Which override Hydra cannot parse, and the quoted form that it can."""
-    import shlex
-
-    from hydra.core.override_parser.overrides_parser import OverridesParser
-    from hydra.errors import HydraException
-
-    parser = OverridesParser.create()
-    for text in overrides:
-        try:
-            parser.parse_override(text)
-        except HydraException as e:
-            key, _, value = text.partition("=")
-            if not any(c in value for c in "= '\"()"):
-                return f"cannot parse the override {text!r}: {str(e).splitlines()[0]} (Hydra's override grammar)"
-            quoted = shlex.quote(f'{key}="{value}"' if '"' not in value else f"{key}='{value}'")
-            return (f"cannot parse the override {text!r}: a value with '=', spaces, quotes or parentheses must be "
-                    f"quoted for Hydra; on the command line write {quoted}")
-    return "cannot parse the overrides"
+        return api_compose(overrides, with_hydra)
+    except DpgridError as e:
+        fail(e)
 
 
 def early_checks(cfg) -> None:
@@ -228,7 +202,7 @@ def main(argv=None) -> None:
     warnings.filterwarnings("ignore", module="opacus")  # opacus warns about secure RNG at import time
     warnings.formatwarning = lambda message, *args, **kwargs: f"dpgrid: warning: {message}\n"
     if not argv or argv[0] in ("-h", "--help", "help"):
-        print(USAGE)
+        print(usage())
         return
     command, args = argv[0], argv[1:]
     signal.signal(signal.SIGTERM, on_sigterm)

@@ -9,7 +9,7 @@ SHARED_DATA = ROOT.parent / "shared" / "data"
 
 def load_cfg(dataset="digits", strategy="online", **overrides):
     """The composed config without Hydra's machinery (tests that need `dpgrid run` use the CLI)."""
-    from dpgrid.cli import compose
+    from dpgrid.api import compose
 
     args = [f"dataset={dataset}", f"strategy={strategy}"] + [f"{k}={v}" for k, v in overrides.items()]
     return compose(args)

@@ -1,0 +1,157 @@
+"""dpgrid from Python (a notebook, a script, a test): the same calls the command line makes.
+
+    import dpgrid
+    cfg = dpgrid.compose(["strategy=fixed_threshold", "grid.k=3", "train.epochs=1"])
+    print(dpgrid.plan(cfg).noise_multiplier)
+    result = dpgrid.run_grid(cfg, "outputs/mine")     # writes and resumes exactly like `dpgrid run`
+    result.summary                                     # pandas DataFrames: runs, curves, summary
+    dpgrid.tables("outputs")
+
+Every function raises DpgridError (a ValueError) on bad input, never SystemExit, and writes to disk only
+where asked (run_grid's out_dir, tables' results_dir/tables).
+"""
+
+import difflib
+import re
+import shlex
+from dataclasses import dataclass
+from pathlib import Path
+
+import pandas as pd
+
+from . import DpgridError
+
+
+def config_dir() -> str:
+    """conf/ as installed (package dpgrid.conf), or beside the package in a source checkout."""
+    try:
+        import dpgrid.conf
+        return str(Path(dpgrid.conf.__file__).parent)
+    except ImportError:
+        return str(Path(__file__).resolve().parent.parent / "conf")
+
+
+def compose(overrides=(), with_hydra: bool = False):
+    """The resolved config for Hydra `overrides` (e.g. ["strategy=online", "hydra.searchpath=[file:///my/conf]"]),
+    as `dpgrid run` sees it. DpgridError with Hydra's useful part (the options available, the closest key)."""
+    from hydra import compose as hydra_compose, initialize_config_dir
+    from hydra.errors import HydraException, OverrideParseException
+    from omegaconf.errors import OmegaConfBaseException
+
+    overrides = list(overrides)
+    try:
+        with initialize_config_dir(version_base="1.3", config_dir=config_dir()):
+            return hydra_compose("config", overrides=overrides, return_hydra_config=with_hydra)
+    except OverrideParseException:
+        raise DpgridError(unparsable(overrides)) from None
+    except (HydraException, OmegaConfBaseException) as e:
+        raise DpgridError(readable(str(e), overrides)) from None
+
+
+def readable(message: str, overrides: list) -> str:
+    """Hydra's message in one line, keeping what helps: the available options, the closest key."""
+    lines = [line.strip() for line in message.strip().splitlines() if line.strip()]
+    first = lines[0]
+    missing = re.search(r"Could not find '([^/']+)/([^']+)'", first)
+    if missing:
+        group, name = missing.groups()
+        start = next((i for i, line in enumerate(lines) if line.startswith("Available options")), None)
+        options = []
+        for line in lines[start + 1:] if start is not None else []:
+            if line.startswith("Config search path"):
+                break
+            options.append(line)
+        close = difflib.get_close_matches(name, options, n=1)
+        hint = f" (did you mean {group}={close[0]}?)" if close else ""
+        return f"no {group} named {name!r}{hint}; available: {', '.join(options) or 'none'}"
+    bad_key = re.search(r"Could not override '([\w.]+)'", first) or re.search(r"Key '(\w+)' is not in struct", message)
+    if bad_key:
+        key = bad_key.group(1)
+        known = known_keys([o for o in overrides if not o.startswith(key + "=")])
+        close = difflib.get_close_matches(key, known, n=1)
+        hint = f"; did you mean {close[0]}?" if close else "; conf/config.yaml lists the settings"
+        return f"no setting {key!r}{hint}"
+    return first
+
+
+def known_keys(overrides: list) -> list:
+    from omegaconf import OmegaConf
+
+    try:
+        cfg = compose(overrides)
+    except DpgridError:
+        return []
+    def walk(node, prefix=""):
+        for key, value in node.items():
+            yield f"{prefix}{key}"
+            if isinstance(value, dict):
+                yield from walk(value, f"{prefix}{key}.")
+    return list(walk(OmegaConf.to_container(cfg, resolve=False)))
+
+
+def unparsable(overrides: list) -> str:
+    """Which override Hydra cannot parse, and the quoted form that it can."""
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+    from hydra.errors import HydraException
+
+    parser = OverridesParser.create()
+    for text in overrides:
+        try:
+            parser.parse_override(text)
+        except HydraException as e:
+            key, _, value = text.partition("=")
+            if not any(c in value for c in "= '\"()"):
+                return f"cannot parse the override {text!r}: {str(e).splitlines()[0]} (Hydra's override grammar)"
+            quoted = shlex.quote(f'{key}="{value}"' if '"' not in value else f"{key}='{value}'")
+            return (f"cannot parse the override {text!r}: a value with '=', spaces, quotes or parentheses must be "
+                    f"quoted for Hydra; on the command line write {quoted}")
+    return "cannot parse the overrides"
+
+
+def options(group: str) -> list:
+    """The options dpgrid ships in a config group (strategy, dataset, model); a user's own folder on
+    hydra.searchpath adds more, which `compose` finds and its errors list."""
+    return sorted(p.stem for p in (Path(config_dir()) / group).glob("*.yaml"))
+
+
+def plan(cfg, n_train: int = None):
+    """The grid's validated privacy plan (dpgrid.privacy.Plan); N from the config unless given."""
+    from .checks import check_config
+    from .runner import plan_grid
+
+    check_config(cfg, n_train)
+    return plan_grid(cfg, int(cfg.dataset.n_train) if n_train is None else n_train)[1]
+
+
+@dataclass
+class GridResult:
+    """What a grid wrote: its directory, plan and the three CSVs as DataFrames."""
+    out_dir: Path
+    plan: dict
+    runs: pd.DataFrame
+    curves: pd.DataFrame
+    summary: pd.DataFrame
+
+    @property
+    def best(self) -> pd.Series:
+        return self.summary[self.summary.best].iloc[0]
+
+
+def run_grid(cfg, out_dir, progress: bool = True) -> GridResult:
+    """Train the grid into out_dir (resuming what is there), as `dpgrid run` does."""
+    import json
+
+    from .runner import run_grid as run
+
+    run(cfg, out_dir, progress)
+    out = Path(out_dir)
+    read = lambda name: pd.read_csv(out / name, dtype={"config_id": str})  # noqa: E731
+    return GridResult(out, json.loads((out / "plan.json").read_text()), read("runs.csv"), read("curves.csv"),
+                      read("summary.csv"))
+
+
+def tables(results_dir="outputs", figures: bool = True, mix_budgets: bool = False, report=print) -> list:
+    """Paper-style tables (and figures) of every grid under results_dir; returns the files written."""
+    from .report import write_tables
+
+    return write_tables(Path(results_dir), figures=figures, mix_budgets=mix_budgets, report=report)

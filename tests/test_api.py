@@ -1,0 +1,36 @@
+"""The Python API a notebook uses: the same calls as the command line, DpgridError instead of exits."""
+
+import pytest
+
+import dpgrid
+from dpgrid import DpgridError
+
+
+def test_compose_raises_dpgrid_error_with_the_useful_part_of_hydras_message():
+    with pytest.raises(DpgridError, match=r"no strategy named 'onlin' \(did you mean strategy=online\?\); "
+                                          r"available: adamwosm, fixed_quantile, fixed_threshold, nodp, online"):
+        dpgrid.compose(["strategy=onlin"])
+    with pytest.raises(DpgridError, match=r"no setting 'train.epoch'; did you mean train.epochs\?"):
+        dpgrid.compose(["train.epoch=3"])
+    with pytest.raises(DpgridError, match=r"no model named 'cn' \(did you mean model=cnn\?\)"):
+        dpgrid.compose(["model=cn"])
+
+
+def test_each_dataset_names_its_default_model_and_model_replaces_it():
+    assert dpgrid.compose(["dataset=mnist"]).model._target_.endswith(".cnn")
+    assert dpgrid.compose(["dataset=mnist", "model=mlp"]).model._target_.endswith(".mlp")
+
+
+def test_plan_and_run_grid_from_python(tmp_path):
+    cfg = dpgrid.compose(["strategy=fixed_threshold", "grid.k=2", "train.epochs=1", "train.seeds=1"])
+    plan = dpgrid.plan(cfg)
+    assert plan.n_configs == 4 and plan.label == "Fixed Threshold" and plan.axes == ["lr", "clip"]
+    with pytest.raises(DpgridError, match="privacy.epsilon must be in"):
+        dpgrid.plan(dpgrid.compose(["privacy.epsilon=0"]))
+    result = dpgrid.run_grid(cfg, tmp_path / "grid", progress=False)
+    assert len(result.runs) == 4 and result.plan["noise_multiplier"] == plan.noise_multiplier
+    assert result.best.config_id in set(result.runs.config_id)
+    again = dpgrid.run_grid(cfg, tmp_path / "grid", progress=False)  # resumes: nothing is trained again
+    assert again.runs.seconds.tolist() == result.runs.seconds.tolist()
+    written = dpgrid.tables(tmp_path, figures=False, report=lambda line: None)
+    assert tmp_path / "tables" / "digits_k2.md" in written

@@ -1,0 +1,60 @@
+"""A strategy that is not in dpgrid (automatic clipping, examples/) plugs in from its own folder."""
+
+import json
+
+import pandas as pd
+import pytest
+import torch
+from omegaconf import OmegaConf
+
+from .plugin import EXAMPLES, SEARCHPATH, dpgrid
+
+GRID = ["strategy=automatic", "grid.k=3", "train.epochs=1", "train.seeds=1", SEARCHPATH]
+
+
+def test_automatic_clipping_plans_k_configurations_and_appears_in_the_tables(tmp_path):
+    plan = dpgrid("plan", "--json", *GRID)
+    assert plan.returncode == 0, plan.stderr
+    planned = json.loads(plan.stdout)
+    assert planned["n_configs"] == 3 and planned["label"] == "Automatic (AUTO-S)" and planned["axes"] == ["lr"]
+    r = dpgrid("run", *GRID, f"hydra.run.dir={tmp_path / 'results' / 'automatic'}")
+    assert r.returncode == 0, r.stderr
+    runs = pd.read_csv(tmp_path / "results" / "automatic" / "runs.csv")
+    assert len(runs) == 3 and (runs.noise_multiplier == planned["noise_multiplier"]).all()
+    t = dpgrid("tables", str(tmp_path / "results"))
+    assert t.returncode == 0, t.stderr
+    assert "Automatic (AUTO-S) ρ" in (tmp_path / "results" / "tables" / "digits_k3.md").read_text()
+
+
+def test_unknown_options_list_the_plugins_too():
+    r = dpgrid("plan", "strategy=automatc", SEARCHPATH)
+    assert r.returncode == 2 and "did you mean strategy=automatic?" in r.stderr and "online" in r.stderr
+
+
+def test_the_update_rule_normalises_per_sample_gradients(tmp_path):
+    import sys
+    sys.path.insert(0, str(EXAMPLES))
+    try:
+        from dpgrid_example.automatic import AutomaticClipping
+    finally:
+        sys.path.remove(str(EXAMPLES))
+    from .test_strategies import grads_from
+
+    param = torch.zeros(2, dtype=torch.float64)
+    s = AutomaticClipping([param], {"lr": 1.0}, {"noise_multiplier": 0.0}, 4,
+                          dict(OmegaConf.load(EXAMPLES / "dpgrid_example" / "conf" / "strategy" / "automatic.yaml")),
+                          torch.Generator().manual_seed(0))
+    s.step(grads_from(torch.tensor([[3.0, 4.0], [0.0, 0.0]], dtype=torch.float64)))
+    assert param.tolist() == pytest.approx([-3 / 5.01 / 4, -4 / 5.01 / 4])  # -(g / (||g|| + 0.01)) / B
+
+
+def test_a_target_that_is_not_a_strategy_is_refused(tmp_path):
+    conf = tmp_path / "conf" / "strategy"
+    conf.mkdir(parents=True)
+    (conf / "wrong.yaml").write_text("_target_: torch.nn.Linear\nname: wrong\ngrid: [lr]\n")
+    (conf / "missing.yaml").write_text("_target_: nowhere.Nothing\nname: missing\ngrid: [lr]\n")
+    search = f"hydra.searchpath=[file://{tmp_path / 'conf'}]"
+    r = dpgrid("plan", "strategy=wrong", search)
+    assert r.returncode == 2 and "is not a subclass of dpgrid.Strategy" in r.stderr, r.stderr
+    r = dpgrid("plan", "strategy=missing", search)
+    assert r.returncode == 2 and "strategy=missing: cannot import _target_ nowhere.Nothing" in r.stderr, r.stderr

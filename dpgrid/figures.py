@@ -7,7 +7,7 @@ from pathlib import Path
 import pandas as pd
 
 from .files import write_atomic
-from .report import budget_note, fmt_value, private_strategies
+from .cells import budget_note, fmt_value, private_strategies
 
 
 def pyplot():

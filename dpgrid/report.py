@@ -19,13 +19,13 @@ import pandas as pd
 
 from . import DpgridError
 from .files import check_writable, read_json, read_rows, write_atomic, write_csv
-from .privacy import NOT_DP_SAMPLING
+from .cells import MISSING, budget_note, fmt_hp, fmt_value, label_of, private_strategies
 from .grid import AXIS_SYMBOL
+from .privacy import NOT_DP_SAMPLING
 from .results import summarize
 
 # Everything about a strategy (label, axes, private or not, what adapts) comes from the plan.json its
 # grid wrote, which asked the strategy class and its config: nothing here lists strategies.
-MISSING = "–"
 NOT_RUN, DIVERGED, NOT_DP = "grid not run", "all seeds diverged", "not DP (sampling=shuffle)"
 PRIVACY_FIGURES = ("noise_multiplier", "epsilon_spent", "epsilon_grid", "budget", "sampling")
 
@@ -100,40 +100,6 @@ def collect(results_dir: Path) -> tuple:
                "lr", "clip", "quantile", "config_id", "value", "std", "n_seeds", "status", "noise_multiplier",
                "n_configs", "configs_run", "label", "private", "axes", "adapts", "dataset_epsilons", "path"]
     return pd.DataFrame(rows).reindex(columns=columns), skipped
-
-
-def private_strategies(grids: pd.DataFrame) -> list:
-    """[(name, label, axes)] of the private strategies among grids, by label."""
-    rows = grids[grids.private.astype(bool)].drop_duplicates("strategy")
-    return sorted(((r.strategy, r.label, r.axes.split(",")) for r in rows.itertuples()), key=lambda t: t[1])
-
-
-def label_of(grids: pd.DataFrame, strategy: str) -> str:
-    found = grids.label[grids.strategy == strategy]
-    return found.iloc[0] if len(found) else strategy
-
-
-def budget_note(grids: pd.DataFrame) -> str:
-    """The budget the grids of one table were run under, in words (tables and figure captions)."""
-    budgets = set(grids[grids.private.astype(bool)].budget.dropna())
-    if budgets == {"per_run"}:
-        return "ε per run (privacy.budget=per_run): each run spends ε; the whole grid's true ε is the 'ε grid' column"
-    if budgets == {"per_grid"} or not budgets:
-        return "ε per grid: all runs of a grid together spend ε (honest tuning)"
-    return "MIXED budgets: per-grid and per-run ε side by side (--mix-budgets); see each cell's ε grid"
-
-
-# --- formatting -------------------------------------------------------------------------------------
-
-def fmt_hp(v) -> str:
-    return MISSING if pd.isna(v) else f"{v:.4g}"
-
-
-def fmt_value(v, metric) -> str:
-    """Accuracy in %, MSE x 10^2 (as the paper prints them)."""
-    if pd.isna(v):
-        return MISSING
-    return f"{v * 100:.2f}" if metric == "mse" else f"{v:.2f}"
 
 
 def paper_layout(grids: pd.DataFrame, dataset: str, k: int, with_values: bool):

@@ -28,13 +28,13 @@ import torch
 from omegaconf import OmegaConf
 
 from dpgrid import strategies
+from dpgrid.grid import configurations
 from dpgrid.models import autoencoder, bag_of_words, cnn
 from dpgrid.persample import make_engine, per_sample_losses
 
 MODELS = {"cnn": (cnn, (1, 28, 28), "classification", 10), "autoencoder": (autoencoder, (1, 28, 28), "reconstruction", 0),
           "bag_of_words": (bag_of_words, (750,), "classification", 4)}
-STRATEGY_HP = {"online": {"lr": 0.1}, "fixed_threshold": {"lr": 0.1, "clip": 1.0},
-               "fixed_quantile": {"lr": 0.1, "quantile": 0.5}, "adamwosm": {"clip": 1.0}, "nodp": {"lr": 0.1}}
+STRATEGIES = sorted(p.stem for p in __import__("pathlib").Path(__file__).resolve().parent.parent.glob("conf/strategy/*.yaml"))
 BATCH = 512
 NOISE = 1.0
 CONF = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "conf")
@@ -66,7 +66,9 @@ def strategy_step(model_name, strategy, engine_name):
     cfg = OmegaConf.load(os.path.join(CONF, "strategy", f"{strategy}.yaml"))
     cls = strategies.resolve(cfg)
     noise = {"noise_multiplier": NOISE, **cls.split_noise(NOISE, dict(cfg), BATCH)} if cls.private else {}
-    s = cls(model.parameters(), STRATEGY_HP[strategy], noise, BATCH, dict(cfg), torch.Generator().manual_seed(0))
+    hp = {a: v for a, v in configurations(cfg, OmegaConf.load(os.path.join(CONF, "config.yaml")).grid)[4].items()
+          if a != "config_id"}  # a configuration in the middle of its grid (k = 7)
+    s = cls(model.parameters(), hp, noise, BATCH, dict(cfg), torch.Generator().manual_seed(0))
     engine = make_engine(model, task, engine_name)
     return lambda: s.step(engine(x, y))
 
@@ -150,7 +152,7 @@ def main():
                         help="small models repeat until the non-private steps take about this long")
     parser.add_argument("--warmup", type=int, default=2)
     parser.add_argument("--models", nargs="+", default=list(MODELS), choices=list(MODELS))
-    parser.add_argument("--strategies", nargs="+", default=list(STRATEGY_HP), choices=list(STRATEGY_HP))
+    parser.add_argument("--strategies", nargs="+", default=STRATEGIES, choices=STRATEGIES)
     parser.add_argument("--engine", default="fast", choices=["fast", "func"])
     parser.add_argument("--no-opacus", action="store_true")
     parser.add_argument("--secure", action="store_true", help="also time seeded vs secure sampling and noise")

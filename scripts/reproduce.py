@@ -1,5 +1,7 @@
-"""Regenerate the paper's results for one dataset: every strategy x the paper's epsilons x k in {5, 7, 9},
-nodp once per k, then `dpgrid tables`. Prints the number of training runs and a compute estimate first.
+"""Regenerate the paper's results for one dataset: every private strategy x the dataset's epsilons x k in
+{5, 7, 9}, the non-private baseline once per k, then `dpgrid tables`. Prints the number of training runs and
+a compute estimate first. The strategies, their grid sizes, the privacy levels and step times are asked of
+the configs (conf/strategy, conf/dataset), never listed here.
 
     python scripts/reproduce.py mnist --data-root ./data                  # on this machine
     python scripts/reproduce.py mnist --launcher local --jobs 4           # parallel processes (joblib)
@@ -15,20 +17,30 @@ import shlex
 import subprocess
 import sys
 
-PRIVATE = ["online", "fixed_threshold", "fixed_quantile", "adamwosm"]
-EPSILONS = {"mnist": [3, 5, 7, 9], "ag_news": [3, 5, 7, 9], "fashion_mnist": [1, 2, 3, 4], "digits": [3, 5, 7, 9]}
-N_TRAIN = {"mnist": 60000, "fashion_mnist": 60000, "ag_news": 120000, "digits": 1437}
-BATCH = {"mnist": 512, "fashion_mnist": 512, "ag_news": 512, "digits": 128}
-EPOCHS = {"mnist": 10, "fashion_mnist": 10, "ag_news": 10, "digits": 20}
-# Seconds per private step measured by scripts/bench.py on a 2-core x86 machine (README, Performance).
-SECONDS_PER_STEP = {"mnist": 0.44, "fashion_mnist": 1.4, "ag_news": 0.006, "digits": 0.003}
-CONFIGS = {"online": lambda k: k, "fixed_threshold": lambda k: k * k, "fixed_quantile": lambda k: 5 * k,
-           "adamwosm": lambda k: k, "nodp": lambda k: k}
+from dpgrid.api import options
+
+def grids(dataset: str, ks: list, extra: list):
+    """[(strategy, private, K, T, epsilons, seconds per step)] for every strategy option, asked of the
+    configs (dpgrid's strategy group, the dataset's privacy levels and step time): no list here."""
+    import math
+
+    import dpgrid
+    from dpgrid import grid, strategies
+
+    found = []
+    for name in options("strategy"):
+        for k in ks:
+            cfg = dpgrid.compose([f"dataset={dataset}", f"strategy={name}", f"grid.k={k}",
+                                  *[e for e in extra if not e.startswith("hydra")]])
+            steps = math.ceil(int(cfg.train.epochs) * int(cfg.dataset.n_train) / int(cfg.train.batch_size))
+            found.append((name, strategies.resolve(cfg.strategy).private, grid.size(cfg.strategy, cfg.grid), steps,
+                          list(cfg.dataset.epsilons), float(cfg.dataset.get("seconds_per_step") or 0)))
+    return found
 
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("dataset", choices=list(EPSILONS))
+    parser.add_argument("dataset", help="a dataset option: " + ", ".join(options("dataset")))
     parser.add_argument("--k", type=int, nargs="+", default=[5, 7, 9])
     parser.add_argument("--seeds", type=int, default=5)
     parser.add_argument("--data-root", default="./data")
@@ -40,13 +52,16 @@ def main():
     args = parser.parse_args()
 
     d, ks = args.dataset, args.k
-    steps = math.ceil(EPOCHS[d] * N_TRAIN[d] / BATCH[d])
-    configs = sum(CONFIGS[s](k) for s in PRIVATE for k in ks) * len(EPSILONS[d]) + sum(CONFIGS["nodp"](k) for k in ks)
+    found = grids(d, ks, args.extra)
+    private = sorted({name for name, is_private, *_ in found if is_private})
+    baselines = sorted({name for name, is_private, *_ in found if not is_private})
+    configs = sum(K * (len(eps) if is_private else 1) for _, is_private, K, _, eps, _ in found)
     runs = configs * args.seeds
-    hours = runs * steps * SECONDS_PER_STEP[d] / 3600
-    print(f"{d}: {configs} configurations x {args.seeds} seeds = {runs} training runs of {steps} steps "
-          f"({runs * steps:,} steps); about {hours:,.0f} hours on one 2-core machine "
-          f"({SECONDS_PER_STEP[d]} s/step), less with --launcher local/slurm")
+    steps = sum(K * T * (len(eps) if p else 1) for _, p, K, T, eps, _ in found) * args.seeds
+    hours = sum(K * T * (len(eps) if p else 1) * sec for _, p, K, T, eps, sec in found) * args.seeds / 3600
+    epsilons = found[0][4]
+    print(f"{d}: {configs} configurations x {args.seeds} seeds = {runs} training runs ({steps:,} steps); "
+          f"about {hours:,.0f} hours on one 2-core machine (dataset.seconds_per_step), less with --launcher local/slurm")
 
     common = [f"dataset={d}", f"data.root={args.data_root}", f"train.seeds={args.seeds}",
               f"grid.k={','.join(map(str, ks))}", f"hydra.sweep.dir={args.results}", *args.extra]
@@ -55,8 +70,9 @@ def main():
     if args.launcher == "local":
         common.append(f"hydra.launcher.n_jobs={args.jobs}")
     commands = [
-        ["dpgrid", "run", "-m", f"strategy={','.join(PRIVATE)}", f"privacy.epsilon={','.join(map(str, EPSILONS[d]))}", *common],
-        ["dpgrid", "run", "-m", "strategy=nodp", *common],  # non-private: epsilon does not matter
+        ["dpgrid", "run", "-m", f"strategy={','.join(private)}", f"privacy.epsilon={','.join(f'{e:g}' for e in epsilons)}",
+         *common],
+        *([["dpgrid", "run", "-m", f"strategy={','.join(baselines)}", *common]] if baselines else []),  # no epsilon
         ["dpgrid", "tables", args.results],
     ]
     for command in commands:

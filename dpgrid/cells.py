@@ -1,0 +1,42 @@
+"""How grids are named and printed in tables and figures: cell formats, strategy labels and budget notes.
+Everything about a strategy comes from the collected grids (their plan.json), never from a list here."""
+
+import pandas as pd
+
+MISSING = "–"
+
+
+def private_strategies(grids: pd.DataFrame) -> list:
+    """[(name, label, axes)] of the private strategies among grids, by label."""
+    rows = grids[grids.private.astype(bool)].drop_duplicates("strategy")
+    return sorted(((r.strategy, r.label, r.axes.split(",")) for r in rows.itertuples()), key=lambda t: t[1])
+
+
+def label_of(grids: pd.DataFrame, strategy: str) -> str:
+    found = grids.label[grids.strategy == strategy]
+    return found.iloc[0] if len(found) else strategy
+
+
+def budget_note(grids: pd.DataFrame) -> str:
+    """The budget the grids of one table were run under, in words (tables and figure captions)."""
+    budgets = set(grids[grids.private.astype(bool)].budget.dropna())
+    if budgets == {"per_run"}:
+        return "ε per run (privacy.budget=per_run): each run spends ε; the whole grid's true ε is the 'ε grid' column"
+    if budgets == {"per_grid"} or not budgets:
+        return "ε per grid: all runs of a grid together spend ε (honest tuning)"
+    return "MIXED budgets: per-grid and per-run ε side by side (--mix-budgets); see each cell's ε grid"
+
+
+# --- formatting -------------------------------------------------------------------------------------
+
+def fmt_hp(v) -> str:
+    return MISSING if pd.isna(v) else f"{v:.4g}"
+
+
+def fmt_value(v, metric) -> str:
+    """Accuracy in %, MSE x 10^2 (as the paper prints them)."""
+    if pd.isna(v):
+        return MISSING
+    return f"{v * 100:.2f}" if metric == "mse" else f"{v:.2f}"
+
+

@@ -1,0 +1,85 @@
+"""The shape the code keeps: one list (the config groups), short modules, imports that flow one way."""
+
+import ast
+import io
+import re
+import tokenize
+
+from omegaconf import OmegaConf
+
+from .conftest import ROOT
+
+PACKAGE = ROOT / "dpgrid"
+SOURCES = sorted(PACKAGE.rglob("*.py")) + sorted((ROOT / "scripts").glob("*.py"))
+
+
+def strategy_names() -> set:
+    return {str(OmegaConf.load(p).name) for p in (ROOT / "conf" / "strategy").glob("*.yaml")}
+
+
+def string_literals(path):
+    with open(path, "rb") as f:
+        for token in tokenize.tokenize(f.readline):
+            if token.type == tokenize.STRING:
+                try:
+                    yield token.start[0], ast.literal_eval(token.string)
+                except (ValueError, SyntaxError):  # f-strings
+                    yield token.start[0], token.string
+
+
+def test_no_strategy_is_named_outside_its_own_module():
+    """A strategy is one module and one config: its name as a string literal anywhere else in dpgrid or
+    scripts/ would be a hand-kept list (tests name strategies on purpose and are exempt)."""
+    names = strategy_names()
+    found = []
+    for path in SOURCES:
+        for line, value in string_literals(path):
+            if isinstance(value, str) and value in names and path.stem != value:
+                found.append(f"{path.relative_to(ROOT)}:{line}: {value!r}")
+    assert not found, found
+
+
+def test_modules_stay_short():
+    long = {str(p.relative_to(ROOT)): n for p in PACKAGE.rglob("*.py")
+            if (n := len(p.read_text().splitlines())) > 300}
+    assert not long, long
+
+
+def imports(path) -> set:
+    """The dpgrid modules a module imports, at any depth of the file (lazy imports count too)."""
+    module = ".".join(path.relative_to(ROOT).with_suffix("").parts).removesuffix(".__init__")
+    package = module if path.name == "__init__.py" else module.rpartition(".")[0]
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                parent = package.rsplit(".", node.level - 1)[0] if node.level > 1 else package
+                base = f"{parent}.{base}" if base else parent
+            if base.startswith("dpgrid"):
+                found.add(base)
+                found.update(f"{base}.{a.name}" for a in node.names)
+        elif isinstance(node, ast.Import):
+            found.update(a.name for a in node.names if a.name.startswith("dpgrid"))
+    return found
+
+
+def test_no_import_cycles():
+    modules = {".".join(p.relative_to(ROOT).with_suffix("").parts).removesuffix(".__init__"): p
+               for p in PACKAGE.rglob("*.py") if "conf" not in p.parts}
+    graph = {m: {i for i in imports(p) if i in modules and i != m and i != "dpgrid"} for m, p in modules.items()}
+    for package in [m for m, p in modules.items() if p.name == "__init__.py" and m != "dpgrid"]:
+        graph[package] -= {m for m in modules if m.startswith(package + ".")}  # a package re-exports its modules
+    def cycle_from(start):
+        stack, seen = [(start, [start])], set()
+        while stack:
+            node, path = stack.pop()
+            for nxt in graph[node]:
+                if nxt == start:
+                    return path + [start]
+                if nxt not in seen:
+                    seen.add(nxt)
+                    stack.append((nxt, path + [nxt]))
+        return None
+    cycles = [c for m in graph if (c := cycle_from(m))]
+    assert not cycles, cycles[0]

@@ -20,6 +20,7 @@ from pathlib import Path
 import pandas as pd
 
 from . import DpgridError
+from .checks import wrong_type
 
 
 def config_dir() -> str:
@@ -38,6 +39,9 @@ def compose(overrides=(), with_hydra: bool = False):
     from hydra.errors import HydraException, OverrideParseException
     from omegaconf.errors import OmegaConfBaseException
 
+    from .config import register
+
+    register()
     overrides = list(overrides)
     try:
         with initialize_config_dir(version_base="1.3", config_dir=config_dir()):
@@ -45,6 +49,11 @@ def compose(overrides=(), with_hydra: bool = False):
     except OverrideParseException:
         raise DpgridError(unparsable(overrides)) from None
     except (HydraException, OmegaConfBaseException) as e:
+        cause = e.__cause__
+        if isinstance(cause, OmegaConfBaseException) and getattr(cause, "full_key", None):
+            if " not in " in str(cause).splitlines()[0]:  # a misspelt key
+                raise DpgridError(readable(f"Could not override '{cause.full_key}'", overrides)) from None
+            raise DpgridError(wrong_type(cause)) from None  # a value of the wrong type
         raise DpgridError(readable(str(e), overrides)) from None
 
 

@@ -3,9 +3,11 @@ and what is valid (DpgridError, exit code 2). Explicit code, never `assert`: the
 `python -O` too. A strategy checks its own keys (`Strategy.check_config`)."""
 
 import math
+import re
 import warnings
 
 from omegaconf import OmegaConf
+from omegaconf.errors import OmegaConfBaseException
 
 from . import DpgridError
 
@@ -26,7 +28,23 @@ def warn_once(message: str) -> None:
 
 
 def get(cfg, key):
-    return OmegaConf.select(cfg, key, throw_on_missing=False)
+    try:
+        return OmegaConf.select(cfg, key, throw_on_missing=False)
+    except OmegaConfBaseException as e:  # e.g. an interpolated value the schema refuses
+        raise DpgridError(wrong_type(e) if getattr(e, "full_key", None) else str(e).splitlines()[0]) from None
+
+
+def wrong_type(error) -> str:
+    """A value the schema (dpgrid/config.py) refuses: the key, the value and the type it needs."""
+    first = str(error).strip().splitlines()[0]
+    needed = re.search(r"converted to (\w+)", first)
+    kind = {"Integer": "a whole number", "Float": "a number", "Boolean": "true or false",
+            "String": "a string"}.get(needed.group(1), needed.group(1)) if needed else None
+    if "is not a valid bool" in first:
+        kind = "true or false"
+    value = re.search(r"Value '([^']*)'", first)
+    got = f", got {value.group(1)!r}" if value else ""
+    return f"{error.full_key} must be {kind}{got}" if kind else f"{error.full_key}: {first}"
 
 
 def is_number(v) -> bool:

@@ -23,6 +23,30 @@ def usage() -> str:
     return USAGE + "\n" + "\n".join(lines)
 
 
+def settings() -> str:
+    """Every setting of conf/config.yaml with its default and its one-line comment: the comments in conf/
+    are the documentation, read here rather than copied."""
+    import re
+
+    lines, section = [], ""
+    for raw in (Path(config_dir()) / "config.yaml").read_text().splitlines():
+        if raw.startswith(("defaults", "hydra", "  -")) or not raw.strip() or raw.lstrip().startswith("#"):
+            section = "" if raw.startswith("hydra") else section
+            continue
+        match = re.match(r"^(\s*)(\w+):\s*([^#]*?)\s*(?:#\s*(.*))?$", raw)
+        if not match:
+            continue
+        indent, key, value, comment = match.groups()
+        if not indent:
+            section = key if not value else ""
+            if value:
+                lines.append(f"  {key} = {value}: {comment or ''}")
+            continue
+        if section:
+            lines.append(f"  {section}.{key} = {value}: {comment or ''}")
+    return "\n".join(lines)
+
+
 def fail(message, code: int = None) -> None:
     """One line on stderr; exit code 2 (bad input or results), 1 for an environment fault (the error's own)."""
     print(f"dpgrid: error: {message}", file=sys.stderr)
@@ -158,6 +182,10 @@ def run_command(args: list) -> None:
             fail(e)
         outermost = outermost_missing(Path(cfg.hydra.run.dir).resolve())
 
+    from .config import register
+
+    register()
+
     @hydra.main(version_base="1.3", config_path=config_dir(), config_name="config")
     def task(cfg) -> None:
         out = HydraConfig.get().runtime.output_dir
@@ -203,6 +231,9 @@ def main(argv=None) -> None:
     warnings.formatwarning = lambda message, *args, **kwargs: f"dpgrid: warning: {message}\n"
     if not argv or argv[0] in ("-h", "--help", "help"):
         print(usage())
+        return
+    if argv[0] in ("run", "plan") and ({"-h", "--help"} & set(argv[1:])):
+        print(f"{usage()}\n\nsettings (key = default: meaning), each a Hydra override key=value:\n{settings()}")
         return
     command, args = argv[0], argv[1:]
     signal.signal(signal.SIGTERM, on_sigterm)

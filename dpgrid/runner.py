@@ -5,8 +5,10 @@ commit record), `curves.csv` (every validation), `summary.csv` (per configuratio
 """
 
 import hashlib
+import logging
 import math
 import re
+import sys
 from pathlib import Path
 
 import pandas as pd
@@ -131,19 +133,31 @@ def run_grid(cfg, out_dir, progress: bool = True) -> pd.DataFrame:
         write_header(out, cfg, plan, digest, data_files)
         done = finished_runs(out, plan)
         todo = [(c, s) for c in selected for s in range(plan.seeds) if (c["config_id"], s) not in done]
-        bar = tqdm(total=len(selected) * plan.seeds, initial=len(selected) * plan.seeds - len(todo),
-                   desc=f"{plan.strategy} {plan.dataset} eps={plan.epsilon:g} k={plan.k}",
-                   disable=None if progress else True)
-        for config, seed in todo:
+        total = len(selected) * plan.seeds
+        bar = tqdm(total=total, initial=total - len(todo), desc=f"{plan.strategy} {plan.dataset} eps={plan.epsilon:g} "
+                   f"k={plan.k}", disable=None if progress else True)
+        for finished, (config, seed) in enumerate(todo, start=total - len(todo) + 1):
             result = run_one(cfg, plan, strategy_cls, data, config, seed, progress)
             append_curves(out / "curves.csv", [dict(config_id=config["config_id"], seed=seed, **c) for c in result.curve])
             commit_run(out / "runs.csv", run_row(cfg, plan, strategy_cls, config, seed, result))
+            report_run(plan, config["config_id"], seed, result, finished, total)
             bar.update()
         bar.close()
         runs = pd.read_csv(out / "runs.csv", dtype={"config_id": str})
         summary = summarize(runs, list(cfg.strategy.grid), data.task)
         write_csv(out / "summary.csv", summary)
     return summary
+
+
+def report_run(plan, config_id: str, seed: int, result, done: int, total: int) -> None:
+    """One line per finished run: into cli.log (under Hydra), and to stderr when it is not a terminal
+    (nohup, a cluster job, CI), where the progress bar is not shown."""
+    value = "diverged" if result.diverged else f"{result.best_value:.4g}"
+    line = (f"{plan.strategy} {plan.dataset} eps={plan.epsilon:g} k={plan.k}: run {done}/{total} {config_id} "
+            f"seed {seed}: {value} ({result.seconds:.1f} s)")
+    logging.getLogger("dpgrid").info(line)
+    if not sys.stderr.isatty():
+        print(line, file=sys.stderr, flush=True)
 
 
 def describe_best(summary: pd.DataFrame, task: str) -> str:

@@ -34,3 +34,14 @@ def test_plan_and_run_grid_from_python(tmp_path):
     assert again.runs.seconds.tolist() == result.runs.seconds.tolist()
     written = dpgrid.tables(tmp_path, figures=False, report=lambda line: None)
     assert tmp_path / "tables" / "digits_k2.md" in written
+
+
+def test_run_help_names_dpgrid_and_describes_every_setting(capsys):
+    from dpgrid.cli import main
+
+    main(["run", "--help"])
+    out = capsys.readouterr().out
+    assert out.startswith("usage: dpgrid run") and "strategy: adamwosm, fixed_quantile" in out
+    settings = [line for line in out.splitlines() if line.startswith("  ") and " = " in line]
+    assert len(settings) >= 20 and all(line.split(": ", 1)[1].strip() for line in settings), settings
+    assert any(line.startswith("  privacy.epsilon = ") for line in settings)

@@ -10,6 +10,8 @@ import pytest
 
 from dpgrid.privacy import calibrate
 
+pytestmark = pytest.mark.slow  # every test here starts dpgrid processes
+
 SMALL = ["grid.k=2", "train.epochs=2", "train.seeds=2", "train.eval_every=5"]
 
 
@@ -114,3 +116,12 @@ def test_bad_input_is_one_line_and_exit_2(args, message, tmp_path):
     lines = r.stderr.strip().splitlines()
     assert len(lines) == 1 and message in lines[0] and "Traceback" not in r.stderr
     assert not (tmp_path / "outputs").exists()
+
+
+def test_every_finished_run_is_one_line_in_cli_log_and_on_a_non_terminal_stderr(tmp_path):
+    out = tmp_path / "grid"
+    r = dpgrid("run", "strategy=nodp", "grid.k=2", "train.seeds=1", "train.epochs=1", f"hydra.run.dir={out}")
+    assert r.returncode == 0, r.stderr
+    lines = [line for line in r.stderr.splitlines() if ": run " in line]
+    assert [line.split(": run ")[1].split(":")[0] for line in lines] == ["1/2 lr0 seed 0", "2/2 lr1 seed 0"]
+    assert all(line in (out / "cli.log").read_text() for line in lines)

@@ -11,6 +11,7 @@ import time
 import pandas as pd
 import pytest
 
+pytestmark = pytest.mark.slow  # every test here starts dpgrid processes
 COMMAND = [sys.executable, "-m", "dpgrid.cli", "run"]
 GRID = ["strategy=fixed_threshold", "grid.k=2", "train.seeds=2", "train.epochs=1", "train.eval_every=4"]
 # fsync is called once by every file dpgrid writes: config.yaml, plan.json, then per run curves and runs

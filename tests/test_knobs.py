@@ -40,6 +40,7 @@ def test_standardize_uses_the_published_constants(tmp_path):
     assert ae.y_train.min() >= 0 and ae.y_train.max() <= 1 and ae.x_train.min() < 0  # targets stay in [0, 1]
 
 
+@pytest.mark.slow
 def test_knobs_are_recorded_and_change_the_runs(tmp_path):
     outs = {}
     for name, extra in [("base", []), ("momentum", ["train.momentum=0.9"]), ("shuffle", ["train.sampling=shuffle"]),
@@ -61,6 +62,7 @@ def test_knobs_are_recorded_and_change_the_runs(tmp_path):
     assert base[1]["budget"] == "per_grid" and (base[0].accountant == "rdp").all()
 
 
+@pytest.mark.slow
 def test_standardize_is_refused_without_constants(tmp_path):
     r = subprocess.run([*COMMAND, "dataset.normalize=standardize"], capture_output=True, text=True, cwd=tmp_path)
     assert r.returncode == 2 and "needs the public constants" in r.stderr

@@ -1,8 +1,11 @@
 """A dataset that is not in dpgrid (scikit-learn's breast cancer set, examples/) runs and is tabulated."""
 
 import pandas as pd
+import pytest
 
 from .plugin import SEARCHPATH, dpgrid
+
+pytestmark = pytest.mark.slow  # every test here starts dpgrid processes
 
 
 def test_breast_cancer_runs_with_its_default_model_and_tables(tmp_path):

@@ -3,9 +3,12 @@
 import json
 
 import pandas as pd
+import pytest
 
 from .plugin import SEARCHPATH, dpgrid
 from .test_data import make_idx_root
+
+pytestmark = pytest.mark.slow  # every test here starts dpgrid processes
 
 
 def test_groupnorm_cnn_trains_on_mnist_shaped_data(tmp_path):

@@ -9,6 +9,8 @@ from omegaconf import OmegaConf
 
 from .plugin import EXAMPLES, SEARCHPATH, dpgrid
 
+pytestmark = pytest.mark.slow  # every test here starts dpgrid processes
+
 GRID = ["strategy=automatic", "grid.k=3", "train.epochs=1", "train.seeds=1", SEARCHPATH]
 
 

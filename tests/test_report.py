@@ -143,6 +143,7 @@ def test_paper_reference_data_matches_the_paper_file():
         assert "| 9 | 0.1 | 86.43 | 0.08 |" in body
 
 
+@pytest.mark.slow
 def test_tables_command(tree):
     r = subprocess.run([sys.executable, "-m", "dpgrid.cli", "tables", str(tree)], capture_output=True, text=True)
     assert r.returncode == 0 and "wrote" in r.stdout
@@ -212,6 +213,7 @@ def test_damaged_files_skip_their_grid_with_one_line(tree, name, content, messag
     assert len(lines) == 1 and __import__("re").search(message, lines[0]), lines
 
 
+@pytest.mark.slow
 def test_no_readable_grid_is_an_error(tmp_path):
     (tmp_path / "empty").mkdir()
     with pytest.raises(DpgridError, match="no readable grid under"):
@@ -221,6 +223,7 @@ def test_no_readable_grid_is_an_error(tmp_path):
     assert r.returncode == 2 and r.stderr.count("\n") == 1 and "no readable grid" in r.stderr
 
 
+@pytest.mark.slow
 def test_a_full_disk_during_tables_is_one_line_and_leaves_no_empty_file(tree):
     harness = ("import errno, os, sys\ncalls, real = [0], os.fsync\n"
                "def fsync(fd):\n    calls[0] += 1\n    if calls[0] == 4:\n"

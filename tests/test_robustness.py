@@ -29,6 +29,7 @@ def results(out):
     return runs.reset_index(drop=True), curves.reset_index(drop=True)
 
 
+@pytest.mark.slow
 def test_killed_grid_resumes_to_the_uninterrupted_result(tmp_path):
     reference, killed = tmp_path / "reference", tmp_path / "killed"
     subprocess.run([*COMMAND, *GRID, f"hydra.run.dir={reference}"], check=True, capture_output=True)
@@ -55,6 +56,7 @@ def test_killed_grid_resumes_to_the_uninterrupted_result(tmp_path):
     pd.testing.assert_frame_equal(pd.read_csv(killed / "summary.csv"), pd.read_csv(reference / "summary.csv"))
 
 
+@pytest.mark.slow
 def test_same_command_same_numbers_and_streams_independent_of_order(tmp_path):
     a, b = tmp_path / "a", tmp_path / "b"
     small = ["strategy=fixed_quantile", "grid.k=2", "train.seeds=2", "train.epochs=2", "train.eval_every=5"]
@@ -68,6 +70,7 @@ def test_same_command_same_numbers_and_streams_independent_of_order(tmp_path):
     pd.testing.assert_frame_equal(curves_b, curves_a[curves_a.config_id.isin(["lr1_q3", "lr0_q1"])].reset_index(drop=True))
 
 
+@pytest.mark.slow
 def test_reusing_a_directory_with_another_config_is_refused(tmp_path):
     out = tmp_path / "grid"
     small = ["strategy=nodp", "grid.k=2", "train.seeds=1", "train.epochs=1"]
@@ -82,6 +85,7 @@ def test_reusing_a_directory_with_another_config_is_refused(tmp_path):
     assert set(pd.read_csv(out / "runs.csv").steps) == {23}  # 2 epochs of 1437 / 128
 
 
+@pytest.mark.slow
 def test_more_seeds_extend_a_grid_in_place_unless_seeds_are_accounted(tmp_path):
     one, two = tmp_path / "one", tmp_path / "two"
     small = ["strategy=fixed_threshold", "grid.k=2", "train.epochs=1", "grid.only=[lr1_clip0]"]
@@ -140,6 +144,7 @@ BAD_INPUTS = [
 ]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("args, message", BAD_INPUTS, ids=[" ".join(a) for a, _ in BAD_INPUTS])
 def test_bad_input_is_refused_with_one_line_and_nothing_written(args, message, bad_data, tmp_path):
     cwd = tmp_path / "work"
@@ -152,6 +157,7 @@ def test_bad_input_is_refused_with_one_line_and_nothing_written(args, message, b
     assert list(cwd.iterdir()) == []  # nothing written
 
 
+@pytest.mark.slow
 def test_refused_data_leaves_no_folders_at_an_explicit_run_dir(bad_data, tmp_path):
     cwd, elsewhere = tmp_path / "work", tmp_path / "elsewhere"
     cwd.mkdir()
@@ -164,6 +170,7 @@ def test_refused_data_leaves_no_folders_at_an_explicit_run_dir(bad_data, tmp_pat
     assert list(elsewhere.iterdir()) == [] and list(cwd.iterdir()) == []  # folders it created are gone too
 
 
+@pytest.mark.slow
 def test_delta_above_one_over_n_is_allowed_with_a_warning():
     r = subprocess.run([sys.executable, "-m", "dpgrid.cli", "plan", "privacy.delta=0.01"], capture_output=True,
                        text=True)
@@ -193,6 +200,7 @@ def test_every_grid_spends_at_most_its_target(dataset, n_train, epsilon, strateg
     assert independent(plan.sample_rate, plan.noise_multiplier, steps, plan.delta, "rdp") <= epsilon * 1.002
 
 
+@pytest.mark.slow
 def test_secure_rng_run_completes(tmp_path):
     r = subprocess.run([*COMMAND, "strategy=fixed_threshold", "grid.k=2", "train.seeds=1", "train.epochs=1",
                         "privacy.secure_rng=true", f"hydra.run.dir={tmp_path}"], capture_output=True, text=True)
@@ -200,6 +208,7 @@ def test_secure_rng_run_completes(tmp_path):
     assert len(pd.read_csv(tmp_path / "runs.csv")) == 4
 
 
+@pytest.mark.slow
 def test_secure_mode_draws_the_batches_too_so_even_nodp_runs_differ(tmp_path):
     """No noise at all (nodp): two secure runs differ only if their batches do; seeded runs are identical."""
     small = ["strategy=nodp", "grid.k=2", "train.seeds=1", "train.epochs=1", "train.eval_every=3"]

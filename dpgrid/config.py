@@ -1,0 +1,76 @@
+"""The top-level config's schema (privacy, grid, train, data), registered with Hydra's ConfigStore as
+`dpgrid_schema` and listed first in conf/config.yaml's defaults: a misspelt key or a value of the wrong
+type is refused when the config is composed. The defaults and their documentation stay in
+conf/config.yaml; ranges that a type cannot express are checked in dpgrid.checks. The option groups
+(strategy, dataset, model) are open: each option brings its own keys."""
+
+from dataclasses import dataclass, field
+from typing import Any, Optional
+
+from hydra.core.config_store import ConfigStore
+from omegaconf import MISSING, OmegaConf
+
+
+@dataclass
+class PrivacyConfig:
+    epsilon: float = MISSING
+    delta: float = MISSING
+    account_seeds: bool = MISSING
+    secure_rng: bool = MISSING
+    budget: str = MISSING
+    accountant: str = MISSING
+    selection: str = MISSING
+
+
+@dataclass
+class GridConfig:
+    k: int = MISSING
+    lr_range: list[float] = MISSING
+    clip_range: list[float] = MISSING
+    quantiles: list[float] = MISSING
+    only: Optional[list[str]] = None
+    allow_large: bool = MISSING
+
+
+@dataclass
+class TrainConfig:
+    epochs: int = MISSING
+    batch_size: int = MISSING
+    eval_every: int = MISSING
+    seeds: int = MISSING
+    momentum: float = MISSING
+    sampling: str = MISSING
+    device: str = MISSING
+    engine: str = MISSING
+
+
+@dataclass
+class DataConfig:
+    root: str = MISSING
+
+
+@dataclass
+class DpgridConfig:
+    privacy: PrivacyConfig = field(default_factory=PrivacyConfig)
+    grid: GridConfig = field(default_factory=GridConfig)
+    train: TrainConfig = field(default_factory=TrainConfig)
+    data: DataConfig = field(default_factory=DataConfig)
+    overwrite: bool = MISSING
+    dataset: Any = MISSING
+    strategy: Any = MISSING
+    model: Any = MISSING
+
+
+def number(value) -> str:
+    """3.0 -> "3", 0.5 -> "0.5": how an epsilon appears in a run directory's name."""
+    return f"{float(value):g}"
+
+
+def register() -> None:
+    """Make the schema and dpgrid's resolvers known to Hydra (idempotent)."""
+    ConfigStore.instance().store(name="dpgrid_schema", node=DpgridConfig)
+    if not OmegaConf.has_resolver("dpgrid.number"):
+        OmegaConf.register_new_resolver("dpgrid.number", number)
+
+
+register()

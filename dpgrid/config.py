@@ -66,11 +66,24 @@ def number(value) -> str:
     return f"{float(value):g}"
 
 
+def epsilon_folder(target: str, epsilon) -> str:
+    """A grid's folder for its epsilon: eps<epsilon>, or `nonprivate` for a strategy that spends none
+    (its runs do not depend on epsilon, so a sweep over epsilon trains it once)."""
+    try:
+        from hydra.utils import get_class
+        private = bool(getattr(get_class(str(target)), "private", True))
+    except Exception:  # an unimportable target is refused, with its own message, when the run starts
+        private = True
+    return f"eps{number(epsilon)}" if private else "nonprivate"
+
+
 def register() -> None:
     """Make the schema and dpgrid's resolvers known to Hydra (idempotent)."""
     ConfigStore.instance().store(name="dpgrid_schema", node=DpgridConfig)
     if not OmegaConf.has_resolver("dpgrid.number"):
         OmegaConf.register_new_resolver("dpgrid.number", number)
+    if not OmegaConf.has_resolver("dpgrid.epsilon_folder"):
+        OmegaConf.register_new_resolver("dpgrid.epsilon_folder", epsilon_folder)
 
 
 register()

@@ -32,13 +32,16 @@ NUMERIC = ("epsilon", "delta", "k", "seed", "steps", "best_value", "best_step", 
 OPTIONAL = ("best_value", "final_clip", "final_lr", "epsilon_spent", "epsilon_grid")
 
 
-def config_hash(cfg) -> str:
+def config_hash(cfg, private: bool = True) -> str:
     """Hash of the resolved config, less the settings that cannot change the results.
 
     train.seeds is left out unless the seeds are accounted: seed s's run does not depend on how many
-    seeds there are, so a grid can be extended with more seeds in place (its resume runs only the new ones)."""
+    seeds there are, so a grid can be extended with more seeds in place (its resume runs only the new ones).
+    A non-private strategy's runs do not depend on the privacy settings, which are then left out too."""
     plain = OmegaConf.to_container(OmegaConf.masked_copy(cfg, [k for k in cfg if k != "hydra"]), resolve=True)
     unhashed = NOT_HASHED if plain["privacy"]["account_seeds"] else (*NOT_HASHED, "train.seeds")
+    if not private:
+        unhashed = (*unhashed, *(f"privacy.{key}" for key in plain["privacy"] if key != "secure_rng"))
     for key in unhashed:
         section, _, name = key.rpartition(".")
         (plain.get(section, {}) if section else plain).pop(name, None)

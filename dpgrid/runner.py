@@ -79,11 +79,11 @@ def check_run(cfg, out_dir) -> None:
     check_writable(out)
     if out.is_dir():
         with locked(out):
-            claim(out, config_hash(cfg), None, plan, bool(cfg.overwrite))  # the data is compared once loaded
+            claim(out, config_hash(cfg, plan.private), None, plan, bool(cfg.overwrite))  # the data is compared once loaded
 
 
 def run_one(cfg, plan, strategy_cls, data, config: dict, seed: int, progress: bool):
-    grid_key = (plan.dataset, plan.strategy, plan.epsilon, plan.k)
+    grid_key = (plan.dataset, plan.strategy, plan.epsilon if plan.private else "non-private", plan.k)
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(derive_seed(plan.dataset, "init", seed))  # same start for every strategy
         model = build_model(cfg.model).to(data.x_train.device)
@@ -124,7 +124,7 @@ def run_grid(cfg, out_dir, progress: bool = True) -> pd.DataFrame:
     out = Path(out_dir)
     data = data_mod.load(cfg.dataset, cfg.data.root, resolve_device(str(cfg.train.device)))
     strategy_cls, plan, selected = plan_grid(cfg, data.n_train)
-    digest, data_files = config_hash(cfg), data_mod.fingerprint(data.files)
+    digest, data_files = config_hash(cfg, plan.private), data_mod.fingerprint(data.files)
     check_writable(out)
     with environment(out):
         out.mkdir(parents=True, exist_ok=True)
@@ -153,7 +153,8 @@ def report_run(plan, config_id: str, seed: int, result, done: int, total: int) -
     """One line per finished run: into cli.log (under Hydra), and to stderr when it is not a terminal
     (nohup, a cluster job, CI), where the progress bar is not shown."""
     value = "diverged" if result.diverged else f"{result.best_value:.4g}"
-    line = (f"{plan.strategy} {plan.dataset} eps={plan.epsilon:g} k={plan.k}: run {done}/{total} {config_id} "
+    budget = f"eps={plan.epsilon:g}" if plan.private else "non-private"
+    line = (f"{plan.strategy} {plan.dataset} {budget} k={plan.k}: run {done}/{total} {config_id} "
             f"seed {seed}: {value} ({result.seconds:.1f} s)")
     logging.getLogger("dpgrid").info(line)
     if not sys.stderr.isatty():

@@ -81,7 +81,7 @@ def test_multirun_sweeps_into_the_deterministic_tree(tmp_path):
     r = dpgrid("run", "-m", "strategy=online,nodp", *SMALL, "train.seeds=1", f"hydra.sweep.dir={tmp_path}")
     assert r.returncode == 0, r.stderr
     for strategy in ("online", "nodp"):
-        assert len(pd.read_csv(tmp_path / "digits" / strategy / "eps3" / "k2" / "runs.csv")) == 2
+        assert len(pd.read_csv(tmp_path / "digits" / strategy / ("eps3" if strategy != "nodp" else "nonprivate") / "k2" / "runs.csv")) == 2
 
 
 def test_plan_json_for_the_paper_grid():
@@ -125,3 +125,13 @@ def test_every_finished_run_is_one_line_in_cli_log_and_on_a_non_terminal_stderr(
     lines = [line for line in r.stderr.splitlines() if ": run " in line]
     assert [line.split(": run ")[1].split(":")[0] for line in lines] == ["1/2 lr0 seed 0", "2/2 lr1 seed 0"]
     assert all(line in (out / "cli.log").read_text() for line in lines)
+
+
+def test_the_non_private_baseline_does_not_depend_on_epsilon(tmp_path):
+    """Its seeds and folder leave epsilon out: a sweep over epsilon trains it once."""
+    r = dpgrid("run", "-m", "strategy=nodp", "privacy.epsilon=3,9", "grid.k=2", "train.seeds=1", "train.epochs=1",
+               f"hydra.sweep.dir={tmp_path}")
+    assert r.returncode == 0, r.stderr
+    folders = [p.parent for p in tmp_path.rglob("runs.csv")]
+    assert [f.relative_to(tmp_path).as_posix() for f in folders] == ["digits/nodp/nonprivate/k2"]
+    assert len([line for line in r.stderr.splitlines() if ": run " in line]) == 2  # 2 runs, trained once

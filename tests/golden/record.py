@@ -27,7 +27,7 @@ def run_all(results: Path, names: list) -> dict:
     """{strategy: its grid's folder}, from one `dpgrid run -m` over the strategies."""
     subprocess.run([sys.executable, "-m", "dpgrid.cli", "run", "-m", f"strategy={','.join(names)}", *OVERRIDES,
                     f"hydra.sweep.dir={results}"], check=True, capture_output=True)
-    return {name: next(results.glob(f"digits/{name}/eps*/k3")) for name in names}
+    return {name: next(results.glob(f"digits/{name}/*/k3")) for name in names}
 
 
 def main() -> None:

@@ -124,12 +124,13 @@ def options(group: str) -> list:
 
 
 def plan(cfg, n_train: int = None):
-    """The grid's validated privacy plan (dpgrid.privacy.Plan); N from the config unless given."""
+    """The grid's validated privacy plan (dpgrid.privacy.Plan); N as given, else the config's
+    dataset.n_train, else the loaded data's."""
     from .checks import check_config
-    from .runner import plan_grid
+    from .runner import config_n_train, plan_grid
 
     check_config(cfg, n_train)
-    return plan_grid(cfg, int(cfg.dataset.n_train) if n_train is None else n_train)[1]
+    return plan_grid(cfg, config_n_train(cfg) if n_train is None else n_train)[1]
 
 
 @dataclass

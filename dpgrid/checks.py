@@ -79,8 +79,9 @@ def fraction(cfg, key: str, closed_low: bool = False) -> float:
     return real(cfg, key, "in (0, 1)", lambda v: 0 < v < 1)
 
 
-def choice(cfg, key: str, options) -> str:
+def choice(cfg, key: str, options, default: str = None) -> str:
     v = get(cfg, key)
+    v = default if v is None else v
     if str(v) not in options or not isinstance(v, str):
         raise DpgridError(f"{key} must be one of {', '.join(options)}, got {v!r}")
     return v
@@ -120,11 +121,11 @@ def check_config(cfg, n_train: int = None, warn: bool = True) -> None:
     """The common keys (privacy, grid, train, data); the strategy's own come from the strategy class.
     n_train: the loaded data's N, or None for the config's dataset.n_train (`dpgrid plan`, early checks).
     Imports nothing heavy, so that `dpgrid run` refuses a bad value within a second."""
-    n_config = whole(cfg, "dataset.n_train")
-    n_train = n_config if n_train is None else n_train
+    n_config = whole(cfg, "dataset.n_train") if get(cfg, "dataset.n_train") is not None else None
+    n_train = n_config if n_train is None else n_train  # None: not known before the data is loaded
     real(cfg, "privacy.epsilon", f"in (0, {MAX_EPSILON:g}]", lambda v: 0 < v <= MAX_EPSILON)
     delta = real(cfg, "privacy.delta", "in (0, 1)", lambda v: 0 < v < 1)
-    if warn and delta >= 1 / n_train:
+    if warn and n_train and delta >= 1 / n_train:
         warn_once(f"privacy.delta={delta:g} is not below 1/N = {1 / n_train:.3g}: a weak guarantee")
     for key in ("privacy.account_seeds", "privacy.secure_rng", "overwrite", "grid.allow_large"):
         flag(cfg, key)
@@ -137,8 +138,9 @@ def check_config(cfg, n_train: int = None, warn: bool = True) -> None:
     log_range(cfg, "grid.lr_range")
     log_range(cfg, "grid.clip_range")
     numbers(cfg, "grid.quantiles", "in (0, 1)", lambda x: 0 < x < 1)
-    numbers(cfg, "dataset.epsilons", f"in (0, {MAX_EPSILON:g}]", lambda x: 0 < x <= MAX_EPSILON)
-    whole(cfg, "train.batch_size", high=n_train)
+    if get(cfg, "dataset.epsilons") is not None:
+        numbers(cfg, "dataset.epsilons", f"in (0, {MAX_EPSILON:g}]", lambda x: 0 < x <= MAX_EPSILON)
+    whole(cfg, "train.batch_size", high=n_train)  # high=None: checked again once the data is loaded
     for key in ("train.epochs", "train.seeds", "train.eval_every"):
         whole(cfg, key)
     fraction(cfg, "train.momentum", closed_low=True)
@@ -147,7 +149,7 @@ def check_config(cfg, n_train: int = None, warn: bool = True) -> None:
                       "these runs claim no epsilon (epsilon_spent is empty, rows marked 'not DP')")
     choice(cfg, "train.engine", ("fast", "func"))
     choice(cfg, "dataset.task", ("classification", "reconstruction"))
-    if choice(cfg, "dataset.normalize", ("unit", "standardize")) == "standardize":
+    if choice(cfg, "dataset.normalize", ("unit", "standardize"), default="unit") == "standardize":
         if get(cfg, "dataset.mean") is None:
             raise DpgridError(f"dataset.normalize=standardize needs the public constants dataset.mean and "
                               f"dataset.std; {cfg.dataset.name} has none (mnist and fashion_mnist do)")

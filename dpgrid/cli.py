@@ -115,11 +115,11 @@ def plan_command(args: list) -> None:
     cfg = compose([a for a in args if a not in ("--json", "--compare")])
     early_checks(cfg)
     from . import DpgridError
-    from .runner import plan_grid
+    from .runner import config_n_train, plan_grid
 
     start = time.perf_counter()
     try:
-        _, plan, _ = plan_grid(cfg, int(cfg.dataset.n_train))
+        _, plan, _ = plan_grid(cfg, config_n_train(cfg))
     except DpgridError as e:
         fail(e)
     seconds = time.perf_counter() - start

@@ -123,7 +123,7 @@ def make_plan(cfg, n_train: int, strategy_cls, configs: list, model_parameters: 
     plan = Plan(dataset=cfg.dataset.name, strategy=cfg.strategy.name, k=int(cfg.grid.k), n_configs=len(configs),
                 label=str(cfg.strategy.get("label") or strategy_cls.label or cfg.strategy.name),
                 private=bool(strategy_cls.private), adapts=list(strategy_cls.adapts), axes=list(cfg.strategy.grid),
-                dataset_epsilons=[float(e) for e in cfg.dataset.epsilons],
+                dataset_epsilons=[float(e) for e in cfg.dataset.get("epsilons", [p.epsilon])],
                 n_train=n_train, batch_size=batch_size, epochs=epochs, steps=steps, sample_rate=sample_rate,
                 epsilon=float(p.epsilon), delta=float(p.delta), seeds=int(t.seeds),
                 account_seeds=bool(p.account_seeds), composed_runs=composed, noise_multiplier=0.0,

@@ -72,9 +72,15 @@ def plan_grid(cfg, n_train: int):
     return strategy_cls, plan, selected
 
 
+def config_n_train(cfg) -> int:
+    """N as the config states it (dataset.n_train), or, when it does not, the loaded data's."""
+    stated = cfg.dataset.get("n_train")
+    return int(stated) if stated is not None else data_mod.load(cfg.dataset, cfg.data.root).n_train
+
+
 def check_run(cfg, out_dir) -> None:
-    """Everything about a run that can be refused before any file is written (data comes later)."""
-    _, plan, _ = plan_grid(cfg, int(cfg.dataset.n_train))
+    """Everything about a run that can be refused before any file is written."""
+    _, plan, _ = plan_grid(cfg, config_n_train(cfg))
     out = Path(out_dir)
     check_writable(out)
     if out.is_dir():

@@ -3,6 +3,8 @@ Everything about a strategy comes from the collected grids (their plan.json), ne
 
 import pandas as pd
 
+from . import tasks
+
 MISSING = "–"
 
 
@@ -37,6 +39,6 @@ def fmt_value(v, metric) -> str:
     """Accuracy in %, MSE x 10^2 (as the paper prints them)."""
     if pd.isna(v):
         return MISSING
-    return f"{v * 100:.2f}" if metric == "mse" else f"{v:.2f}"
+    return f"{v * tasks.get(metric).table_scale:.2f}"
 
 

@@ -10,6 +10,7 @@ from omegaconf import OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 from . import DpgridError
+from .tasks import TASKS
 
 FLOAT32_MAX = 3.4e38  # parameters, thresholds and rates live in float32 tensors
 MAX_EPSILON = 100.0   # beyond this a DP guarantee (a factor e^epsilon > 10^43) says nothing
@@ -148,7 +149,7 @@ def check_config(cfg, n_train: int = None, warn: bool = True) -> None:
         warn_once("train.sampling=shuffle: fixed-size shuffled batches are NOT covered by the Poisson analysis; "
                       "these runs claim no epsilon (epsilon_spent is empty, rows marked 'not DP')")
     choice(cfg, "train.engine", ("fast", "func"))
-    choice(cfg, "dataset.task", ("classification", "reconstruction"))
+    choice(cfg, "dataset.task", list(TASKS))
     if choice(cfg, "dataset.normalize", ("unit", "standardize"), default="unit") == "standardize":
         if get(cfg, "dataset.mean") is None:
             raise DpgridError(f"dataset.normalize=standardize needs the public constants dataset.mean and "

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import torch
 
-from . import DpgridError
+from . import DpgridError, tasks
 from .plugins import call
 
 
@@ -22,7 +22,7 @@ class Data:
     y_train: torch.Tensor  # targets: class indices, or the inputs themselves for reconstruction
     x_test: torch.Tensor
     y_test: torch.Tensor
-    task: str              # "classification" (accuracy %) or "reconstruction" (MSE)
+    task: str              # a dpgrid.tasks name: "classification" (accuracy %) or "reconstruction" (MSE)
     files: dict = field(default_factory=dict)  # {name relative to data.root: path}: the data's identity
 
     @property
@@ -40,7 +40,7 @@ def load(dataset_cfg, root, device="cpu") -> Data:
     x_tr, y_tr, x_te, y_te = data.x_train, data.y_train, data.x_test, data.y_test
     check_loaded(dataset_cfg, root, x_tr, y_tr, x_te, y_te)
     x_tr, y_tr, x_te, y_te = (t.to(device) for t in (x_tr, y_tr, x_te, y_te))
-    if dataset_cfg.task == "reconstruction":
+    if tasks.get(dataset_cfg.task).targets_are_inputs:
         y_tr, y_te = x_tr, x_te  # the targets stay in [0, 1] (the autoencoder ends in a sigmoid)
     if dataset_cfg.get("normalize", "unit") == "standardize":
         # Published constants, never statistics computed here from the private training set.
@@ -59,7 +59,7 @@ def check_loaded(dataset_cfg, root, x_tr, y_tr, x_te, y_te) -> None:
             raise DpgridError(f"{where} holds no examples")
         if len(x) != len(y):
             raise DpgridError(f"{where}: {len(x)} inputs but {len(y)} labels")
-        if dataset_cfg.task == "classification" and classes is not None:
+        if tasks.get(dataset_cfg.task).has_classes and classes is not None:
             bad = ((y < 0) | (y >= int(classes))).nonzero()
             if len(bad):
                 i = int(bad[0][0])

@@ -6,6 +6,7 @@ from pathlib import Path
 
 import pandas as pd
 
+from . import tasks
 from .files import write_atomic
 from .cells import budget_note, fmt_value, private_strategies
 
@@ -32,12 +33,13 @@ def plot_metric_vs_epsilon(grids, dataset, k, metric, out_base: Path) -> list:
             ax.errorbar(g["epsilon"], g["value"], yerr=g["std"].fillna(0), marker="o", capsize=3, label=label)
     baseline = grids[~grids.private.astype(bool) & (grids.status == "ok")]
     if len(baseline):
-        best = baseline.value.min() if metric == "mse" else baseline.value.max()
+        best = baseline.value.max() if tasks.get(metric).higher_is_better else baseline.value.min()
         ax.axhline(best, color="gray", linestyle="--", label=f"{baseline.label.iloc[0]} (best): {fmt_value(best, metric)}")
     ax.margins(y=0.12)  # keep the baseline's line off the frame
     ax.set_xticks(sorted(grids[grids.private.astype(bool)].epsilon.unique()))
     ax.set_xlabel("ε")
-    ax.set_ylabel("MSE (lower is better)" if metric == "mse" else "accuracy % (higher is better)")
+    task = tasks.get(metric)
+    ax.set_ylabel(f"{task.unit} ({'higher' if task.higher_is_better else 'lower'} is better)")
     ax.set_title(f"{dataset}, k = {k}\n{budget_note(grids)}", fontsize=9)
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8)

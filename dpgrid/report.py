@@ -17,7 +17,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from . import DpgridError
+from . import DpgridError, tasks
 from .files import check_writable, read_json, read_rows, write_atomic, write_csv
 from .cells import MISSING, budget_note, fmt_hp, fmt_value, label_of, private_strategies
 from .grid import AXIS_SYMBOL
@@ -70,7 +70,7 @@ def grid_row(folder: Path) -> dict:
                               "were not made with this plan (remove the wrong file, or run the grid again)")
     axes = plan.get("axes") or [a for a in plan.get("configurations", [{}])[0] if a != "config_id"]
     metric = runs.metric.iloc[0]
-    summary = summarize(runs, axes, "reconstruction" if metric == "mse" else "classification")
+    summary = summarize(runs, axes, tasks.get(metric).name)
     row = dict(dataset=plan["dataset"], strategy=plan["strategy"], k=plan["k"], epsilon=plan["epsilon"],
                metric=metric, **privacy, n_configs=plan["n_configs"], configs_run=len(summary), path=str(folder),
                label=plan.get("label") or plan["strategy"], private=bool(plan.get("private", privacy["noise_multiplier"])),
@@ -124,7 +124,7 @@ def paper_layout(grids: pd.DataFrame, dataset: str, k: int, with_values: bool):
             for axis in axes:
                 table.loc[index, f"{label} {AXIS_SYMBOL.get(axis, axis)}"] = MISSING if reason else fmt_hp(cell[axis].iloc[0])
             if with_values:
-                name = "mse×10²" if metric == "mse" else "acc"
+                name = tasks.get(metric).table_name
                 table.loc[index, f"{label} {name}"] = MISSING if reason else fmt_value(cell.value.iloc[0], metric)
                 table.loc[index, f"{label} std"] = MISSING if reason else fmt_value(cell["std"].iloc[0], metric)
             if "per_run" in budgets:
@@ -140,7 +140,7 @@ def paper_layout(grids: pd.DataFrame, dataset: str, k: int, with_values: bool):
             f"{r.label} ε={r.epsilon:g}" for r in not_dp.itertuples()))
     nodp = grids[~grids.private.astype(bool) & (grids.status == "ok")]
     if len(nodp):
-        best = nodp.sort_values("value", ascending=metric == "mse").iloc[0]
+        best = nodp.sort_values("value", ascending=not tasks.get(metric).higher_is_better).iloc[0]
         footnotes.append(f"best {best.label}: ρ = {best.lr:.4g}, {fmt_value(best.value, metric)}")
     return table, footnotes
 

@@ -16,7 +16,7 @@ import numpy as np
 import pandas as pd
 from omegaconf import OmegaConf
 
-from . import DpgridError
+from . import DpgridError, tasks
 from .checks import warn_once
 from .files import environment, read_json, read_rows, write_atomic, write_csv, write_json
 
@@ -208,7 +208,7 @@ def summarize(runs: pd.DataFrame, axes: list, task: str) -> pd.DataFrame:
                          std=values.std(ddof=0) if len(values) else math.nan,
                          n_seeds=len(g), n_diverged=int(g.diverged.astype(bool).sum())))
     summary = pd.DataFrame(rows)
-    sign = -1.0 if task == "classification" else 1.0
+    sign = -1.0 if tasks.get(task).higher_is_better else 1.0
     candidates = summary[summary["mean"].notna()]
     summary["best"] = False
     if len(candidates):

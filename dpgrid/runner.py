@@ -15,7 +15,7 @@ import pandas as pd
 import torch
 from tqdm.auto import tqdm
 
-from . import DpgridError, data as data_mod, grid, strategies
+from . import DpgridError, data as data_mod, grid, strategies, tasks
 from .checks import check_config, check_size
 from .files import check_writable, environment, locked, write_csv
 from .models import build_model, count_parameters
@@ -25,8 +25,6 @@ from .privacy import make_plan
 from .randomness import SecureRandom
 from .results import append_curves, claim, commit_run, config_hash, finished_runs, summarize, write_header
 from .train import train_run
-
-METRIC = {"classification": "accuracy", "reconstruction": "mse"}
 
 
 def derive_seed(*parts) -> int:
@@ -109,7 +107,7 @@ def run_one(cfg, plan, strategy_cls, data, config: dict, seed: int, progress: bo
 
 
 def run_row(cfg, plan, strategy_cls, config, seed, result) -> dict:
-    row = dict(dataset=plan.dataset, strategy=plan.strategy, metric=METRIC[cfg.dataset.task],
+    row = dict(dataset=plan.dataset, strategy=plan.strategy, metric=tasks.get(cfg.dataset.task).metric,
                epsilon=plan.epsilon, delta=plan.delta, k=plan.k, config_id=config["config_id"])
     row.update({k: v for k, v in config.items() if k != "config_id"})
     row.update(seed=seed, noise_multiplier=plan.noise_multiplier, **plan.per_query,
@@ -172,6 +170,6 @@ def describe_best(summary: pd.DataFrame, task: str) -> str:
         return "no configuration converged: every run diverged"
     b = summary[summary.best].iloc[0]
     hps = ", ".join(f"{a}={b[a]:.4g}" for a in summary.columns if a in grid.ID_PREFIX)
-    unit = "accuracy %" if task == "classification" else "MSE"
+    unit = tasks.get(task).unit
     return (f"best configuration {b.config_id} ({hps}): {unit} {b['mean']:.4g} ± {b['std']:.2g} "
             f"over {b.n_seeds - b.n_diverged} seed(s)")

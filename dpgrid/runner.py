@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pandas as pd
 import torch
+from omegaconf import OmegaConf
 from tqdm.auto import tqdm
 
 from . import DpgridError, data as data_mod, grid, strategies, tasks
@@ -61,8 +62,19 @@ def validate(cfg, n_train: int):
     return strategy_cls, model
 
 
+_planned = {}  # (resolved config, N) -> plan_grid's answer: `dpgrid run` checks before Hydra, then runs
+
+
 def plan_grid(cfg, n_train: int):
-    """The validated grid: (strategy class, plan, selected configurations). Raises DpgridError."""
+    """The validated grid: (strategy class, plan, selected configurations). Raises DpgridError.
+    Planned once per config and N in a process (calibrating the noise is the slow part)."""
+    key = (OmegaConf.to_yaml(OmegaConf.masked_copy(cfg, [k for k in cfg if k != "hydra"]), resolve=True), n_train)
+    if key not in _planned:
+        _planned[key] = plan_uncached(cfg, n_train)
+    return _planned[key]
+
+
+def plan_uncached(cfg, n_train: int):
     strategy_cls, model = validate(cfg, n_train)
     configs = grid.configurations(cfg.strategy, cfg.grid)
     selected = grid.select(configs, cfg.grid.only)

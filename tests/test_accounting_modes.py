@@ -32,6 +32,7 @@ def test_per_run_and_per_grid_differ_exactly_by_the_k_fold_composition():
     assert grid.epsilon_per_run == pytest.approx(epsilon_of("rdp", Q, grid.noise_multiplier, T, 1e-5))
 
 
+@pytest.mark.slow  # PLD calibrations take seconds each
 @pytest.mark.parametrize("accountant, expected_nu", [("pld", 1.285), ("prv", None)])
 def test_tighter_accountants_reach_the_target_under_dp_accounting(accountant, expected_nu):
     p = plan("online", **{"privacy.accountant": accountant})  # K = 7
@@ -74,17 +75,19 @@ def test_invalid_modes_are_refused(key, value, message):
         plan(**{key: value})
 
 
+@pytest.mark.slow  # PLD calibrations take seconds each
 def test_plan_compare_agrees_with_the_plan_it_compares(capsys):
     """`dpgrid plan --compare`: the rdp per_grid column is the plan's own nu, per_run is K = 1, and the
     tighter accountants need less noise in both columns."""
     from dpgrid.cli import print_comparison
 
-    cfg = load_cfg("mnist", "fixed_threshold", **{"grid.k": 7})
-    p = plan()
+    cfg = load_cfg("digits", "online", **{"grid.k": 2, "train.epochs": 2})
+    p = plan_grid(cfg, 1437)[1]  # K = 2, T = 23: the PLD and PRV calibrations stay quick
     print_comparison(cfg, p)
     rows = {line.split()[0]: [float(v) for v in line.split()[1:]] for line in capsys.readouterr().out.splitlines()[1:]}
     assert set(rows) == {"rdp", "pld", "prv"}
     assert rows["rdp"][0] == pytest.approx(p.noise_multiplier, abs=1e-4)
-    assert rows["rdp"][1] == pytest.approx(calibrate(3, Q, T, 1e-5), abs=1e-4)
+    assert rows["rdp"][1] == pytest.approx(calibrate(3, p.sample_rate, p.steps, 1e-5), abs=1e-4)
+    assert rows["rdp"][1] < rows["rdp"][0]  # one run needs less noise than the grid
     for tighter in ("pld", "prv"):
         assert rows[tighter][0] < rows["rdp"][0] and rows[tighter][1] < rows["rdp"][1]

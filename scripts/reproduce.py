@@ -12,7 +12,6 @@ Extra arguments after `--` go to every `dpgrid run` (e.g. train.momentum=0.9, tr
 """
 
 import argparse
-import math
 import shlex
 import subprocess
 import sys

@@ -13,7 +13,7 @@ from dpgrid import DpgridError
 from dpgrid.data import load
 from dpgrid.datasets import embed, tokenize
 
-from .conftest import SHARED_DATA
+
 
 
 def write_idx(path, array, magic):

@@ -7,7 +7,6 @@ import sys
 import pandas as pd
 import pytest
 import torch
-from omegaconf import OmegaConf
 
 from dpgrid.data import load
 from dpgrid.train import batches

@@ -5,7 +5,7 @@ from dp_accounting import dp_event
 from dp_accounting.pld import pld_privacy_accountant
 from dp_accounting.rdp import rdp_privacy_accountant
 
-from dpgrid import DpgridError, strategies
+from dpgrid import DpgridError
 from dpgrid.grid import configurations
 from dpgrid.privacy import calibrate, make_plan, rdp_epsilon
 

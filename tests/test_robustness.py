@@ -12,7 +12,6 @@ from dp_accounting import dp_event
 from dp_accounting.pld import pld_privacy_accountant
 from dp_accounting.rdp import rdp_privacy_accountant
 
-from dpgrid import strategies
 from dpgrid.grid import configurations
 from dpgrid.privacy import make_plan
 

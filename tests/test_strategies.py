@@ -6,7 +6,6 @@ import pytest
 import torch
 from omegaconf import OmegaConf
 
-from dpgrid import strategies
 from dpgrid.persample import PerSampleGrads, empty_batch
 
 from .conftest import strategy_class

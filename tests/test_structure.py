@@ -1,8 +1,6 @@
 """The shape the code keeps: one list (the config groups), short modules, imports that flow one way."""
 
 import ast
-import io
-import re
 import tokenize
 
 from omegaconf import OmegaConf

@@ -233,3 +233,15 @@ def test_a_full_disk_during_tables_is_one_line_and_leaves_no_empty_file(tree):
     assert r.returncode == 1 and r.stderr.count("\n") == 1 and "no space left on the device" in r.stderr, r.stderr
     assert all(p.stat().st_size > 0 for p in (tree / "tables").rglob("*") if p.is_file())
     assert not list((tree / "tables").rglob(".*.tmp"))
+
+
+def test_a_read_only_tree_is_refused_before_any_table_is_written(tree, monkeypatch):
+    import os
+
+    from dpgrid import EnvironmentFault
+
+    real = os.access
+    monkeypatch.setattr(os, "access", lambda p, m, **k: False if str(p).startswith(str(tree)) else real(p, m, **k))
+    with pytest.raises(EnvironmentFault, match=r"cannot write .*tables: .* is not writable; choose a writable"):
+        write(tree)
+    assert not (tree / "tables").exists()

@@ -11,16 +11,20 @@ Every function raises DpgridError (a ValueError) on bad input, never SystemExit,
 where asked (run_grid's out_dir, tables' results_dir/tables).
 """
 
+from __future__ import annotations
+
 import difflib
 import re
 import shlex
 from dataclasses import dataclass
 from pathlib import Path
-
-import pandas as pd
+from typing import TYPE_CHECKING
 
 from . import DpgridError
 from .checks import wrong_type
+
+if TYPE_CHECKING:  # pandas is imported when a grid is run: `dpgrid` refuses bad input before that
+    import pandas as pd
 
 
 def config_dir() -> str:
@@ -143,13 +147,15 @@ class GridResult:
     summary: pd.DataFrame
 
     @property
-    def best(self) -> pd.Series:
+    def best(self):
         return self.summary[self.summary.best].iloc[0]
 
 
 def run_grid(cfg, out_dir, progress: bool = True) -> GridResult:
     """Train the grid into out_dir (resuming what is there), as `dpgrid run` does."""
     import json
+
+    import pandas as pd
 
     from .runner import run_grid as run
 

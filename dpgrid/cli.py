@@ -87,41 +87,24 @@ def remove_created(out: Path, outermost: Path | None) -> None:
             break
 
 
-def compose(overrides: list, with_hydra: bool = False):
-    """api.compose, its DpgridError as one line and exit code 2."""
-    from . import DpgridError
-    from .api import compose as api_compose
-
-    try:
-        return api_compose(overrides, with_hydra)
-    except DpgridError as e:
-        fail(e)
-
-
-def early_checks(cfg) -> None:
-    """The checks that import nothing heavy (no torch): a bad value is refused within a second. Warnings
-    wait for the real checks, which know the loaded data's N."""
-    from . import DpgridError
+def compose_checked(overrides: list, with_hydra: bool = False):
+    """The composed config after the checks that import nothing heavy (no torch): a bad value is refused
+    within a second. Warnings wait for the real checks, which know the loaded data's N."""
+    from .api import compose
     from .checks import check_config
 
-    try:
-        check_config(cfg, warn=False)
-    except DpgridError as e:
-        fail(e)
+    cfg = compose(overrides, with_hydra)
+    check_config(cfg, warn=False)
+    return cfg
 
 
 def plan_command(args: list) -> None:
     as_json, compare = "--json" in args, "--compare" in args
-    cfg = compose([a for a in args if a not in ("--json", "--compare")])
-    early_checks(cfg)
-    from . import DpgridError
+    cfg = compose_checked([a for a in args if a not in ("--json", "--compare")])
     from .runner import config_n_train, plan_grid
 
     start = time.perf_counter()
-    try:
-        _, plan, _ = plan_grid(cfg, config_n_train(cfg))
-    except DpgridError as e:
-        fail(e)
+    _, plan, _ = plan_grid(cfg, config_n_train(cfg))
     seconds = time.perf_counter() - start
     if as_json:
         print(json.dumps(plan.to_dict(), indent=2))
@@ -165,26 +148,21 @@ def print_comparison(cfg, plan) -> None:
 
 def run_command(args: list) -> None:
     outermost = None
-    if not ({"-m", "--multirun"} & set(args)):
-        # Refuse bad names, syntax and values before Hydra creates the run directory.
-        cfg = compose([a for a in args if not a.startswith("-")], with_hydra=True)
-        early_checks(cfg)
+    single = not ({"-m", "--multirun"} & set(args))
+    if single:  # refuse bad names, syntax and values before Hydra creates the run directory
+        cfg = compose_checked([a for a in args if not a.startswith("-")], with_hydra=True)
     import hydra
     from hydra.core.hydra_config import HydraConfig
 
     from . import DpgridError
     from .runner import check_run, describe_best, run_grid
 
-    if not ({"-m", "--multirun"} & set(args)):
-        try:
-            check_run(cfg, cfg.hydra.run.dir)
-        except DpgridError as e:
-            fail(e)
-        outermost = outermost_missing(Path(cfg.hydra.run.dir).resolve())
-
     from .config import register
 
-    register()
+    register()  # the schema and resolvers Hydra's own composition needs (a multirun composes only there)
+    if single:
+        check_run(cfg, cfg.hydra.run.dir)
+        outermost = outermost_missing(Path(cfg.hydra.run.dir).resolve())
 
     @hydra.main(version_base="1.3", config_path=config_dir(), config_name="config")
     def task(cfg) -> None:
@@ -207,7 +185,6 @@ def run_command(args: list) -> None:
 
 
 def tables_command(args: list) -> None:
-    from . import DpgridError
     from .report import write_tables
 
     mix = "--mix-budgets" in args
@@ -217,11 +194,8 @@ def tables_command(args: list) -> None:
     results = Path(args[0] if args else "outputs")
     if not results.is_dir():
         fail(f"no results directory {results}; run a grid first (dpgrid run) or name the directory")
-    try:
-        written = write_tables(results, mix_budgets=mix, report=lambda line: print(f"dpgrid: warning: {line}",
-                                                                                   file=sys.stderr))
-    except DpgridError as e:
-        fail(e)
+    written = write_tables(results, mix_budgets=mix, report=lambda line: print(f"dpgrid: warning: {line}",
+                                                                               file=sys.stderr))
     print(f"wrote {len(written)} files to {results / 'tables'}")
 
 
@@ -237,14 +211,15 @@ def main(argv=None) -> None:
         return
     command, args = argv[0], argv[1:]
     signal.signal(signal.SIGTERM, on_sigterm)
-    if command == "run":
-        run_command(args)
-    elif command == "plan":
-        plan_command(args)
-    elif command == "tables":
-        tables_command(args)
-    else:
-        fail(f"unknown command {command!r}; valid: run, plan, tables")
+    commands = {"run": run_command, "plan": plan_command, "tables": tables_command}
+    if command not in commands:
+        fail(f"unknown command {command!r}; valid: {', '.join(commands)}")
+    from . import DpgridError
+
+    try:
+        commands[command](args)
+    except DpgridError as e:  # every refusal, wherever it is raised: one line, its exit code
+        fail(e)
 
 
 if __name__ == "__main__":

@@ -93,8 +93,9 @@ def damage(path: Path, error=None) -> str:
 
 
 def read_rows(path, repair: str) -> tuple:
-    """(header, rows) of a CSV file, every row as long as the header; DpgridError naming the file and
-    the first bad line otherwise (a torn last line included)."""
+    """(header, rows, DataFrame) of a CSV file read once, every row as long as the header; DpgridError
+    naming the file and the first bad line otherwise (a torn last line included). The raw rows are for
+    checks the parsed frame would hide (a non-number in a numeric column, say)."""
     path = Path(path)
     try:
         text = path.read_text()
@@ -113,7 +114,9 @@ def read_rows(path, repair: str) -> tuple:
                               f"{len(header)} (a torn or edited line); {repair}")
     if not text.endswith("\n"):
         raise DpgridError(f"damaged file {path}, line {len(lines)}: the last line is not terminated (torn); {repair}")
-    return header, rows
+    import pandas as pd
+
+    return header, rows, pd.read_csv(io.StringIO(text), dtype={"config_id": str})
 
 
 def check_writable(folder) -> None:

@@ -5,7 +5,7 @@
   Tables 8-13 otherwise: hyperparameters and mean ± std), rows = epsilon, a column block per strategy.
 - <dataset>_k<k>_vs_paper.{csv,md}: each cell next to the paper's, the difference, and whether it lies
   within the combined std (sqrt(std_ours^2 + std_paper^2)).
-- figures/<dataset>_k<k>.{png,pdf}: metric against epsilon per strategy (std error bars, best nodp as a
+- figures/<dataset>_k<k>.{png,pdf}: metric against epsilon per strategy (std error bars, best non-private baseline as a
   line); figures/curves/<grid>.png: the best configuration's validation curve with C_t and rho_t.
 Missing cells are "–" with the reason in a footnote, never zero.
 """
@@ -18,7 +18,7 @@ import numpy as np
 import pandas as pd
 
 from . import DpgridError, tasks
-from .files import check_writable, read_json, read_rows, write_atomic, write_csv
+from .files import check_writable, environment, read_json, read_rows, write_atomic, write_csv
 from .cells import MISSING, budget_note, fmt_hp, fmt_value, label_of, private_strategies
 from .grid import AXIS_SYMBOL
 from .privacy import NOT_DP_SAMPLING
@@ -54,8 +54,7 @@ def grid_row(folder: Path) -> dict:
     """One grid's best configuration, with the privacy figures its runs record (checked against plan.json)."""
     repair = "run the grid's command again to rewrite it (its results are kept)"
     plan = read_json(folder / "plan.json", repair)
-    read_rows(folder / "runs.csv", "fix or delete that line, then run the grid's command again")
-    runs = pd.read_csv(folder / "runs.csv", dtype={"config_id": str})
+    _, _, runs = read_rows(folder / "runs.csv", "fix or delete that line, then run the grid's command again")
     if not len(runs):
         raise DpgridError(f"{folder / 'runs.csv'} holds no finished run yet")
     privacy = {}
@@ -138,9 +137,9 @@ def paper_layout(grids: pd.DataFrame, dataset: str, k: int, with_values: bool):
     if len(not_dp):
         footnotes.append("not shown, no DP guarantee (train.sampling=shuffle): " + ", ".join(
             f"{r.label} ε={r.epsilon:g}" for r in not_dp.itertuples()))
-    nodp = grids[~grids.private.astype(bool) & (grids.status == "ok")]
-    if len(nodp):
-        best = nodp.sort_values("value", ascending=not tasks.get(metric).higher_is_better).iloc[0]
+    baseline = grids[~grids.private.astype(bool) & (grids.status == "ok")]
+    if len(baseline):
+        best = baseline.sort_values("value", ascending=not tasks.get(metric).higher_is_better).iloc[0]
         footnotes.append(f"best {best.label}: ρ = {best.lr:.4g}, {fmt_value(best.value, metric)}")
     return table, footnotes
 
@@ -230,17 +229,18 @@ def write_tables(results_dir, figures: bool = True, mix_budgets: bool = False, r
     if mixed and not mix_budgets:
         raise DpgridError(f"{', '.join(mixed)}: per-grid and per-run grids would share a table, whose ε then means two "
                           "things; tabulate them apart (one results directory each) or pass --mix-budgets")
-    out = results_dir / "tables"
-    check_writable(out)
-    (out / "figures" / "curves").mkdir(parents=True, exist_ok=True) if figures else out.mkdir(exist_ok=True)
-    written = [out / "results.csv"]
-    write_csv(written[0], grids)
-    paper = paper_results()
     try:
         import matplotlib  # noqa: F401
     except ImportError:
         figures = False
         report("matplotlib is not installed (pip install 'dpgrid[plots]'): tables only, no figures")
+    out = results_dir / "tables"
+    check_writable(out)
+    with environment(out):  # no figures folder without figures
+        (out / "figures" / "curves").mkdir(parents=True, exist_ok=True) if figures else out.mkdir(exist_ok=True)
+    written = [out / "results.csv"]
+    write_csv(written[0], grids)
+    paper = paper_results()
     for (dataset, k), g in grids.groupby(["dataset", "k"]):
         written += write_one_table(g, dataset, k, out, paper, figures)
     return written

@@ -6,7 +6,6 @@ are dropped. Damage is named in one line, with whether the same command repairs 
 """
 
 import hashlib
-import io
 import json
 import math
 import os
@@ -106,7 +105,7 @@ def runs_disagree(runs_path: Path, plan) -> str:
 def read_runs(path: Path, plan) -> pd.DataFrame:
     """runs.csv, checked row by row: whole lines, numbers where numbers belong, configurations of this
     grid, no (configuration, seed) twice. DpgridError naming the file and the line otherwise."""
-    header, rows = read_rows(path, RERUN)
+    header, rows, frame = read_rows(path, RERUN)
     ids = {c["config_id"] for c in plan.configurations}
     seen = {}
     for line, row in enumerate(rows, start=2):
@@ -131,7 +130,7 @@ def read_runs(path: Path, plan) -> pd.DataFrame:
             raise DpgridError(f"{path}, lines {seen[key]} and {line}: configuration {key[0]} seed {key[1]} twice; "
                               f"delete one of them (the same command keeps the other)")
         seen[key] = line
-    return pd.read_csv(io.StringIO(path.read_text()), dtype={"config_id": str}) if rows else pd.DataFrame(columns=header)
+    return frame
 
 
 def finished_runs(out: Path, plan) -> set:
@@ -147,20 +146,25 @@ def finished_runs(out: Path, plan) -> set:
             curves_path.unlink(missing_ok=True)
         return set()
     runs = read_runs(runs_path, plan)
-    done = set(zip(runs.config_id, runs.seed.astype(int)))
+    run_keys = run_ids(runs)
+    done = set(run_keys)
     curves = read_curves(curves_path)
-    keep = curves.loc[np.array([(c, s) in done for c, s in zip(curves.config_id, curves.seed)], dtype=bool)]
-    last = keep.groupby(["config_id", "seed"]).step.max()
-    complete = {(c, s) for c, s, diverged in zip(runs.config_id, runs.seed.astype(int), runs.diverged.astype(str))
-                if (c, s) in last.index and (diverged == "True" or last[(c, s)] == plan.steps)}
+    curve_keys = run_ids(curves)
+    last = curves.loc[np.array([k in done for k in curve_keys], dtype=bool)].groupby(["config_id", "seed"]).step.max()
+    complete = {k for k, diverged in zip(run_keys, runs.diverged.astype(str))
+                if k in last.index and (diverged == "True" or last[k] == plan.steps)}
     if complete != done:
         warn_once(f"{curves_path} lacks the curves of {len(done - complete)} committed run(s): they are trained again")
-        mask = np.array([(c, s) in complete for c, s in zip(runs.config_id, runs.seed.astype(int))], dtype=bool)
-        write_csv(runs_path, runs.loc[mask])
-    keep = keep.loc[np.array([(c, s) in complete for c, s in zip(keep.config_id, keep.seed)], dtype=bool)]
+        write_csv(runs_path, runs.loc[np.array([k in complete for k in run_keys], dtype=bool)])
+    keep = curves.loc[np.array([k in complete for k in curve_keys], dtype=bool)]
     if len(keep) != len(curves) or not curves_path.exists():
         write_csv(curves_path, keep)
     return complete
+
+
+def run_ids(frame: pd.DataFrame) -> list:
+    """(config_id, seed) of every row."""
+    return list(zip(frame.config_id, frame.seed.astype(int)))
 
 
 def read_curves(path: Path) -> pd.DataFrame:

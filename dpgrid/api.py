@@ -48,7 +48,7 @@ def compose(overrides=(), with_hydra: bool = False):
     register()
     overrides = list(overrides)
     try:
-        with initialize_config_dir(version_base="1.3", config_dir=config_dir()):
+        with initialize_config_dir(version_base="1.3", config_dir=config_dir(), job_name="dpgrid"):
             return hydra_compose("config", overrides=overrides, return_hydra_config=with_hydra)
     except OverrideParseException:
         raise DpgridError(unparsable(overrides)) from None
@@ -59,6 +59,27 @@ def compose(overrides=(), with_hydra: bool = False):
                 raise DpgridError(readable(f"Could not override '{cause.full_key}'", overrides)) from None
             raise DpgridError(wrong_type(cause)) from None  # a value of the wrong type
         raise DpgridError(readable(str(e), overrides)) from None
+
+
+def launch(cfg, task):
+    """`task(cfg)` run as Hydra runs one job (run directory, .hydra/, cli.log, callbacks), on a config that
+    `compose(..., with_hydra=True)` made: `dpgrid run` composes its config once."""
+    from hydra import initialize_config_dir
+    from hydra._internal.callbacks import Callbacks  # what Hydra.run uses; hydra-core is pinned to 1.3.x
+    from hydra.core.global_hydra import GlobalHydra
+    from hydra.core.utils import run_job
+    from hydra.types import HydraContext, RunMode
+    from omegaconf import open_dict
+
+    with open_dict(cfg):
+        cfg.hydra.mode = RunMode.RUN
+    with initialize_config_dir(version_base="1.3", config_dir=config_dir(), job_name="dpgrid"):
+        callbacks = Callbacks(cfg)
+        callbacks.on_run_start(config=cfg, config_name="config")
+        context = HydraContext(config_loader=GlobalHydra.instance().config_loader(), callbacks=callbacks)
+        job = run_job(task, cfg, job_dir_key="hydra.run.dir", job_subdir_key=None, hydra_context=context)
+        callbacks.on_run_end(config=cfg, config_name="config", job_return=job)
+    return job.return_value  # raises what the task raised
 
 
 def readable(message: str, overrides: list) -> str:

@@ -147,25 +147,33 @@ def print_comparison(cfg, plan) -> None:
 
 
 def run_command(args: list) -> None:
-    outermost = None
-    single = not ({"-m", "--multirun"} & set(args))
-    if single:  # refuse bad names, syntax and values before Hydra creates the run directory
-        cfg = compose_checked([a for a in args if not a.startswith("-")], with_hydra=True)
+    """One grid: the config is composed once, checked before any directory exists, and run as Hydra runs
+    a job. A sweep (-m) is Hydra's own, so that launchers work."""
     import hydra
-    from hydra.core.hydra_config import HydraConfig
 
-    from . import DpgridError
-    from .runner import check_run, describe_best, run_grid
-
+    from .api import launch
     from .config import register
 
-    register()  # the schema and resolvers Hydra's own composition needs (a multirun composes only there)
-    if single:
-        check_run(cfg, cfg.hydra.run.dir)
-        outermost = outermost_missing(Path(cfg.hydra.run.dir).resolve())
+    if {"-m", "--multirun"} & set(args):
+        register()  # the schema and resolvers Hydra's own composition needs
+        sys.argv = ["dpgrid run", *args]
+        hydra.main(version_base="1.3", config_path=config_dir(), config_name="config")(grid_job(None))()
+        return
+    cfg = compose_checked(args, with_hydra=True)  # bad names, syntax and values refused here
+    from .runner import check_run
 
-    @hydra.main(version_base="1.3", config_path=config_dir(), config_name="config")
+    check_run(cfg, cfg.hydra.run.dir)
+    launch(cfg, grid_job(outermost_missing(Path(cfg.hydra.run.dir).resolve())))
+
+
+def grid_job(outermost: Path | None):
+    """Hydra's task: train the grid into the job's output directory and say where the results are."""
     def task(cfg) -> None:
+        from hydra.core.hydra_config import HydraConfig
+
+        from . import DpgridError
+        from .runner import describe_best, run_grid
+
         out = HydraConfig.get().runtime.output_dir
         existed = {p.name for p in Path(out).iterdir()} - {".hydra", "cli.log", ".lock"}
         try:
@@ -179,9 +187,7 @@ def run_command(args: list) -> None:
             fail(f"{name}: the grid in {out} is incomplete; the same command resumes it", 143 if name == "SIGTERM" else 130)
         print(describe_best(summary, cfg.dataset.task))
         print(f"results: {out}")
-
-    sys.argv = ["dpgrid run", *args]
-    task()
+    return task
 
 
 def tables_command(args: list) -> None:

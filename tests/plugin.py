@@ -1,9 +1,6 @@
 """Running dpgrid with the examples/ plugin package on the search path, as a user would."""
 
-import os
-import subprocess
-import sys
-
+from .command import dpgrid as run_dpgrid
 from .conftest import ROOT
 
 EXAMPLES = ROOT / "examples"
@@ -11,6 +8,5 @@ SEARCHPATH = f"hydra.searchpath=[file://{EXAMPLES / 'dpgrid_example' / 'conf'}]"
 
 
 def dpgrid(*args, cwd=None):
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(EXAMPLES), os.environ.get("PYTHONPATH", "")])}
-    return subprocess.run([sys.executable, "-m", "dpgrid.cli", *args], capture_output=True, text=True, env=env,
-                          cwd=cwd, timeout=600)
+    """`dpgrid *args` with the example package importable, as `pip install examples/` would make it."""
+    return run_dpgrid(*args, cwd=cwd, path=[EXAMPLES])

@@ -1,4 +1,5 @@
-"""`dpgrid` as a user runs it: real subprocesses on the embedded digits set."""
+"""`dpgrid` as a user runs it on the embedded digits set: a grid and a sweep in real processes, the rest
+through the command line's own main() in this process (tests/command.py)."""
 
 import json
 import math
@@ -10,19 +11,21 @@ import pytest
 
 from dpgrid.privacy import calibrate
 
-pytestmark = pytest.mark.slow  # every test here starts dpgrid processes
+from .command import dpgrid
+
+pytestmark = pytest.mark.slow  # every test here trains grids or starts processes
 
 SMALL = ["grid.k=2", "train.epochs=2", "train.seeds=2", "train.eval_every=5"]
 
 
-def dpgrid(*args, cwd=None):
+def process(*args, cwd=None):
     return subprocess.run([sys.executable, "-m", "dpgrid.cli", *args], capture_output=True, text=True, cwd=cwd,
                           timeout=600)
 
 
 def test_run_writes_plan_and_three_csvs(tmp_path):
     out = tmp_path / "grid"
-    r = dpgrid("run", "strategy=fixed_threshold", *SMALL, f"hydra.run.dir={out}")
+    r = process("run", "strategy=fixed_threshold", *SMALL, f"hydra.run.dir={out}")
     assert r.returncode == 0, r.stderr
     assert "best configuration" in r.stdout
     plan = json.loads((out / "plan.json").read_text())
@@ -78,7 +81,7 @@ def test_grid_only_runs_a_subset_with_the_whole_grids_noise(tmp_path):
 
 
 def test_multirun_sweeps_into_the_deterministic_tree(tmp_path):
-    r = dpgrid("run", "-m", "strategy=online,nodp", *SMALL, "train.seeds=1", f"hydra.sweep.dir={tmp_path}")
+    r = process("run", "-m", "strategy=online,nodp", *SMALL, "train.seeds=1", f"hydra.sweep.dir={tmp_path}")
     assert r.returncode == 0, r.stderr
     for strategy in ("online", "nodp"):
         assert len(pd.read_csv(tmp_path / "digits" / strategy / ("eps3" if strategy != "nodp" else "nonprivate") / "k2" / "runs.csv")) == 2

@@ -2,6 +2,7 @@
 one line with its exit code, and once the fault is gone the same command ends with the CSVs of an
 undisturbed grid (issues: every failure is one line; privacy in every mode, point 9)."""
 
+import errno
 import os
 import signal
 import subprocess
@@ -11,30 +12,29 @@ import time
 import pandas as pd
 import pytest
 
-pytestmark = pytest.mark.slow  # every test here starts dpgrid processes
+from .command import dpgrid as run_dpgrid
+
+pytestmark = pytest.mark.slow  # every test here trains grids, several times over
 COMMAND = [sys.executable, "-m", "dpgrid.cli", "run"]
 GRID = ["strategy=fixed_threshold", "grid.k=2", "train.seeds=2", "train.epochs=1", "train.eval_every=4"]
-# fsync is called once by every file dpgrid writes: config.yaml, plan.json, then per run curves and runs
-FAULTY = """
-import errno, os, sys
-calls, real = [0], os.fsync
-def fsync(fd):
-    calls[0] += 1
-    if calls[0] == int(os.environ["FAIL_AT"]):
-        raise OSError(errno.{errno}, os.strerror(errno.{errno}))
-    return real(fd)
-os.fsync = fsync
-from dpgrid.cli import main
-main(sys.argv[1:])
-"""
 
 
-def dpgrid(*args, fail_at=None, error="ENOSPC", cwd=None, timeout=300):
-    if fail_at is None:
-        return subprocess.run([*COMMAND[:3], *args], capture_output=True, text=True, cwd=cwd, timeout=timeout)
-    env = {**os.environ, "FAIL_AT": str(fail_at)}
-    return subprocess.run([sys.executable, "-c", FAULTY.format(errno=error), *args], capture_output=True, text=True,
-                          env=env, cwd=cwd, timeout=timeout)
+def dpgrid(*args, fail_at=None, error="ENOSPC"):
+    """`dpgrid *args`, its `fail_at`-th fsync failing with `error`: fsync is called once by every file dpgrid
+    writes (config.yaml, plan.json, then per run curves and runs, then summary.csv)."""
+    calls, real = [0], os.fsync
+
+    def fsync(fd):
+        calls[0] += 1
+        if calls[0] == fail_at:
+            raise OSError(getattr(errno, error), os.strerror(getattr(errno, error)))
+        return real(fd)
+
+    os.fsync = fsync
+    try:
+        return run_dpgrid(*args)
+    finally:
+        os.fsync = real
 
 
 def progress(line: str) -> bool:
@@ -82,7 +82,7 @@ def test_a_full_disk_at_any_write_is_one_line_and_the_same_command_resumes(fail_
     assert_same(out, reference)
 
 
-def test_blocked_run_directories_are_refused_before_anything_is_written(tmp_path):
+def test_blocked_run_directories_are_refused_before_anything_is_written(tmp_path, monkeypatch):
     afile = tmp_path / "afile"
     afile.write_text("x")
     for run_dir, message in ((afile, "is a file, not a folder"), (afile / "below", "is a file, not a folder")):
@@ -92,12 +92,10 @@ def test_blocked_run_directories_are_refused_before_anything_is_written(tmp_path
     readonly.mkdir()
     readonly.chmod(0o555)
     if os.geteuid() == 0:  # root writes anywhere: simulate the read-only folder where the check looks
-        probe = ("import os, sys; real = os.access; os.access = lambda p, m, **k: False if str(p).startswith("
-                 f"{str(readonly)!r}) else real(p, m, **k); from dpgrid.cli import main; main(sys.argv[1:])")
-        r = subprocess.run([sys.executable, "-c", probe, "run", *GRID, f"hydra.run.dir={readonly / 'grid'}"],
-                           capture_output=True, text=True)
-    else:
-        r = dpgrid("run", *GRID, f"hydra.run.dir={readonly / 'grid'}")
+        real = os.access
+        monkeypatch.setattr(os, "access", lambda p, m, **k: False if str(p).startswith(str(readonly))
+                            else real(p, m, **k))
+    r = dpgrid("run", *GRID, f"hydra.run.dir={readonly / 'grid'}")
     assert r.returncode == 1 and len(errors(r)) == 1 and "is not writable" in r.stderr, r.stderr
     assert list(readonly.iterdir()) == []
 

@@ -1,8 +1,6 @@
 """The protocol knobs the paper leaves open: each changes what it says and is recorded in the outputs."""
 
 import json
-import subprocess
-import sys
 
 import pandas as pd
 import pytest
@@ -11,10 +9,10 @@ import torch
 from dpgrid.data import load
 from dpgrid.train import batches
 
+from .command import dpgrid
 from .test_data import idx_cfg, make_idx_root
 
-COMMAND = [sys.executable, "-m", "dpgrid.cli", "run", "grid.k=2", "train.seeds=1", "train.epochs=2",
-           "train.eval_every=5", "strategy=fixed_threshold"]
+SMALL = ["grid.k=2", "train.seeds=1", "train.epochs=2", "train.eval_every=5", "strategy=fixed_threshold"]
 
 
 def test_shuffle_gives_fixed_size_batches_covering_each_pass():
@@ -45,7 +43,7 @@ def test_knobs_are_recorded_and_change_the_runs(tmp_path):
     for name, extra in [("base", []), ("momentum", ["train.momentum=0.9"]), ("shuffle", ["train.sampling=shuffle"]),
                         ("delta", ["privacy.delta=1e-6"])]:
         out = tmp_path / name
-        r = subprocess.run([*COMMAND, *extra, f"hydra.run.dir={out}"], capture_output=True, text=True)
+        r = dpgrid("run", *SMALL, *extra, f"hydra.run.dir={out}")
         assert r.returncode == 0, r.stderr
         outs[name] = (pd.read_csv(out / "runs.csv"), json.loads((out / "plan.json").read_text()), r.stderr)
     base, momentum, shuffle, delta = (outs[n] for n in ("base", "momentum", "shuffle", "delta"))
@@ -63,5 +61,5 @@ def test_knobs_are_recorded_and_change_the_runs(tmp_path):
 
 @pytest.mark.slow
 def test_standardize_is_refused_without_constants(tmp_path):
-    r = subprocess.run([*COMMAND, "dataset.normalize=standardize"], capture_output=True, text=True, cwd=tmp_path)
+    r = dpgrid("run", *SMALL, "dataset.normalize=standardize", cwd=tmp_path)
     assert r.returncode == 2 and "needs the public constants" in r.stderr

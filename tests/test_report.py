@@ -1,14 +1,14 @@
 """`dpgrid tables` on a synthetic results tree whose values are known."""
 
 import json
-import subprocess
-import sys
 
 import pandas as pd
 import pytest
 
 from dpgrid import DpgridError
 from dpgrid.report import paper_results, write_tables
+
+from .command import dpgrid
 
 
 LABELS = {"online": "Online", "fixed_threshold": "Fixed Threshold", "nodp": "NoDP"}  # as plan.json records them
@@ -145,10 +145,9 @@ def test_paper_reference_data_matches_the_paper_file():
 
 @pytest.mark.slow
 def test_tables_command(tree):
-    r = subprocess.run([sys.executable, "-m", "dpgrid.cli", "tables", str(tree)], capture_output=True, text=True)
+    r = dpgrid("tables", tree)
     assert r.returncode == 0 and "wrote" in r.stdout
-    r = subprocess.run([sys.executable, "-m", "dpgrid.cli", "tables", str(tree / "nope")], capture_output=True,
-                       text=True)
+    r = dpgrid("tables", tree / "nope")
     assert r.returncode == 2 and "no results directory" in r.stderr
 
 
@@ -218,18 +217,25 @@ def test_no_readable_grid_is_an_error(tmp_path):
     (tmp_path / "empty").mkdir()
     with pytest.raises(DpgridError, match="no readable grid under"):
         write(tmp_path / "empty")
-    r = subprocess.run([sys.executable, "-m", "dpgrid.cli", "tables", str(tmp_path / "empty")], capture_output=True,
-                       text=True)
+    r = dpgrid("tables", tmp_path / "empty")
     assert r.returncode == 2 and r.stderr.count("\n") == 1 and "no readable grid" in r.stderr
 
 
 @pytest.mark.slow
-def test_a_full_disk_during_tables_is_one_line_and_leaves_no_empty_file(tree):
-    harness = ("import errno, os, sys\ncalls, real = [0], os.fsync\n"
-               "def fsync(fd):\n    calls[0] += 1\n    if calls[0] == 4:\n"
-               "        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))\n    return real(fd)\n"
-               "os.fsync = fsync\nfrom dpgrid.cli import main\nmain(sys.argv[1:])\n")
-    r = subprocess.run([sys.executable, "-c", harness, "tables", str(tree)], capture_output=True, text=True)
+def test_a_full_disk_during_tables_is_one_line_and_leaves_no_empty_file(tree, monkeypatch):
+    import errno
+    import os
+
+    calls, real = [0], os.fsync
+
+    def fsync(fd):  # the fourth file written finds the disk full
+        calls[0] += 1
+        if calls[0] == 4:
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+        return real(fd)
+
+    monkeypatch.setattr(os, "fsync", fsync)
+    r = dpgrid("tables", tree)
     assert r.returncode == 1 and r.stderr.count("\n") == 1 and "no space left on the device" in r.stderr, r.stderr
     assert all(p.stat().st_size > 0 for p in (tree / "tables").rglob("*") if p.is_file())
     assert not list((tree / "tables").rglob(".*.tmp"))

@@ -15,11 +15,17 @@ from dp_accounting.rdp import rdp_privacy_accountant
 from dpgrid.grid import configurations
 from dpgrid.privacy import make_plan
 
+from .command import dpgrid
 from .conftest import load_cfg, strategy_class
 from .test_data import corrupt, make_idx_root
 
 GRID = ["strategy=online", "grid.k=4", "train.seeds=3", "train.epochs=4", "train.eval_every=10"]
 COMMAND = [sys.executable, "-m", "dpgrid.cli", "run"]
+
+
+def run_ok(*args):
+    r = dpgrid("run", *args)
+    assert r.returncode == 0, r.stderr
 
 
 def results(out):
@@ -59,9 +65,9 @@ def test_killed_grid_resumes_to_the_uninterrupted_result(tmp_path):
 def test_same_command_same_numbers_and_streams_independent_of_order(tmp_path):
     a, b = tmp_path / "a", tmp_path / "b"
     small = ["strategy=fixed_quantile", "grid.k=2", "train.seeds=2", "train.epochs=2", "train.eval_every=5"]
-    subprocess.run([*COMMAND, *small, f"hydra.run.dir={a}"], check=True, capture_output=True)
-    subprocess.run([*COMMAND, *small, "grid.only=[lr1_q3,lr0_q1]", f"hydra.run.dir={b}"], check=True,
-                   capture_output=True)  # a subset, in another order: the same runs give the same numbers
+    run_ok(*small, f"hydra.run.dir={a}")
+    # a subset, in another order: the same runs give the same numbers
+    run_ok(*small, "grid.only=[lr1_q3,lr0_q1]", f"hydra.run.dir={b}")
     runs_a, curves_a = results(a)
     runs_b, curves_b = results(b)
     keep = runs_a.config_id.isin(["lr1_q3", "lr0_q1"])
@@ -73,13 +79,12 @@ def test_same_command_same_numbers_and_streams_independent_of_order(tmp_path):
 def test_reusing_a_directory_with_another_config_is_refused(tmp_path):
     out = tmp_path / "grid"
     small = ["strategy=nodp", "grid.k=2", "train.seeds=1", "train.epochs=1"]
-    subprocess.run([*COMMAND, *small, f"hydra.run.dir={out}"], check=True, capture_output=True)
+    run_ok(*small, f"hydra.run.dir={out}")
     before = (out / "runs.csv").read_text()
-    r = subprocess.run([*COMMAND, *small, "train.epochs=2", f"hydra.run.dir={out}"], capture_output=True, text=True)
+    r = dpgrid("run", *small, "train.epochs=2", f"hydra.run.dir={out}")
     assert r.returncode == 2 and "different config" in r.stderr and "overwrite=true" in r.stderr
     assert (out / "runs.csv").read_text() == before
-    r = subprocess.run([*COMMAND, *small, "train.epochs=2", "overwrite=true", f"hydra.run.dir={out}"],
-                       capture_output=True, text=True)
+    r = dpgrid("run", *small, "train.epochs=2", "overwrite=true", f"hydra.run.dir={out}")
     assert r.returncode == 0, r.stderr
     assert set(pd.read_csv(out / "runs.csv").steps) == {23}  # 2 epochs of 1437 / 128
 
@@ -88,17 +93,17 @@ def test_reusing_a_directory_with_another_config_is_refused(tmp_path):
 def test_more_seeds_extend_a_grid_in_place_unless_seeds_are_accounted(tmp_path):
     one, two = tmp_path / "one", tmp_path / "two"
     small = ["strategy=fixed_threshold", "grid.k=2", "train.epochs=1", "grid.only=[lr1_clip0]"]
-    subprocess.run([*COMMAND, *small, "train.seeds=1", f"hydra.run.dir={one}"], check=True, capture_output=True)
+    run_ok(*small, "train.seeds=1", f"hydra.run.dir={one}")
     first = results(one)[0]
-    subprocess.run([*COMMAND, *small, "train.seeds=2", f"hydra.run.dir={one}"], check=True, capture_output=True)
-    subprocess.run([*COMMAND, *small, "train.seeds=2", f"hydra.run.dir={two}"], check=True, capture_output=True)
+    run_ok(*small, "train.seeds=2", f"hydra.run.dir={one}")
+    run_ok(*small, "train.seeds=2", f"hydra.run.dir={two}")
     extended, fresh = results(one)[0], results(two)[0]
     assert list(extended.seed) == [0, 1]
     pd.testing.assert_frame_equal(extended.iloc[:1], first)  # seed 0 kept, not redone
     pd.testing.assert_frame_equal(extended, fresh)
     accounted = ["privacy.account_seeds=true", f"hydra.run.dir={tmp_path / 'accounted'}"]
-    subprocess.run([*COMMAND, *small, "train.seeds=1", *accounted], check=True, capture_output=True)
-    r = subprocess.run([*COMMAND, *small, "train.seeds=2", *accounted], capture_output=True, text=True)
+    run_ok(*small, "train.seeds=1", *accounted)
+    r = dpgrid("run", *small, "train.seeds=2", *accounted)
     assert r.returncode == 2 and "different config" in r.stderr  # accounted seeds change the noise
 
 
@@ -149,7 +154,7 @@ def test_bad_input_is_refused_with_one_line_and_nothing_written(args, message, b
     cwd = tmp_path / "work"
     cwd.mkdir()
     args = [a.format(**bad_data) for a in args]
-    r = subprocess.run([*COMMAND, *args], capture_output=True, text=True, cwd=cwd, timeout=300)
+    r = dpgrid("run", *args, cwd=cwd)
     errors = [line for line in r.stderr.strip().splitlines() if not line.startswith("dpgrid: warning:")]
     assert r.returncode == 2, r.stderr
     assert len(errors) == 1 and errors[0].startswith("dpgrid: error:") and message in errors[0], r.stderr
@@ -162,17 +167,15 @@ def test_refused_data_leaves_no_folders_at_an_explicit_run_dir(bad_data, tmp_pat
     cwd.mkdir()
     elsewhere.mkdir()
     run_dir = elsewhere / "study" / "mnist" / "eps=3"
-    r = subprocess.run([*COMMAND, "dataset=mnist", f"data.root={bad_data['missing']}",
-                        f"hydra.run.dir={str(run_dir).replace('=', chr(92) + '=')}"],
-                       capture_output=True, text=True, cwd=cwd, timeout=300)
+    r = dpgrid("run", "dataset=mnist", f"data.root={bad_data['missing']}",
+               f"hydra.run.dir={str(run_dir).replace('=', chr(92) + '=')}", cwd=cwd)
     assert r.returncode == 2 and "missing data file" in r.stderr, r.stderr
     assert list(elsewhere.iterdir()) == [] and list(cwd.iterdir()) == []  # folders it created are gone too
 
 
 @pytest.mark.slow
 def test_delta_above_one_over_n_is_allowed_with_a_warning():
-    r = subprocess.run([sys.executable, "-m", "dpgrid.cli", "plan", "privacy.delta=0.01"], capture_output=True,
-                       text=True)
+    r = dpgrid("plan", "privacy.delta=0.01")
     assert r.returncode == 0 and "dpgrid: warning: privacy.delta=0.01 is not below 1/N" in r.stderr
     assert len(r.stderr.strip().splitlines()) == 1
 
@@ -201,8 +204,8 @@ def test_every_grid_spends_at_most_its_target(dataset, n_train, epsilon, strateg
 
 @pytest.mark.slow
 def test_secure_rng_run_completes(tmp_path):
-    r = subprocess.run([*COMMAND, "strategy=fixed_threshold", "grid.k=2", "train.seeds=1", "train.epochs=1",
-                        "privacy.secure_rng=true", f"hydra.run.dir={tmp_path}"], capture_output=True, text=True)
+    r = dpgrid("run", "strategy=fixed_threshold", "grid.k=2", "train.seeds=1", "train.epochs=1",
+               "privacy.secure_rng=true", f"hydra.run.dir={tmp_path}")
     assert r.returncode == 0, r.stderr
     assert len(pd.read_csv(tmp_path / "runs.csv")) == 4
 
@@ -214,7 +217,7 @@ def test_secure_mode_draws_the_batches_too_so_even_nodp_runs_differ(tmp_path):
     curves = {}
     for name, extra in (("secure_a", ["privacy.secure_rng=true"]), ("secure_b", ["privacy.secure_rng=true"]),
                         ("seeded_a", []), ("seeded_b", [])):
-        subprocess.run([*COMMAND, *small, *extra, f"hydra.run.dir={tmp_path / name}"], check=True, capture_output=True)
+        run_ok(*small, *extra, f"hydra.run.dir={tmp_path / name}")
         curves[name] = pd.read_csv(tmp_path / name / "curves.csv")
     assert not curves["secure_a"].equals(curves["secure_b"])
     pd.testing.assert_frame_equal(curves["seeded_a"], curves["seeded_b"])

@@ -12,6 +12,7 @@ from omegaconf import OmegaConf
 from dpgrid import DpgridError
 from dpgrid.runner import validate
 
+from .command import dpgrid
 from .conftest import ROOT, load_cfg
 
 VALUES = [0, -1, math.nan, math.inf, 1e300]
@@ -141,8 +142,7 @@ def test_each_value_is_refused_with_one_line_or_accepted(key, value):
     (["strategy=nodp", "train.epochs=1000000000"], "grid.allow_large=true"),
 ])
 def test_the_command_line_refuses_before_anything_runs(args, message, tmp_path):
-    r = subprocess.run([sys.executable, "-m", "dpgrid.cli", "run", *args], capture_output=True, text=True,
-                       cwd=tmp_path, timeout=60)
+    r = dpgrid("run", *args, cwd=tmp_path)
     assert r.returncode == 2 and r.stderr.count("\n") == 1 and message in r.stderr, r.stderr
     assert list(tmp_path.iterdir()) == []
 
@@ -157,23 +157,24 @@ def test_a_large_grid_states_runs_steps_and_time_and_starts_when_allowed():
 @pytest.mark.slow
 def test_an_unparsable_override_says_how_to_quote_it(tmp_path):
     run_dir = tmp_path / "outputs" / "eps=3" / "k=7"
-    r = subprocess.run([sys.executable, "-m", "dpgrid.cli", "run", f"hydra.run.dir={run_dir}"], capture_output=True,
-                       text=True, cwd=tmp_path)
+    r = dpgrid("run", f"hydra.run.dir={run_dir}", cwd=tmp_path)
     assert r.returncode == 2 and r.stderr.count("\n") == 1, r.stderr
     assert f"""on the command line write 'hydra.run.dir="{run_dir}"'""" in r.stderr
-    quoted = subprocess.run([sys.executable, "-m", "dpgrid.cli", "plan", f'hydra.run.dir="{run_dir}"'],
-                            capture_output=True, text=True, cwd=tmp_path)
+    quoted = dpgrid("plan", f'hydra.run.dir="{run_dir}"', cwd=tmp_path)
     assert quoted.returncode == 0, quoted.stderr  # the quoted form is accepted
 
 
 @pytest.mark.slow
 def test_checks_hold_under_python_O(tmp_path):
     """`python -O` strips asserts: every guard is explicit code, so the refusals stay."""
-    for args, message in ((["strategy.grad_noise_ratio=0.5"], "strategy.grad_noise_ratio"),
-                          (["privacy.epsilon=inf"], "privacy.epsilon")):
-        r = subprocess.run([sys.executable, "-O", "-m", "dpgrid.cli", "plan", *args], capture_output=True, text=True,
-                           cwd=tmp_path, timeout=60)
-        assert r.returncode == 2 and message in r.stderr, r.stderr
+    cases = [(["strategy.grad_noise_ratio=0.5"], "strategy.grad_noise_ratio"), (["privacy.epsilon=inf"], "privacy.epsilon")]
+    script = ("import sys\nfrom dpgrid.cli import main\n"
+              f"for args in {[args for args, _ in cases]!r}:\n"
+              "    try:\n        main(['plan', *args])\n    except SystemExit as e:\n        print(e.code)\n")
+    r = subprocess.run([sys.executable, "-O", "-c", script], capture_output=True, text=True, cwd=tmp_path, timeout=60)
+    assert r.stdout.split() == ["2", "2"], r.stdout + r.stderr
+    lines = r.stderr.strip().splitlines()
+    assert len(lines) == 2 and all(message in line for line, (_, message) in zip(lines, cases)), r.stderr
 
 
 def test_a_plan_that_would_overspend_is_refused(monkeypatch):

@@ -14,6 +14,7 @@ CFG = {
     "online": dict(clip0=0.1, clip_lr=2.5e-3, lr_lr=2.5e-3, grad_noise_ratio=1.01),
     "fixed_quantile": dict(clip0=0.1, clip_lr=0.2, count_noise_divisor=20),
     "adamwosm": dict(lr=1e-3, beta1=0.9, xi=1e-8),
+    "dpadam": dict(lr=1e-3, beta1=0.9, beta2=0.999, xi=1e-8),
     "fixed_threshold": {}, "nodp": {},
 }
 
@@ -120,6 +121,47 @@ def test_adamwosm_step_is_ess_times_bias_corrected_momentum():
     s.step(grads_from(g2))
     m2 = 0.9 * m1 + 0.1 * g2[0] / b
     torch.testing.assert_close(theta, before - ess * m2 / (1 - 0.9 ** 2))
+
+
+def test_dpadam_two_steps_by_hand():
+    """Adam on the clipped mean (noise off), worked by hand for B = 2, C = 1, alpha = 0.1:
+    step 1: g = (0.6, 0.8) / 2 = (0.3, 0.4) (the per-sample gradient (3, 4) clipped to norm 1);
+            m = 0.1 g = (0.03, 0.04), v = 0.001 g^2 = (9e-5, 1.6e-4); m_hat = (0.3, 0.4), v_hat = (0.09, 0.16),
+            theta = -0.1 m_hat / (sqrt(v_hat) + 1e-8) = -(0.1, 0.1) (Adam's first step is alpha sign(g)).
+    step 2: g = (0, -0.25) (the gradient (0, -0.5), inside the threshold);
+            m = 0.9 m + 0.1 g = (0.027, 0.011), m_hat = m / 0.19 = (0.142105, 0.057895);
+            v = 0.999 v + 0.001 g^2 = (8.991e-5, 2.22340e-4), v_hat = v / 0.001999 = (0.044977, 0.111226);
+            theta -= 0.1 m_hat / sqrt(v_hat) = (0.1 * 0.142105 / 0.212078, 0.1 * 0.057895 / 0.333506)
+                   = (0.067006, 0.017360): theta = (-0.167006, -0.117360)."""
+    s, theta = make("dpadam", {"clip": 1.0, "lr": 0.1}, batch_size=2, dim=2)
+    s.step(grads_from(torch.tensor([[3.0, 4.0]], dtype=torch.float64)))
+    torch.testing.assert_close(theta, torch.tensor([-0.1, -0.1], dtype=torch.float64))
+    s.step(grads_from(torch.tensor([[0.0, -0.5]], dtype=torch.float64)))
+    torch.testing.assert_close(theta, torch.tensor([-0.167006, -0.117360], dtype=torch.float64), atol=2e-6, rtol=0)
+
+
+def test_dpadam_uses_the_configs_alpha_unless_the_grid_tunes_it():
+    tuned, _ = make("dpadam", {"clip": 1.0, "lr": 0.1})
+    fixed, _ = make("dpadam", {"clip": 1.0})
+    assert float(tuned.lr) == pytest.approx(0.1) and float(fixed.lr) == pytest.approx(CFG["dpadam"]["lr"])
+
+
+@pytest.mark.parametrize("clip", [0.1, 1.0, 10.0])
+def test_dpadam_effective_step_size_tends_to_adamwosms_when_noise_dominates(clip):
+    """Mohapatra et al.'s Theorem 3: with g -> 0 the second moment tends to (nu C / B)^2, so DPAdam's
+    per-coordinate step alpha / (sqrt(v_hat) + xi) tends to adamwosm's ESS = alpha / (nu C / B + xi).
+    Zero gradients, nu = 1.3, B = 16, 2,000 coordinates, 3,000 steps (3 beta2 time constants): the median
+    over coordinates is within 1 % of the ESS (a coordinate's v_hat then has a relative spread of about
+    sqrt(2 (1 - beta2)) = 4.5 %, so sqrt(v_hat) 2.2 %, and the median of 2,000 about 0.1 %)."""
+    nu, b, dim = 1.3, 16, 2000
+    adam, _ = make("dpadam", {"clip": clip}, noise={"noise_multiplier": nu}, batch_size=b, dim=dim)
+    wosm, _ = make("adamwosm", {"clip": clip}, noise={"noise_multiplier": nu}, batch_size=b, dim=dim)
+    zero = grads_from(torch.zeros(1, dim, dtype=torch.float64))
+    for _ in range(3000):
+        adam.step(zero)
+    ess = adam.effective_step_size()[0]
+    assert float(ess.median()) == pytest.approx(float(wosm.lr), rel=0.01)
+    assert float(wosm.lr) == pytest.approx(1e-3 / (nu * clip / b + 1e-8))
 
 
 @pytest.mark.parametrize("name, noise, expected_std", [

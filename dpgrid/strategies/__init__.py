@@ -6,12 +6,13 @@ from .. import DpgridError
 from ..plugins import resolve as resolve_target
 from .adamwosm import AdamWOSM
 from .base import Strategy
+from .dpadam import DPAdam
 from .fixed_quantile import FixedQuantile
 from .fixed_threshold import FixedThreshold
 from .nodp import NoDP
 from .online import Online
 
-__all__ = ["Strategy", "Online", "FixedThreshold", "FixedQuantile", "AdamWOSM", "NoDP", "resolve"]
+__all__ = ["Strategy", "Online", "FixedThreshold", "FixedQuantile", "AdamWOSM", "DPAdam", "NoDP", "resolve"]
 
 
 def resolve(strategy_cfg) -> type:

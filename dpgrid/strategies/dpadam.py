@@ -1,0 +1,55 @@
+import torch
+
+from .. import checks
+from .base import Strategy
+
+
+class DPAdam(Strategy):
+    """DPAdam (Mohapatra et al. 2022, Section 4): Adam (Kingma & Ba 2015) on DP-SGD's noisy mean gradient.
+
+        g_tilde = (sum_i g_bar_i + N(0, nu^2 C^2 I)) / B               (as DP-SGD)
+        m_t = beta1 m_{t-1} + (1 - beta1) g_tilde,     m_hat = m_t / (1 - beta1^t)
+        v_t = beta2 v_{t-1} + (1 - beta2) g_tilde^2,   v_hat = v_t / (1 - beta2^t)
+        theta <- theta - alpha m_hat / (sqrt(v_hat) + xi)
+
+    The per-coordinate effective step size alpha / (sqrt(v_hat) + xi) tends to adamwosm's
+    ESS = alpha / (nu C / B + xi) when the noise dominates the gradient (their Theorem 3: v_hat -> (nu C / B)^2).
+    The grid is over C with alpha fixed (the paper's default 1e-3); `grid: [lr, clip]` tunes alpha too.
+    `train.momentum` does not apply (beta1 is the momentum here).
+    """
+
+    label = "DPAdam"
+
+    @classmethod
+    def check_config(cls, cfg) -> None:
+        checks.positive(cfg, "strategy.lr")
+        checks.fraction(cfg, "strategy.beta1", closed_low=True)
+        checks.fraction(cfg, "strategy.beta2", closed_low=True)
+        checks.real(cfg, "strategy.xi", "a finite number >= 0", lambda v: v >= 0)
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        c = self.options
+        if "lr" not in self.hp:  # alpha from the config unless the grid tunes it
+            self.lr.fill_(float(c["lr"]))
+        self.beta1, self.beta2, self.xi = float(c["beta1"]), float(c["beta2"]), float(c["xi"])
+        self.t = 0
+        self.m = [torch.zeros_like(p) for p in self.params]
+        self.v = [torch.zeros_like(p) for p in self.params]
+
+    @torch.no_grad()
+    def step(self, grads) -> None:
+        clipped_sum = grads.weighted_sum(self.clip_weights(grads.norms))
+        g_tilde = self.noisy_mean(clipped_sum, self.noise["noise_multiplier"] * self.clip)
+        self.t += 1
+        first, second = 1 - self.beta1 ** self.t, 1 - self.beta2 ** self.t
+        for p, m, v, g in zip(self.params, self.m, self.v, g_tilde):
+            m.mul_(self.beta1).add_(g, alpha=1 - self.beta1)
+            v.mul_(self.beta2).addcmul_(g, g, value=1 - self.beta2)
+            step = m.div(v.div(second).sqrt_().add_(self.xi))  # m / (sqrt(v_hat) + xi)
+            p.addcmul_(step, self.lr, value=-1 / first)  # lr stays a tensor: no host sync
+
+    def effective_step_size(self) -> list:
+        """alpha / (sqrt(v_hat) + xi) per coordinate (Theorem 3's quantity)."""
+        second = 1 - self.beta2 ** self.t
+        return [self.lr / (v.div(second).sqrt() + self.xi) for v in self.v]

@@ -26,7 +26,11 @@ def budget_note(grids: pd.DataFrame) -> str:
         return "ε per run (privacy.budget=per_run): each run spends ε; the whole grid's true ε is the 'ε grid' column"
     if budgets == {"per_grid"} or not budgets:
         return "ε per grid: all runs of a grid together spend ε (honest tuning)"
-    return "MIXED budgets: per-grid and per-run ε side by side (--mix-budgets); see each cell's ε grid"
+    if budgets == {"selection"}:
+        return ("ε per selection (privacy.selection=random_stopping): ε covers ONLY the selected configuration and "
+                "its score (selection.json); the candidates' runs are the experimenter's private log")
+    return ("MIXED budgets side by side (--mix-budgets): per_grid = all runs spend ε; per_run = each run does (see "
+            "ε grid); selection = only the selected configuration and its score are covered")
 
 
 # --- formatting -------------------------------------------------------------------------------------

@@ -132,9 +132,8 @@ def check_config(cfg, n_train: int = None, warn: bool = True) -> None:
         flag(cfg, key)
     choice(cfg, "privacy.budget", BUDGETS)
     choice(cfg, "privacy.accountant", ACCOUNTANTS)
-    if choice(cfg, "privacy.selection", ("composition", "liu_talwar")) != "composition":
-        raise DpgridError("privacy.selection: only 'composition' can run; Liu-Talwar random stopping is costed "
-                          "by `dpgrid plan` (liu_talwar) but not implemented as a runner")
+    if choice(cfg, "privacy.selection", ("composition", "random_stopping")) == "random_stopping":
+        check_selection(cfg)
     whole(cfg, "grid.k", low=2)
     log_range(cfg, "grid.lr_range")
     log_range(cfg, "grid.clip_range")
@@ -162,6 +161,26 @@ def check_config(cfg, n_train: int = None, warn: bool = True) -> None:
         whole(cfg, "dataset.load.max_words")
     if get(cfg, "dataset.seconds_per_step") is not None:
         positive(cfg, "dataset.seconds_per_step")
+
+
+def check_selection(cfg) -> None:
+    """Random stopping's keys, and the settings a selection cannot be combined with."""
+    from .selection import RULES
+
+    choice(cfg, "privacy.stopping", RULES)
+    real(cfg, "privacy.stopping_eta", "a number in (-1, 100]", lambda v: -1 < v <= 100)
+    if get(cfg, "privacy.stopping_mean") is not None:
+        real(cfg, "privacy.stopping_mean", "a number > 1 (the expected number of candidates)", lambda v: v > 1)
+    whole(cfg, "privacy.stopping_seed", low=0)
+    refusals = {"privacy.budget": ("per_grid", "a selection's budget is the whole selection's; per_run means nothing"),
+                "privacy.accountant": ("rdp", "the stopping theorems are Renyi bounds"),
+                "train.sampling": ("poisson", "shuffled batches claim no epsilon to select with")}
+    for key, (needed, why) in refusals.items():
+        if str(get(cfg, key)) != needed:
+            raise DpgridError(f"privacy.selection=random_stopping needs {key}={needed}, got {get(cfg, key)}: {why}")
+    if get(cfg, "grid.only") is not None:
+        raise DpgridError("privacy.selection=random_stopping cannot run with grid.only: a selection draws its "
+                          "candidates from the whole grid and cannot be split by hand")
 
 
 def check_size(n_configs: int, runs: int, steps: int, seconds_per_step, allow_large: bool) -> None:

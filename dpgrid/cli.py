@@ -116,22 +116,46 @@ def plan_command(args: list) -> None:
     if plan.epsilon_spent is None:
         print("  non-private: no clipping, no noise")
     else:
-        runs = f"{plan.composed_runs} runs ({'seeds accounted' if plan.account_seeds else 'seeds not accounted'})"
-        scope = "the whole grid" if plan.budget == "per_grid" else "EACH RUN (per_run)"
-        print(f"  budget (eps, delta) = ({plan.epsilon:g}, {plan.delta:g}) for {scope}: {runs} x {plan.steps} steps")
-        print(f"  noise multiplier nu = {plan.noise_multiplier:.5g}  ({plan.accountant}); eps spent = "
-              f"{plan.epsilon_spent:.5g}; the whole grid's eps = {plan.epsilon_grid:.5g}")
+        if plan.selection == "random_stopping":
+            print_selection(plan)
+        else:
+            runs = f"{plan.composed_runs} runs ({'seeds accounted' if plan.account_seeds else 'seeds not accounted'})"
+            scope = "the whole grid" if plan.budget == "per_grid" else "EACH RUN (per_run)"
+            print(f"  budget (eps, delta) = ({plan.epsilon:g}, {plan.delta:g}) for {scope}: {runs} x {plan.steps} steps")
+            print(f"  noise multiplier nu = {plan.noise_multiplier:.5g}  ({plan.accountant}); eps spent = "
+                  f"{plan.epsilon_spent:.5g}; the whole grid's eps = {plan.epsilon_grid:.5g}")
         for name, value in plan.per_query.items():
             print(f"  {name} = {value:.5g}")
-        lt = plan.liu_talwar
-        lt_nu = f"{lt['noise_multiplier']:.5g}" if lt["noise_multiplier"] else "unreachable"
-        print(f"  Liu-Talwar selection instead: nu = {lt_nu} for the same (eps, delta); with this plan's nu it "
-              f"would spend eps = {lt['epsilon_with_composition_nu']:.4g}")
+        print_alternatives(cfg, plan)
         if compare:
             print_comparison(cfg, plan)
     for c in plan.configurations:
         print("   ", c["config_id"], " ".join(f"{k}={v:.4g}" for k, v in c.items() if k != "config_id"))
     print(f"  (planned in {seconds:.2f} s)")
+
+
+def print_selection(plan) -> None:
+    stop = plan.stopping
+    shape = {"truncated_negative_binomial": f"eta = {stop.get('eta', 0):g}, gamma = {stop.get('gamma', 0):.4g}",
+             "poisson": f"mu = {stop['mean']:g}",
+             "liu_talwar": f"stop probability {stop.get('gamma', 0):.4g}, at most {stop.get('max_candidates')}"}
+    print(f"  random-stopping selection, {stop['rule']} ({shape[stop['rule']]}): {stop['mean']:g} candidates "
+          f"expected, each a configuration drawn from the grid and trained {plan.seeds} times")
+    print(f"  budget (eps, delta) = ({plan.epsilon:g}, {plan.delta:g}) for the selection: ONLY the chosen "
+          f"configuration and its score (selection.json) are covered; runs.csv is a private log")
+    print(f"  noise multiplier nu = {plan.noise_multiplier:.5g}; eps spent = {plan.epsilon_spent:.5g}; one "
+          f"candidate's eps = {plan.epsilon_per_run:.5g}")
+
+
+def print_alternatives(cfg, plan) -> None:
+    """nu for the same (eps, delta) under composition and each stopping rule."""
+    from .privacy import alternatives
+
+    mean = cfg.privacy.get("stopping_mean")
+    found = alternatives(plan, float(cfg.privacy.stopping_eta), float(mean) if mean is not None else plan.n_configs)
+    print(f"  nu for the same (eps, delta):")
+    for name, nu in found.items():
+        print(f"    {name:<62} {f'{nu:.4g}' if nu else 'unreachable'}")
 
 
 def print_comparison(cfg, plan) -> None:

@@ -20,6 +20,10 @@ class PrivacyConfig:
     budget: str = MISSING
     accountant: str = MISSING
     selection: str = MISSING
+    stopping: str = MISSING
+    stopping_eta: float = MISSING
+    stopping_mean: Optional[float] = None
+    stopping_seed: int = MISSING
 
 
 @dataclass

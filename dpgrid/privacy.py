@@ -19,6 +19,7 @@ from opacus.accountants.analysis.rdp import compute_rdp, get_privacy_spent
 
 from . import DpgridError
 from .plugins import arguments
+from .selection import liu_talwar_parameters  # noqa: F401  (dpgrid.privacy.liu_talwar_parameters as before)
 
 MAX_NOISE_MULTIPLIER = 1e4  # beyond this the target epsilon is treated as unreachable
 
@@ -59,14 +60,20 @@ def epsilon_of(accountant: str, sample_rate: float, noise_multiplier: float, ste
 def calibrate(epsilon: float, sample_rate: float, steps: int, delta: float, rtol: float = 1e-4,
               accountant: str = "rdp") -> float:
     """Smallest noise multiplier (to relative precision rtol) whose epsilon is at most the target."""
-    spent = lambda nu: epsilon_of(accountant, sample_rate, nu, steps, delta)  # noqa: E731
+    return smallest_noise(lambda nu: epsilon_of(accountant, sample_rate, nu, steps, delta), epsilon, rtol,
+                          f"for {steps} steps at sampling rate {sample_rate:.4g} and delta={delta}")
+
+
+def smallest_noise(spent, epsilon: float, rtol: float, what: str) -> float:
+    """Smallest nu (to relative precision rtol) with spent(nu) <= epsilon; spent falls as nu grows."""
     low, high = 0.0, 1.0
     while spent(high) > epsilon:
         low, high = high, 2 * high
         if high > MAX_NOISE_MULTIPLIER:
-            raise DpgridError(f"privacy.epsilon={epsilon} is unreachable for {steps} steps at sampling rate "
-                              f"{sample_rate:.4g} and delta={delta} (noise multiplier would exceed "
-                              f"{MAX_NOISE_MULTIPLIER:g}); raise epsilon or shrink the grid")
+            floor = spent(MAX_NOISE_MULTIPLIER)
+            raise DpgridError(f"privacy.epsilon={epsilon} is unreachable {what}: even noise multiplier "
+                              f"{MAX_NOISE_MULTIPLIER:g} spends epsilon = {floor:.3g}; raise epsilon above that "
+                              f"or shrink the grid")
     while high - low > rtol * high:
         mid = (low + high) / 2
         low, high = (low, mid) if spent(mid) <= epsilon else (mid, high)
@@ -98,6 +105,8 @@ class Plan:
     epsilon_grid: float = None   # the whole grid's true cost with this nu (= epsilon_spent when per_grid)
     epsilon_per_run: float = None  # one configuration's cost (its seeds too when they are accounted)
     liu_talwar: dict = field(default_factory=dict)  # the cost of Liu-Talwar selection, for comparison
+    selection: str = "composition"  # or random_stopping: only the best candidate is released (dpgrid.selection)
+    stopping: dict = field(default_factory=dict)    # random stopping's rule and parameters
     model_parameters: int = 0
     label: str = ""           # the strategy's name in tables and figures
     private: bool = True      # False for a non-private baseline
@@ -129,15 +138,15 @@ def make_plan(cfg, n_train: int, strategy_cls, configs: list, model_parameters: 
                 account_seeds=bool(p.account_seeds), composed_runs=composed, noise_multiplier=0.0,
                 budget=budget, accountant=accountant, sampling=str(t.get("sampling", "poisson")),
                 model_parameters=model_parameters, configurations=configs)
-    if strategy_cls.private:
+    if strategy_cls.private and p.get("selection", "composition") == "random_stopping":
+        plan_selection(plan, p, strategy_cls, arguments(cfg.strategy))
+    elif strategy_cls.private:
         budget_runs = composed if budget == "per_grid" else per_config
         nu = calibrate(plan.epsilon, sample_rate, budget_runs * steps, plan.delta, accountant=accountant)
         plan.noise_multiplier = nu
         plan.per_query = strategy_cls.split_noise(nu, arguments(cfg.strategy), batch_size)
         plan.epsilon_spent = epsilon_of(accountant, sample_rate, nu, budget_runs * steps, plan.delta)
-        if not plan.epsilon_spent <= plan.epsilon:  # explicit: must hold under python -O too
-            raise DpgridError(f"the calibrated noise spends epsilon = {plan.epsilon_spent:.6g} > the target "
-                              f"{plan.epsilon:g}; refusing to run (please report this)")
+        check_spent(plan)
         plan.epsilon_grid = (plan.epsilon_spent if budget == "per_grid"
                              else epsilon_of(accountant, sample_rate, nu, composed * steps, plan.delta))
         plan.epsilon_per_run = (plan.epsilon_spent if budget == "per_run"
@@ -150,16 +159,27 @@ def make_plan(cfg, n_train: int, strategy_cls, configs: list, model_parameters: 
     return plan
 
 
-def liu_talwar_parameters(epsilon_f: float, delta_f: float, n_candidates: int, delta_2: float = 1e-20):
-    """Per-candidate (epsilon_1, delta_1) so that LT selection is (epsilon_f, delta_f)-DP.
+def check_spent(plan: Plan) -> None:
+    if not plan.epsilon_spent <= plan.epsilon:  # explicit: must hold under python -O too
+        raise DpgridError(f"the calibrated noise spends epsilon = {plan.epsilon_spent:.6g} > the target "
+                          f"{plan.epsilon:g}; refusing to run (please report this)")
 
-    Liu & Talwar 2019, Theorem 3.4 (Mohapatra et al. 2022, Theorem 1): with stopping probability
-    gamma = 1/K and Upsilon = log(1/delta_2) / gamma, LT is (3 e1 + 3 sqrt(2 d1), sqrt(2 d1) Upsilon + d2)-DP.
-    Returns (epsilon_1, delta_1, Upsilon); epsilon_1 <= 0 means the target is out of LT's reach."""
-    gamma = 1.0 / n_candidates
-    upsilon = math.log(1 / delta_2) / gamma
-    root = (delta_f - delta_2) / upsilon  # sqrt(2 delta_1)
-    return (epsilon_f - 3 * root) / 3, root ** 2 / 2, upsilon
+
+def plan_selection(plan: Plan, p, strategy_cls, options: dict) -> None:
+    """nu at which the whole random-stopping selection spends (epsilon, delta) (dpgrid.selection)."""
+    from . import selection
+
+    mean = float(p.stopping_mean) if p.get("stopping_mean") is not None else float(plan.n_configs)
+    plan.selection, plan.account_seeds, plan.composed_runs = "random_stopping", True, plan.seeds
+    plan.stopping = selection.parameters(str(p.stopping), float(p.stopping_eta), mean, plan.delta)
+    steps = plan.seeds * plan.steps  # one candidate: its seeds' runs composed
+    spent = lambda nu: selection.selection_epsilon(plan.sample_rate, nu, steps, plan.delta, plan.stopping)  # noqa: E731
+    plan.noise_multiplier = smallest_noise(spent, plan.epsilon, 1e-4, f"by {plan.stopping['rule']} selection among "
+                                           f"{mean:g} candidates (expected) of {steps} steps each")
+    plan.per_query = strategy_cls.split_noise(plan.noise_multiplier, options, plan.batch_size)
+    plan.epsilon_spent = plan.epsilon_grid = spent(plan.noise_multiplier)
+    plan.epsilon_per_run = rdp_epsilon(plan.sample_rate, plan.noise_multiplier, steps, plan.delta)
+    check_spent(plan)
 
 
 def liu_talwar_cost(epsilon: float, delta: float, n_candidates: int, sample_rate: float, run_steps: int,
@@ -171,3 +191,26 @@ def liu_talwar_cost(epsilon: float, delta: float, n_candidates: int, sample_rate
     eps_candidate = rdp_epsilon(sample_rate, noise_multiplier, run_steps, delta1)
     return {"noise_multiplier": nu, "candidate_epsilon": eps1, "candidate_delta": delta1, "max_iterations": upsilon,
             "epsilon_with_composition_nu": 3 * eps_candidate + 3 * math.sqrt(2 * delta1)}
+
+
+def alternatives(plan, eta: float, mean: float) -> dict:
+    """nu for this plan's (epsilon, delta) under composition and under each stopping rule, side by side
+    (None where unreachable): `dpgrid plan` prints them."""
+    from .selection import RULES, parameters, selection_epsilon
+
+    q, steps, seeds, k = plan.sample_rate, plan.steps, plan.seeds, plan.n_configs
+    found = {}
+    for name, runs in ((f"composition, {k} runs (seeds not accounted)", k),
+                       (f"composition, {k * seeds} runs (seeds accounted)", k * seeds)):
+        try:
+            found[name] = calibrate(plan.epsilon, q, runs * steps, plan.delta, rtol=1e-3)
+        except DpgridError:
+            found[name] = None
+    for rule in RULES:
+        stopping = parameters(rule, eta, mean, plan.delta)
+        spent = lambda nu: selection_epsilon(q, nu, seeds * steps, plan.delta, stopping)  # noqa: E731
+        try:
+            found[f"{rule}, mean {mean:g} candidates of {seeds} runs"] = smallest_noise(spent, plan.epsilon, 1e-3, "")
+        except DpgridError:
+            found[f"{rule}, mean {mean:g} candidates of {seeds} runs"] = None
+    return found

@@ -27,6 +27,7 @@ from .results import summarize
 # Everything about a strategy (label, axes, private or not, what adapts) comes from the plan.json its
 # grid wrote, which asked the strategy class and its config: nothing here lists strategies.
 NOT_RUN, DIVERGED, NOT_DP = "grid not run", "all seeds diverged", "not DP (sampling=shuffle)"
+NOTHING_SELECTED, SELECTION = "no candidate drawn or converged", "selection"  # random-stopping grids' budget
 PRIVACY_FIGURES = ("noise_multiplier", "epsilon_spent", "epsilon_grid", "budget", "sampling")
 
 
@@ -75,6 +76,8 @@ def grid_row(folder: Path) -> dict:
                label=plan.get("label") or plan["strategy"], private=bool(plan.get("private", privacy["noise_multiplier"])),
                axes=",".join(axes), adapts=",".join(plan.get("adapts", [])),
                dataset_epsilons=",".join(f"{e:g}" for e in plan.get("dataset_epsilons", [])))
+    if plan.get("selection") == "random_stopping":
+        return selected_row(folder, row, axes, repair)
     best = summary[summary.best]
     if privacy["sampling"] == NOT_DP_SAMPLING:
         row.update(status=NOT_DP, value=math.nan, std=math.nan)
@@ -85,6 +88,16 @@ def grid_row(folder: Path) -> dict:
     else:
         row.update(status=DIVERGED, value=math.nan, std=math.nan)
     return row
+
+
+def selected_row(folder: Path, row: dict, axes: list, repair: str) -> dict:
+    """A random-stopping selection's cell: only what selection.json releases (configuration and score)."""
+    chosen = read_json(folder / "selection.json", repair).get("chosen")
+    row.update(budget=SELECTION, std=math.nan)
+    if not chosen:
+        return {**row, "status": NOTHING_SELECTED, "value": math.nan}
+    return {**row, **{a: chosen[a] for a in axes}, "config_id": chosen["config_id"], "value": chosen["score"],
+            "status": "ok"}
 
 
 def collect(results_dir: Path) -> tuple:
@@ -117,7 +130,7 @@ def paper_layout(grids: pd.DataFrame, dataset: str, k: int, with_values: bool):
     for strategy, label, axes in columns:
         for index, (eps, budget) in enumerate(rows):
             cell = grids[(grids.strategy == strategy) & np.isclose(grids.epsilon, eps) & (grids.budget == budget)]
-            reason = NOT_RUN if cell.empty else (None if cell.status.iloc[0] == "ok" else DIVERGED)
+            reason = NOT_RUN if cell.empty else (None if cell.status.iloc[0] == "ok" else cell.status.iloc[0])
             if reason:
                 notes.setdefault(reason, []).append(f"{label} ε={eps:g}")
             for axis in axes:
@@ -130,7 +143,7 @@ def paper_layout(grids: pd.DataFrame, dataset: str, k: int, with_values: bool):
                 grid_eps = cell.epsilon_grid.iloc[0] if not cell.empty else math.nan
                 table.loc[index, f"{label} ε grid"] = MISSING if pd.isna(grid_eps) else f"{grid_eps:.3g}"
     footnotes = [f"{MISSING}: {reason}: {', '.join(cells)}" for reason, cells in notes.items()]
-    partial = private[private.configs_run < private.n_configs]
+    partial = private[(private.configs_run < private.n_configs) & (private.budget != SELECTION)]
     if len(partial):  # grid.only: the best of a subset, still with the whole grid's noise
         footnotes.append("partial grids (grid.only; best of the configurations run, whole grid's noise): " + ", ".join(
             f"{r.label} ε={r.epsilon:g} ({r.configs_run} of {r.n_configs})" for r in partial.itertuples()))
@@ -227,8 +240,9 @@ def write_tables(results_dir, figures: bool = True, mix_budgets: bool = False, r
     mixed = [f"{d} k={k}" for (d, k), g in grids[grids.private.astype(bool)].groupby(["dataset", "k"])
              if g.budget.nunique() > 1]
     if mixed and not mix_budgets:
-        raise DpgridError(f"{', '.join(mixed)}: per-grid and per-run grids would share a table, whose ε then means two "
-                          "things; tabulate them apart (one results directory each) or pass --mix-budgets")
+        raise DpgridError(f"{', '.join(mixed)}: grids of different budgets (per_grid, per_run, selection) would share a "
+                          "table, whose ε then means two things; tabulate them apart (one results directory each) "
+                          "or pass --mix-budgets")
     try:
         import matplotlib  # noqa: F401
     except ImportError:

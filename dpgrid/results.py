@@ -25,7 +25,7 @@ RESULT_FILES = ("runs.csv", "curves.csv", "summary.csv")
 NOT_HASHED = ("train.device", "train.engine", "grid.only", "overwrite", "grid.allow_large", "data.root")
 RERUN = "fix or delete that line; the same command then trains that run again"
 # columns that must hold numbers (may be empty where a run has none, e.g. best_value of a diverged run)
-NUMERIC = ("epsilon", "delta", "k", "seed", "steps", "best_value", "best_step", "lr", "clip", "quantile",
+NUMERIC = ("epsilon", "delta", "k", "candidate", "seed", "steps", "best_value", "best_step", "lr", "clip", "quantile",
            "final_clip", "final_lr", "epsilon_spent", "epsilon_grid", "momentum", "seconds", "eval_seconds",
            "count_noise_std")
 OPTIONAL = ("best_value", "final_clip", "final_lr", "epsilon_spent", "epsilon_grid")
@@ -38,7 +38,8 @@ def config_hash(cfg, private: bool = True) -> str:
     seeds there are, so a grid can be extended with more seeds in place (its resume runs only the new ones).
     A non-private strategy's runs do not depend on the privacy settings, which are then left out too."""
     plain = OmegaConf.to_container(OmegaConf.masked_copy(cfg, [k for k in cfg if k != "hydra"]), resolve=True)
-    unhashed = NOT_HASHED if plain["privacy"]["account_seeds"] else (*NOT_HASHED, "train.seeds")
+    seeds_matter = plain["privacy"]["account_seeds"] or plain["privacy"].get("selection") == "random_stopping"
+    unhashed = NOT_HASHED if seeds_matter else (*NOT_HASHED, "train.seeds")
     if not private:
         unhashed = (*unhashed, *(f"privacy.{key}" for key in plain["privacy"] if key != "secure_rng"))
     for key in unhashed:
@@ -225,3 +226,29 @@ def summarize(runs: pd.DataFrame, axes: list, task: str) -> pd.DataFrame:
 def write_header(out: Path, cfg, plan, digest: str, data_files: dict) -> None:
     write_atomic(out / "config.yaml", OmegaConf.to_yaml(cfg, resolve=True))
     write_json(out / "plan.json", {**plan.to_dict(), "config_hash": digest, "data_files": data_files})
+
+
+COVERED = ("only this file is covered by (epsilon, delta): runs.csv, curves.csv and summary.csv show every "
+           "candidate and are the experimenter's private log")
+
+
+def summarize_selection(runs, plan, n_drawn: int, axes: list, task: str):
+    """(summary, selection): one summary row per candidate, and what the mechanism releases: the best
+    candidate's configuration and score (the best mean over its seeds, as a grid's best configuration)."""
+    selection = {"selection": "random_stopping", "stopping": plan.stopping, "epsilon": plan.epsilon_spent,
+                 "delta": plan.delta, "noise_multiplier": plan.noise_multiplier, "covered": COVERED}
+    selection["candidates_drawn"] = n_drawn
+    if runs is None or not len(runs):
+        return pd.DataFrame(), {**selection, "chosen": None}
+    labelled = runs.assign(config_id=[f"{int(c)}:{i}" for c, i in zip(runs.candidate, runs.config_id)])
+    summary = summarize(labelled, axes, task)
+    split = summary.config_id.str.split(":", n=1)
+    summary.insert(0, "candidate", split.str[0].astype(int))
+    summary["config_id"] = split.str[1]
+    chosen = summary[summary.best]
+    released = None
+    if len(chosen):
+        row = chosen.iloc[0]
+        released = {"candidate": int(row.candidate), "config_id": row.config_id,
+                    **{a: float(row[a]) for a in axes}, "score": float(row["mean"])}
+    return summary, {**selection, "chosen": released}

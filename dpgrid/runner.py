@@ -16,15 +16,16 @@ import torch
 from omegaconf import OmegaConf
 from tqdm.auto import tqdm
 
-from . import DpgridError, data as data_mod, grid, strategies, tasks
+from . import DpgridError, data as data_mod, grid, selection, strategies, tasks
 from .checks import check_config, check_size
-from .files import check_writable, environment, locked, write_csv
+from .files import check_writable, environment, locked, write_csv, write_json
 from .models import build_model, count_parameters
 from .persample import check_model, make_engine
 from .plugins import arguments
 from .privacy import make_plan
 from .randomness import SecureRandom
-from .results import append_curves, claim, commit_run, config_hash, finished_runs, summarize, write_header
+from .results import (append_curves, claim, commit_run, config_hash, finished_runs, summarize, summarize_selection,
+                      write_header)
 from .train import train_run
 
 
@@ -98,17 +99,34 @@ def check_run(cfg, out_dir) -> None:
             claim(out, config_hash(cfg, plan.private), None, plan, bool(cfg.overwrite))  # the data is compared once loaded
 
 
+def grid_key(cfg, plan) -> tuple:
+    """The names a grid's seeds derive from (a selection adds its repetition)."""
+    key = (plan.dataset, plan.strategy, plan.epsilon if plan.private else "non-private", plan.k)
+    return key if plan.selection == "composition" else (*key, "selection", int(cfg.privacy.stopping_seed))
+
+
+def planned_runs(out: Path, cfg, plan, selected: list) -> list:
+    """(configuration, seed) of every run: each selected configuration's seeds, or, for a random-stopping
+    selection, candidate i's seeds i * seeds ... (i + 1) * seeds - 1 (each candidate is a fresh run)."""
+    if plan.selection == "composition":
+        return [(c, s) for c in selected for s in range(plan.seeds)]
+    source = (SecureRandom() if cfg.privacy.secure_rng
+              else torch.Generator().manual_seed(derive_seed(*grid_key(cfg, plan), "stopping")))
+    drawn = selection.candidates(out, plan, selected, source)
+    return [(c, i * plan.seeds + s) for i, c in enumerate(drawn) for s in range(plan.seeds)]
+
+
 def run_one(cfg, plan, strategy_cls, data, config: dict, seed: int, progress: bool):
-    grid_key = (plan.dataset, plan.strategy, plan.epsilon if plan.private else "non-private", plan.k)
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(derive_seed(plan.dataset, "init", seed))  # same start for every strategy
         model = build_model(cfg.model).to(data.x_train.device)
     if cfg.privacy.secure_rng:  # batches and noise unpredictable; such runs are not reproducible
         sampler = noise = SecureRandom()
     else:  # public seeds: reproducible, and predictable by anyone who knows these names
-        sampler = torch.Generator().manual_seed(derive_seed(*grid_key, config["config_id"], seed, "sampling"))
+        names = (*grid_key(cfg, plan), config["config_id"], seed)
+        sampler = torch.Generator().manual_seed(derive_seed(*names, "sampling"))
         noise = torch.Generator(device=data.x_train.device)
-        noise.manual_seed(derive_seed(*grid_key, config["config_id"], seed, "noise"))
+        noise.manual_seed(derive_seed(*names, "noise"))
     hp = {k: v for k, v in config.items() if k != "config_id"}
     multipliers = {"noise_multiplier": plan.noise_multiplier, **plan.per_query}
     strategy = strategy_cls(model.parameters(), hp, multipliers, plan.batch_size, arguments(cfg.strategy), noise,
@@ -122,6 +140,8 @@ def run_row(cfg, plan, strategy_cls, config, seed, result) -> dict:
     row = dict(dataset=plan.dataset, strategy=plan.strategy, metric=tasks.get(cfg.dataset.task).metric,
                epsilon=plan.epsilon, delta=plan.delta, k=plan.k, config_id=config["config_id"])
     row.update({k: v for k, v in config.items() if k != "config_id"})
+    if plan.selection == "random_stopping":
+        row["candidate"] = seed // plan.seeds
     row.update(seed=seed, noise_multiplier=plan.noise_multiplier, **plan.per_query,
                budget=plan.budget, accountant=plan.accountant, epsilon_spent=plan.epsilon_spent,
                epsilon_grid=plan.epsilon_grid, seeds_accounted=plan.account_seeds,
@@ -148,8 +168,9 @@ def run_grid(cfg, out_dir, progress: bool = True) -> pd.DataFrame:
         claim(out, digest, data_files, plan, bool(cfg.overwrite))
         write_header(out, cfg, plan, digest, data_files)
         done = finished_runs(out, plan)
-        todo = [(c, s) for c in selected for s in range(plan.seeds) if (c["config_id"], s) not in done]
-        total = len(selected) * plan.seeds
+        work = planned_runs(out, cfg, plan, selected)
+        todo = [(c, s) for c, s in work if (c["config_id"], s) not in done]
+        total = len(work)
         bar = tqdm(total=total, initial=total - len(todo), desc=f"{plan.strategy} {plan.dataset} eps={plan.epsilon:g} "
                    f"k={plan.k}", disable=None if progress else True)
         for finished, (config, seed) in enumerate(todo, start=total - len(todo) + 1):
@@ -159,8 +180,13 @@ def run_grid(cfg, out_dir, progress: bool = True) -> pd.DataFrame:
             report_run(plan, config["config_id"], seed, result, finished, total)
             bar.update()
         bar.close()
-        runs = pd.read_csv(out / "runs.csv", dtype={"config_id": str})
-        summary = summarize(runs, list(cfg.strategy.grid), data.task)
+        runs = pd.read_csv(out / "runs.csv", dtype={"config_id": str}) if work else None
+        if plan.selection == "random_stopping":
+            summary, released = summarize_selection(runs, plan, len(work) // plan.seeds,
+                                                              list(cfg.strategy.grid), data.task)
+            write_json(out / "selection.json", released)
+        else:
+            summary = summarize(runs, list(cfg.strategy.grid), data.task)
         write_csv(out / "summary.csv", summary)
     return summary
 
@@ -178,9 +204,14 @@ def report_run(plan, config_id: str, seed: int, result, done: int, total: int) -
 
 
 def describe_best(summary: pd.DataFrame, task: str) -> str:
+    if not len(summary):
+        return "no candidate was drawn (K = 0): the selection releases nothing"
     if not summary.best.any():
         return "no configuration converged: every run diverged"
     b = summary[summary.best].iloc[0]
+    if "candidate" in summary:  # a random-stopping selection: what selection.json releases
+        return (f"selected candidate {b.candidate} of {len(summary)}: configuration {b.config_id}, "
+                f"{tasks.get(task).unit} {b['mean']:.4g} (selection.json)")
     hps = ", ".join(f"{a}={b[a]:.4g}" for a in summary.columns if a in grid.ID_PREFIX)
     unit = tasks.get(task).unit
     return (f"best configuration {b.config_id} ({hps}): {unit} {b['mean']:.4g} ± {b['std']:.2g} "

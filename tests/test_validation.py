@@ -59,6 +59,9 @@ EXPECT = {
     "strategy.count_noise_divisor": (False, positive, None),
     "strategy.grad_noise_ratio": (False, lambda v: 1 < v <= F32, None),
     "strategy.beta1": (False, lambda v: 0 <= v < 1, None),
+    "strategy.beta2": (False, lambda v: 0 <= v < 1, None),
+    "privacy.stopping_eta": (False, lambda v: -1 < v <= 100, None),
+    "privacy.stopping_seed": (True, whole(0), None),
     "strategy.xi": (False, lambda v: 0 <= v <= F32, None),
 }
 LIST_FORM = {"grid.lr_range": "[{},1.5]", "grid.clip_range": "[{},2]", "grid.quantiles": "[{}]",
@@ -66,7 +69,9 @@ LIST_FORM = {"grid.lr_range": "[{},1.5]", "grid.clip_range": "[{},2]", "grid.qua
 # where each key exists (mean and std are read only when standardizing)
 WHERE = {"model.max_words": ("ag_news", "online", []), "model.embedding_dim": ("ag_news", "online", []),
          "dataset.load.max_words": ("ag_news", "online", []), "dataset.mean": ("mnist", "online", ["dataset.normalize=standardize"]),
-         "dataset.std": ("mnist", "online", ["dataset.normalize=standardize"])}
+         "dataset.std": ("mnist", "online", ["dataset.normalize=standardize"]),
+         "privacy.stopping_eta": ("digits", "online", ["privacy.selection=random_stopping"]),
+         "privacy.stopping_seed": ("digits", "online", ["privacy.selection=random_stopping"])}
 
 
 def leaves(node, prefix=""):

@@ -1,0 +1,171 @@
+"""Random-stopping selection (Papernot & Steinke 2022; Liu & Talwar 2019): dpgrid's Renyi curves against a
+transcription of the theorems that shares no code with dpgrid (tests/selection_transcription.py, itself
+checked on examples worked by hand), against dp-accounting's implementation, the stopping distributions,
+the refusals, and a selection that resumes with the candidates it drew."""
+
+import json
+import math
+
+import numpy as np
+import pandas as pd
+import pytest
+import torch
+
+from dpgrid import DpgridError, selection
+from dpgrid.runner import plan_grid
+
+from . import selection_transcription as paper
+from .command import dpgrid
+from .conftest import load_cfg
+
+
+# --- the transcription, on examples worked by hand ------------------------------------------------------
+
+def test_transcription_on_examples_worked_by_hand():
+    # order 2 of the subsampled Gaussian: A_2 = 1 + q^2 (e^(1/sigma^2) - 1); q = 0.1, sigma = 1: log(1.0171828)
+    assert paper.subsampled_gaussian_rdp(0.1, 1.0, 2) == pytest.approx(0.017037, abs=1e-6)
+    assert paper.subsampled_gaussian_rdp(1.0, 2.0, 5) == pytest.approx(5 / 8)  # q = 1: the Gaussian, a / (2 sigma^2)
+    assert paper.expected_count(0.0, 0.1) == pytest.approx(9 / math.log(10))  # 3.908650
+    assert paper.expected_count(0.5, 0.25) == pytest.approx(3.0)  # 0.5 * 0.75 / (0.25 * (1 - 0.5))
+    # Theorem 2 on the Gaussian's curve eps(l) = l / 2 (rho = 1/2), eta = 1, gamma = 0.1 (E[K] = 10), lambda = 3:
+    # min over l_hat of (l_hat - 1)/2 + log(10)/l_hat is at l_hat = sqrt(2 log 10) = 2.14597: 2 sqrt(log(10)/2) - 1/2
+    # = 1.645966; eps' = 1.5 + 2 * 1.645966 + log(10)/2 = 1.5 + 3.291932 + 1.151293 = 5.943225
+    orders = [1 + i / 1000 for i in range(1, 50000)]
+    curve = paper.theorem_2(orders, [a / 2 for a in orders], eta=1.0, gamma=0.1)
+    assert curve[orders.index(3.0)] == pytest.approx(5.943225, abs=1e-5)
+    # Theorem 6 on the one-order curve {2: 1.0}, mu = 3: eps_hat = log 2, delta_hat = e^(1 - log 2) / 2 * (1/2)
+    # = 0.339785; eps' = 1 + 3 * 0.339785 + log 3 = 3.117968
+    assert paper.theorem_6([2], [1.0], mu=3.0)[0] == pytest.approx(3.117968, abs=1e-6)
+
+
+# --- dpgrid against the transcription and against dp-accounting ------------------------------------------
+
+SETTINGS = [  # (q, nu, T, eta or "poisson", gamma or mu)
+    (0.01, 1.0, 1000, 0.0, 0.05),
+    (0.01, 2.0, 5000, 1.0, 0.05),
+    (0.05, 1.5, 500, 0.5, 0.2),
+    (0.004, 0.8, 2000, -0.5, 0.1),
+    (512 / 60000, 1.86, 5 * 1172, 0.0, 0.01),
+    (0.02, 1.2, 1000, "poisson", 10.0),
+    (0.1, 3.0, 300, "poisson", 50.0),
+]
+
+
+def stopping_of(eta, gamma_or_mu) -> dict:
+    if eta == "poisson":
+        return {"rule": "poisson", "mean": gamma_or_mu, "mu": gamma_or_mu}
+    return {"rule": "truncated_negative_binomial", "eta": eta, "gamma": gamma_or_mu,
+            "mean": paper.expected_count(eta, gamma_or_mu)}
+
+
+@pytest.mark.parametrize("q, nu, steps, eta, gamma_or_mu", SETTINGS)
+def test_renyi_curves_agree_with_the_transcription_within_one_percent(q, nu, steps, eta, gamma_or_mu):
+    orders = list(range(2, 65))
+    base = paper.base_curve(q, nu, steps, orders)
+    if eta == "poisson":
+        expected = paper.monotone(paper.theorem_6(orders, base, gamma_or_mu))
+    else:
+        expected = paper.monotone(paper.theorem_2(orders, base, eta, gamma_or_mu))
+    ours = selection.selection_rdp(orders, selection.candidate_rdp(q, nu, steps, orders), stopping_of(eta, gamma_or_mu))
+    np.testing.assert_allclose(ours, expected, rtol=0.01)
+    assert not np.allclose(ours, base, rtol=0.01)  # the selection does cost something
+
+
+@pytest.mark.parametrize("eta, mean", [(0.0, 7), (1.0, 25), (2.5, 49), (-0.5, 5), (0.3, 1.5)])
+def test_gamma_for_a_mean_inverts_the_mean(eta, mean):
+    gamma = selection.tnb_gamma(eta, mean)
+    assert paper.expected_count(eta, gamma) == pytest.approx(mean, rel=1e-9)
+
+
+@pytest.mark.parametrize("shape, mean", [(0.0, 10), (1.0, 10), (2.5, 30), ("poisson", 10)])
+def test_renyi_curves_agree_with_dp_accounting(shape, mean):
+    from dp_accounting.rdp import rdp_privacy_accountant as accountant
+
+    base = selection.candidate_rdp(0.01, 1.5, 5000)
+    stopping = (selection.parameters("poisson", 0, mean, 1e-5) if shape == "poisson"
+                else selection.parameters("truncated_negative_binomial", shape, mean, 1e-5))
+    theirs = accountant._compute_rdp_repeat_and_select(selection.ORDERS, list(base), mean,
+                                                      math.inf if shape == "poisson" else shape)
+    theirs = np.minimum.accumulate(np.asarray(theirs)[::-1])[::-1]  # their Poisson branch skips this step
+    np.testing.assert_allclose(selection.selection_rdp(selection.ORDERS, base, stopping), theirs, rtol=1e-6)
+
+
+# --- the stopping distributions -----------------------------------------------------------------------
+
+@pytest.mark.parametrize("rule, eta, mean", [("truncated_negative_binomial", 0.0, 7), ("truncated_negative_binomial", 1.0, 7),
+                                             ("truncated_negative_binomial", -0.5, 4), ("poisson", 0, 7),
+                                             ("liu_talwar", 0, 7)])
+def test_the_number_of_candidates_has_the_stated_mean(rule, eta, mean):
+    stopping = selection.parameters(rule, eta, mean, 1e-5)
+    counts = np.array([selection.draw_count(stopping, u) for u in selection.uniforms(40000, torch.Generator().manual_seed(1))])
+    assert counts.min() >= (0 if rule == "poisson" else 1)
+    assert counts.mean() == pytest.approx(mean, abs=5 * counts.std() / math.sqrt(len(counts)))
+
+
+def test_a_geometric_draw_by_hand():
+    """eta = 1, mean 4: gamma = 1/4, P[K = 1] = 1/4, P[K = 2] = 3/16, so u = 0.2 gives 1, u = 0.3 gives 2."""
+    stopping = selection.parameters("truncated_negative_binomial", 1.0, 4, 1e-5)
+    assert stopping["gamma"] == pytest.approx(0.25)
+    assert [selection.draw_count(stopping, u) for u in (0.2, 0.3, 0.4374, 0.4376)] == [1, 2, 2, 3]
+
+
+# --- plans and refusals ---------------------------------------------------------------------------------
+
+def test_the_plan_calibrates_the_whole_selection_to_the_target():
+    cfg = load_cfg("digits", "fixed_threshold", **{"grid.k": 3, "privacy.selection": "random_stopping"})
+    plan = plan_grid(cfg, 1437)[1]
+    assert plan.stopping["mean"] == 9 and plan.composed_runs == plan.seeds and plan.account_seeds
+    spent = selection.selection_epsilon(plan.sample_rate, plan.noise_multiplier, plan.seeds * plan.steps, 1e-5,
+                                        plan.stopping)
+    assert spent == pytest.approx(plan.epsilon_spent) and 2.99 < spent <= 3
+    less = selection.selection_epsilon(plan.sample_rate, plan.noise_multiplier * 0.99, plan.seeds * plan.steps, 1e-5,
+                                       plan.stopping)
+    assert less > 3  # the smallest such noise
+
+
+@pytest.mark.parametrize("overrides, message", [
+    ({"privacy.stopping_eta": -1}, "privacy.stopping_eta must be a number in (-1, 100]"),
+    ({"privacy.stopping_mean": 1}, "privacy.stopping_mean must be a number > 1"),
+    ({"privacy.stopping": "geometric"}, "privacy.stopping"),
+    ({"privacy.budget": "per_run"}, "needs privacy.budget=per_grid"),
+    ({"grid.only": "[lr0_clip0]"}, "cannot run with grid.only"),
+])
+def test_bad_selection_settings_are_one_line(overrides, message, tmp_path):
+    args = ["strategy=fixed_threshold", "privacy.selection=random_stopping", *(f"{k}={v}" for k, v in overrides.items())]
+    r = dpgrid("run", *args, cwd=tmp_path)
+    assert r.returncode == 2 and r.stderr.count("\n") == 1 and message in r.stderr, r.stderr
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_an_unreachable_selection_says_what_is_reachable():
+    cfg = load_cfg("digits", "fixed_threshold", **{"grid.k": 3, "privacy.selection": "random_stopping",
+                                                 "privacy.epsilon": 0.005})
+    with pytest.raises(DpgridError, match=r"unreachable .* spends epsilon = [\d.]+; raise epsilon above that"):
+        plan_grid(cfg, 1437)
+
+
+# --- a selection end to end ----------------------------------------------------------------------------
+
+@pytest.mark.slow
+@pytest.mark.parametrize("secure", [False, True])
+def test_a_selection_resumes_with_the_candidates_it_drew(secure, tmp_path):
+    out = tmp_path / "sel"
+    args = ["strategy=fixed_threshold", "grid.k=3", "train.epochs=1", "train.seeds=2", "privacy.selection=random_stopping",
+            "privacy.stopping_eta=1", f"privacy.secure_rng={str(secure).lower()}", f"hydra.run.dir={out}"]
+    assert dpgrid("run", *args).returncode == 0
+    drawn = json.loads((out / "candidates.json").read_text())["candidates"]
+    released = json.loads((out / "selection.json").read_text())
+    runs = pd.read_csv(out / "runs.csv")
+    assert released["candidates_drawn"] == len(drawn) == runs.candidate.nunique() and len(runs) == 2 * len(drawn)
+    assert list(runs.drop_duplicates("candidate").config_id) == drawn  # trained in the order drawn
+    best = runs.groupby("candidate").best_value.mean()
+    assert released["chosen"]["score"] == pytest.approx(best.max()) and released["chosen"]["candidate"] == best.idxmax()
+    # interrupted after the first run: the same command trains the same candidates, in the same order
+    (out / "runs.csv").write_text("".join((out / "runs.csv").read_text().splitlines(keepends=True)[:2]))
+    (out / "selection.json").unlink()
+    assert dpgrid("run", *args).returncode == 0
+    assert json.loads((out / "candidates.json").read_text())["candidates"] == drawn
+    again = pd.read_csv(out / "runs.csv")
+    assert list(again.config_id) == list(runs.config_id) and list(again.seed) == list(runs.seed)
+    if not secure:  # seeded: the same numbers
+        pd.testing.assert_series_equal(again.best_value, runs.best_value)

@@ -100,4 +100,4 @@ def test_nodp_has_no_noise_and_no_epsilon():
 
 def test_unreachable_epsilon_is_a_clear_error():
     with pytest.raises(DpgridError, match="unreachable"):
-        calibrate(1e-4, 0.5, 100000, 1e-5)
+        calibrate(1e-6, 0.01, 100, 1e-5)

@@ -114,7 +114,7 @@ def log_range(cfg, key: str) -> list:
     return [low, high]
 
 
-ACCOUNTANTS = ("rdp", "pld", "prv")  # dpgrid.privacy's; listed here so that checking imports no accountant
+ACCOUNTANTS = ("rdp", "pld", "prv", "zcdp")  # dpgrid.privacy's and zcdp (noise schedules, dpgrid.zcdp)
 BUDGETS = ("per_grid", "per_run")
 
 

@@ -116,7 +116,9 @@ def plan_command(args: list) -> None:
     if plan.epsilon_spent is None:
         print("  non-private: no clipping, no noise")
     else:
-        if plan.selection == "random_stopping":
+        if plan.schedule:
+            print_schedule(plan)
+        elif plan.selection == "random_stopping":
             print_selection(plan)
         else:
             runs = f"{plan.composed_runs} runs ({'seeds accounted' if plan.account_seeds else 'seeds not accounted'})"
@@ -124,14 +126,29 @@ def plan_command(args: list) -> None:
             print(f"  budget (eps, delta) = ({plan.epsilon:g}, {plan.delta:g}) for {scope}: {runs} x {plan.steps} steps")
             print(f"  noise multiplier nu = {plan.noise_multiplier:.5g}  ({plan.accountant}); eps spent = "
                   f"{plan.epsilon_spent:.5g}; the whole grid's eps = {plan.epsilon_grid:.5g}")
-        for name, value in plan.per_query.items():
+        for name, value in ({} if plan.schedule else plan.per_query).items():
             print(f"  {name} = {value:.5g}")
-        print_alternatives(cfg, plan)
-        if compare:
+        if not plan.schedule:
+            print_alternatives(cfg, plan)
+        if compare and not plan.schedule:
             print_comparison(cfg, plan)
     for c in plan.configurations:
         print("   ", c["config_id"], " ".join(f"{k}={v:.4g}" for k, v in c.items() if k != "config_id"))
     print(f"  (planned in {seconds:.2f} s)")
+
+
+def print_schedule(plan) -> None:
+    """A noise schedule's plan: how many iterations of each configuration fit the budget, under both conversions."""
+    p = plan.per_query
+    print(f"  full-batch noisy gradient descent: L = {p['lipschitz']:.4g}, M = {p['smoothness']:.4g}, eta = 1/(2M) = "
+          f"{p['eta']:.4g}, lambda = {p['l2']:g}, Z = {p['feature_bound']:g}, R = {p['radius']:.4g}, d = {p['d']}")
+    claim = ("NOT PRIVATE (oracle): the schedule reads the gradient norm; epsilon below is what it would spend were "
+             "that free" if plan.epsilon_spent is None else f"each run spends at most epsilon = {plan.epsilon:g} on its own")
+    print(f"  budget (eps, delta) = ({plan.epsilon:g}, {plan.delta:g}), zCDP rho <= {p['rho_budget']:.5g} ({plan.accountant} "
+          f"conversion): {claim}")
+    for config_id, s in plan.schedule.items():
+        stop = "stops where its budget ends" if plan.epsilon_spent is None else f"{s['steps']:,} iterations"
+        print(f"    {config_id}: {stop}; eps (zcdp) = {s['epsilon_zcdp']:.4g}, eps (rdp) = {s['epsilon_rdp']:.4g}")
 
 
 def print_selection(plan) -> None:

@@ -1,6 +1,8 @@
 """Strategy + k -> the grid's configurations, each with a stable id such as `lr3_clip2`.
 
-Axes (SPEC §2): lr = logspace(lr_range, k), clip = logspace(clip_range, k), quantile = the fixed list.
+Axes (SPEC §2): lr = logspace(lr_range, k), clip = logspace(clip_range, k), quantile = the fixed list; a
+strategy may bring its own axes as lists in its config (`axes: {sigma: [0.001, 0.01]}`). A strategy with no
+axis (`grid: []`) has one configuration, `default`.
 """
 
 import itertools
@@ -11,10 +13,18 @@ import numpy as np
 from . import DpgridError
 
 ID_PREFIX = {"lr": "lr", "clip": "clip", "quantile": "q"}
-AXIS_SYMBOL = {"lr": "ρ", "clip": "C", "quantile": "γ"}  # how tables and figures print each axis
+AXIS_SYMBOL = {"lr": "ρ", "clip": "C", "quantile": "γ", "sigma": "σ"}  # how tables and figures print each axis
 
 
-def axis_values(axis: str, grid_cfg) -> list:
+def own_axis(axis: str, strategy_cfg):
+    """The values of an axis the strategy config lists itself, or None."""
+    own = strategy_cfg.get("axes") or {}
+    return [float(v) for v in own[axis]] if axis in own else None
+
+
+def axis_values(axis: str, grid_cfg, strategy_cfg=None) -> list:
+    if strategy_cfg is not None and own_axis(axis, strategy_cfg) is not None:
+        return own_axis(axis, strategy_cfg)
     if axis == "lr":
         return np.logspace(*grid_cfg.lr_range, int(grid_cfg.k)).tolist()
     if axis == "clip":
@@ -26,7 +36,8 @@ def axis_values(axis: str, grid_cfg) -> list:
 
 def size(strategy_cfg, grid_cfg) -> int:
     """K, without building the configurations (a huge grid is refused before it is built)."""
-    lengths = {"lr": int(grid_cfg.k), "clip": int(grid_cfg.k), "quantile": len(grid_cfg.quantiles)}
+    lengths = {"lr": int(grid_cfg.k), "clip": int(grid_cfg.k), "quantile": len(grid_cfg.quantiles),
+               **{a: len(v) for a, v in (strategy_cfg.get("axes") or {}).items()}}
     unknown = [a for a in strategy_cfg.grid if a not in lengths]
     if unknown:
         raise DpgridError(f"strategy.grid names unknown axes {unknown}; valid: {', '.join(ID_PREFIX)}")
@@ -36,10 +47,10 @@ def size(strategy_cfg, grid_cfg) -> int:
 def configurations(strategy_cfg, grid_cfg) -> list:
     """-> [{"config_id": "lr3_clip2", "lr": 0.316, "clip": 0.215}, ...] in a fixed order."""
     axes = list(strategy_cfg.grid)
-    values = [axis_values(a, grid_cfg) for a in axes]
+    values = [axis_values(a, grid_cfg, strategy_cfg) for a in axes]
     configs = []
     for picks in itertools.product(*(list(enumerate(v)) for v in values)):
-        config_id = "_".join(f"{ID_PREFIX[a]}{i}" for a, (i, _) in zip(axes, picks))
+        config_id = "_".join(f"{ID_PREFIX.get(a, a)}{i}" for a, (i, _) in zip(axes, picks)) or "default"
         configs.append({"config_id": config_id, **{a: v for a, (_, v) in zip(axes, picks)}})
     return configs
 

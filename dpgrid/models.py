@@ -68,6 +68,24 @@ def mlp() -> nn.Sequential:
     return nn.Sequential(nn.Linear(64, 32), nn.ReLU(), nn.Linear(32, 10))
 
 
+class LogisticRegression(nn.Linear):
+    """z -> z . theta with theta in R^d (no bias, as in the PUR paper), started at 0, in float64.
+    `penalty()` is the objective's regulariser lambda/2 ||theta||^2: evaluations add it to the risk and the
+    noisy-gradient-descent strategies add its gradient (lambda theta, the same for every example)."""
+
+    def __init__(self, inputs: int, l2: float = 0.0):
+        super().__init__(inputs, 1, bias=False, dtype=torch.float64)
+        nn.init.zeros_(self.weight)
+        self.l2 = float(l2)
+
+    def penalty(self) -> torch.Tensor:
+        return 0.5 * self.l2 * self.weight.pow(2).sum()
+
+
+def logistic(inputs: int, l2: float = 0.0) -> LogisticRegression:
+    return LogisticRegression(inputs, l2)
+
+
 def build_model(model_cfg) -> nn.Module:
     """The model a `model` config names in `_target_`, called with the config's other keys."""
     from . import DpgridError

@@ -107,6 +107,7 @@ class Plan:
     liu_talwar: dict = field(default_factory=dict)  # the cost of Liu-Talwar selection, for comparison
     selection: str = "composition"  # or random_stopping: only the best candidate is released (dpgrid.selection)
     stopping: dict = field(default_factory=dict)    # random stopping's rule and parameters
+    schedule: dict = field(default_factory=dict)    # noise schedules: per configuration, its steps and epsilons
     model_parameters: int = 0
     label: str = ""           # the strategy's name in tables and figures
     private: bool = True      # False for a non-private baseline
@@ -138,7 +139,9 @@ def make_plan(cfg, n_train: int, strategy_cls, configs: list, model_parameters: 
                 account_seeds=bool(p.account_seeds), composed_runs=composed, noise_multiplier=0.0,
                 budget=budget, accountant=accountant, sampling=str(t.get("sampling", "poisson")),
                 model_parameters=model_parameters, configurations=configs)
-    if strategy_cls.private and p.get("selection", "composition") == "random_stopping":
+    if hasattr(strategy_cls, "plan_privacy"):  # a strategy with its own accounting (noise schedules)
+        strategy_cls.plan_privacy(plan, strategy_cls.problem(cfg, n_train), accountant)
+    elif strategy_cls.private and p.get("selection", "composition") == "random_stopping":
         plan_selection(plan, p, strategy_cls, arguments(cfg.strategy))
     elif strategy_cls.private:
         budget_runs = composed if budget == "per_grid" else per_config

@@ -28,7 +28,8 @@ RERUN = "fix or delete that line; the same command then trains that run again"
 NUMERIC = ("epsilon", "delta", "k", "candidate", "seed", "steps", "best_value", "best_step", "lr", "clip", "quantile",
            "final_clip", "final_lr", "epsilon_spent", "epsilon_grid", "momentum", "seconds", "eval_seconds",
            "count_noise_std")
-OPTIONAL = ("best_value", "final_clip", "final_lr", "epsilon_spent", "epsilon_grid")
+OPTIONAL = ("best_value", "final_clip", "final_lr", "epsilon_spent", "epsilon_grid", "noise_multiplier", "epsilon_zcdp",
+            "epsilon_rdp")
 
 
 def config_hash(cfg, private: bool = True) -> str:
@@ -95,8 +96,9 @@ def runs_disagree(runs_path: Path, plan) -> str:
         return str(e)
     if len(runs) == 0:
         return ""
-    for column, value in (("noise_multiplier", plan.noise_multiplier), ("steps", plan.steps),
-                          ("epsilon", plan.epsilon), ("strategy", plan.strategy), ("dataset", plan.dataset)):
+    checked = [("epsilon", plan.epsilon), ("strategy", plan.strategy), ("dataset", plan.dataset)] + (
+        [] if plan.schedule else [("noise_multiplier", plan.noise_multiplier), ("steps", plan.steps)])  # schedules: per run
+    for column, value in checked:
         found = set(runs[column]) if column in runs else {None}
         if found != {value}:
             return f"its {column} is {', '.join(map(str, sorted(found, key=str)))}, this plan's {value}"
@@ -152,8 +154,8 @@ def finished_runs(out: Path, plan) -> set:
     curves = read_curves(curves_path)
     curve_keys = run_ids(curves)
     last = curves.loc[np.array([k in done for k in curve_keys], dtype=bool)].groupby(["config_id", "seed"]).step.max()
-    complete = {k for k, diverged in zip(run_keys, runs.diverged.astype(str))
-                if k in last.index and (diverged == "True" or last[k] == plan.steps)}
+    complete = {k for k, diverged, steps in zip(run_keys, runs.diverged.astype(str), runs.steps.astype(int))
+                if k in last.index and (diverged == "True" or last[k] == steps)}  # the steps its row records
     if complete != done:
         warn_once(f"{curves_path} lacks the curves of {len(done - complete)} committed run(s): they are trained again")
         write_csv(runs_path, runs.loc[np.array([k in complete for k in run_keys], dtype=bool)])

@@ -54,6 +54,10 @@ def validate(cfg, n_train: int):
     resolve_device(str(cfg.train.device))
     strategy_cls = strategies.resolve(cfg.strategy)
     strategy_cls.check_config(cfg)
+    accountant = str(cfg.privacy.accountant)
+    if hasattr(strategy_cls, "plan_privacy") != (accountant == "zcdp") and accountant != "rdp":
+        raise DpgridError(f"privacy.accountant={accountant} does not apply to strategy={cfg.strategy.name}; valid: "
+                          + ("zcdp, rdp" if hasattr(strategy_cls, "plan_privacy") else "rdp, pld, prv"))
     n_configs = grid.size(cfg.strategy, cfg.grid)
     steps = math.ceil(int(cfg.train.epochs) * n_train / int(cfg.train.batch_size))
     check_size(n_configs, n_configs * int(cfg.train.seeds), steps, cfg.dataset.get("seconds_per_step"),
@@ -128,11 +132,13 @@ def run_one(cfg, plan, strategy_cls, data, config: dict, seed: int, progress: bo
         noise = torch.Generator(device=data.x_train.device)
         noise.manual_seed(derive_seed(*names, "noise"))
     hp = {k: v for k, v in config.items() if k != "config_id"}
-    multipliers = {"noise_multiplier": plan.noise_multiplier, **plan.per_query}
+    multipliers = {"noise_multiplier": plan.noise_multiplier, **plan.per_query, "delta": plan.delta,
+                   "accountant": plan.accountant}
     strategy = strategy_cls(model.parameters(), hp, multipliers, plan.batch_size, arguments(cfg.strategy), noise,
                             momentum=float(cfg.train.momentum))
     engine = make_engine(model, data.task, str(cfg.train.engine))
-    return train_run(model, engine, strategy, data, plan.steps, plan.sample_rate, int(cfg.train.eval_every),
+    steps = plan.schedule.get(config["config_id"], {}).get("steps", plan.steps)
+    return train_run(model, engine, strategy, data, steps, plan.sample_rate, int(cfg.train.eval_every),
                      sampler, progress, sampling=str(cfg.train.sampling))
 
 
@@ -146,8 +152,13 @@ def run_row(cfg, plan, strategy_cls, config, seed, result) -> dict:
                budget=plan.budget, accountant=plan.accountant, epsilon_spent=plan.epsilon_spent,
                epsilon_grid=plan.epsilon_grid, seeds_accounted=plan.account_seeds,
                momentum=float(cfg.train.momentum), sampling=plan.sampling,
-               normalize=str(cfg.dataset.get("normalize", "unit")), steps=plan.steps,
+               normalize=str(cfg.dataset.get("normalize", "unit")), steps=result.steps if plan.schedule else plan.steps,
                best_value=result.best_value, best_step=result.best_step)
+    if config["config_id"] in plan.schedule:  # a noise schedule: this run's own epsilon, under both conversions
+        spent = plan.schedule[config["config_id"]]
+        row.update(epsilon_spent=spent[f"epsilon_{plan.accountant}"] if plan.epsilon_spent is not None else None,
+                   **{k: v for k, v in spent.items() if k.startswith("epsilon_")} if plan.epsilon_spent is not None
+                   else {})
     if "clip" in strategy_cls.adapts:
         row["final_clip"] = result.final_clip
     if "lr" in strategy_cls.adapts:

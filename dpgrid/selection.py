@@ -81,7 +81,7 @@ def rdp_delta(orders, rdp, epsilon: float) -> float:
     """delta of an (orders, rdp) curve at epsilon (Canonne, Kamath & Steinke 2020, Proposition 12):
     delta = min_lambda exp((lambda - 1)(rdp - epsilon)) / lambda * (1 - 1/lambda)^(lambda - 1)."""
     bounds = [(a - 1) * (r - epsilon + math.log1p(-1 / a)) - math.log(a) for a, r in zip(orders, rdp) if a > 1]
-    return min(1.0, math.exp(min(bounds)))
+    return math.exp(min(0.0, min(bounds)))  # every mechanism is (epsilon, 1)-DP
 
 
 def selection_rdp(orders, rdp, stopping: dict) -> np.ndarray:

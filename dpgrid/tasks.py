@@ -19,6 +19,12 @@ def image_mse(out, y):
     return (out - y).pow(2).flatten(1).mean(1)
 
 
+def logistic_loss(out, y):
+    """log(1 + exp(-y z.theta)) for labels y in {-1, +1} (the regulariser is the model's `penalty`)."""
+    from torch.nn.functional import softplus
+    return softplus(-y * out.squeeze(-1))
+
+
 def correct(out, y, losses):
     return (out.argmax(1) == y).sum()
 
@@ -50,6 +56,7 @@ TASKS = {task.name: task for task in (
          has_classes=True),
     Task("reconstruction", "mse", "MSE", False, image_mse, summed_loss, table_scale=100.0, table_name="mse×10²",
          targets_are_inputs=True),
+    Task("logistic", "risk", "empirical risk", False, logistic_loss, summed_loss, table_name="risk"),
 )}
 BY_METRIC = {task.metric: task for task in TASKS.values()}
 

@@ -26,6 +26,7 @@ class RunResult:
     final_lr: float = math.nan
     seconds: float = 0.0
     eval_seconds: float = 0.0  # of which validation
+    steps: int = 0             # steps taken (fewer than planned when the strategy stopped itself)
     curve: list = field(default_factory=list)  # dicts: step, value, clip, lr, test_loss
 
 
@@ -58,11 +59,15 @@ def evaluate(model, x, y, task: str, batch_size: int = 512) -> tuple:
         total += task.score(out, target, losses)
     model.train()
     value, loss = total.item() / len(x), loss.item() / len(x)
+    if hasattr(model, "penalty"):  # a regularised objective (logistic regression): risk = mean loss + penalty
+        value, loss = value + float(model.penalty()), loss + float(model.penalty())
     return (task.scale * value if task.scale != 1.0 else value), loss
 
 
 def train_run(model, engine, strategy, data, steps: int, sample_rate: float, eval_every: int,
               sample_generator, progress: bool = True, sampling: str = "poisson") -> RunResult:
+    """At most `steps` steps; a strategy that sets `finished` (its budget would be exceeded) ends the run
+    before the step it refused. Validation every `eval_every` steps and after the last step taken."""
     result = RunResult()
     start = time.perf_counter()
     device = data.x_train.device
@@ -73,21 +78,34 @@ def train_run(model, engine, strategy, data, steps: int, sample_rate: float, eva
             idx = idx.pin_memory().to(device, non_blocking=True)
         grads = engine(data.x_train[idx], data.y_train[idx])
         strategy.step(grads)
+        if getattr(strategy, "finished", False):
+            break
+        result.steps = step
         if step % eval_every and step != steps:
             continue  # everything above stays on the device: no host synchronisation per step
-        eval_start = time.perf_counter()
-        finite = all(bool(torch.isfinite(p).all()) for p in strategy.params)
-        value, test_loss = evaluate(model, data.x_test, data.y_test, data.task) if finite else (math.nan, math.nan)
-        clip, lr = float(strategy.clip), float(strategy.lr)
-        result.curve.append(dict(step=step, value=value, clip=clip, lr=lr, test_loss=test_loss))
-        result.eval_seconds += time.perf_counter() - eval_start
-        if not math.isfinite(value) or math.isinf(clip) or not math.isfinite(lr):  # nodp's clip is nan
-            result.diverged = True
+        if not validate(model, strategy, data, step, result):
             break
-        if result.best_step < 0 or tasks.get(data.task).better(value, result.best_value):
-            result.best_value, result.best_step = value, step
-        result.final_clip, result.final_lr = clip, lr
+    if not result.diverged and (not result.curve or result.curve[-1]["step"] != result.steps):
+        validate(model, strategy, data, result.steps, result)  # a strategy that stopped itself (at step 0: theta_0)
     if result.diverged:
         result.best_value, result.best_step = math.nan, -1
     result.seconds = time.perf_counter() - start
     return result
+
+
+def validate(model, strategy, data, step: int, result: RunResult) -> bool:
+    """One validation into result's curve; False when the run has diverged."""
+    eval_start = time.perf_counter()
+    finite = all(bool(torch.isfinite(p).all()) for p in strategy.params)
+    value, test_loss = evaluate(model, data.x_test, data.y_test, data.task) if finite else (math.nan, math.nan)
+    clip, lr = float(strategy.clip), float(strategy.lr)
+    extra = strategy.curve_values() if hasattr(strategy, "curve_values") else {}
+    result.curve.append(dict(step=step, value=value, clip=clip, lr=lr, test_loss=test_loss, **extra))
+    result.eval_seconds += time.perf_counter() - eval_start
+    if not math.isfinite(value) or math.isinf(clip) or not math.isfinite(lr):  # nodp's clip is nan
+        result.diverged = True
+        return False
+    if result.best_step < 0 or tasks.get(data.task).better(value, result.best_value):
+        result.best_value, result.best_step = value, step
+    result.final_clip, result.final_lr = clip, lr
+    return True

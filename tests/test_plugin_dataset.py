@@ -9,13 +9,13 @@ pytestmark = pytest.mark.slow  # every test here starts dpgrid processes
 
 
 def test_breast_cancer_runs_with_its_default_model_and_tables(tmp_path):
-    args = ["dataset=breast_cancer", "strategy=fixed_threshold", "grid.k=2", "train.epochs=2", "train.seeds=1",
+    args = ["dataset=wdbc", "strategy=fixed_threshold", "grid.k=2", "train.epochs=2", "train.seeds=1",
             SEARCHPATH]
     r = dpgrid("run", *args, f"hydra.run.dir={tmp_path / 'results' / 'bc'}")
     assert r.returncode == 0, r.stderr
     runs = pd.read_csv(tmp_path / "results" / "bc" / "runs.csv")
-    assert set(runs.dataset) == {"breast_cancer"} and runs.best_value.between(0, 100).all()
+    assert set(runs.dataset) == {"wdbc"} and runs.best_value.between(0, 100).all()
     t = dpgrid("tables", str(tmp_path / "results"))
     assert t.returncode == 0, t.stderr
-    table = (tmp_path / "results" / "tables" / "breast_cancer_k2.md").read_text()
+    table = (tmp_path / "results" / "tables" / "wdbc_k2.md").read_text()
     assert "Fixed Threshold" in table and "| 1 |" in table  # the dataset's own privacy levels are the rows

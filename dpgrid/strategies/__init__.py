@@ -6,13 +6,16 @@ from .. import DpgridError
 from ..plugins import resolve as resolve_target
 from .adamwosm import AdamWOSM
 from .base import Strategy
+from .constant_noise import ConstantNoise
 from .dpadam import DPAdam
 from .fixed_quantile import FixedQuantile
 from .fixed_threshold import FixedThreshold
 from .nodp import NoDP
 from .online import Online
+from .pur import PUR
+from .pur_oracle import PUROracle
 
-__all__ = ["Strategy", "Online", "FixedThreshold", "FixedQuantile", "AdamWOSM", "DPAdam", "NoDP", "resolve"]
+__all__ = ["Strategy", "Online", "FixedThreshold", "FixedQuantile", "AdamWOSM", "DPAdam", "NoDP", "PUR", "ConstantNoise", "PUROracle", "resolve"]
 
 
 def resolve(strategy_cfg) -> type:

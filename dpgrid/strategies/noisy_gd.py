@@ -1,0 +1,119 @@
+"""Full-batch noisy gradient descent with a noise schedule: the family of the PUR paper's strategies."""
+
+import math
+
+import torch
+
+from .. import DpgridError, zcdp
+from .base import Strategy
+
+ORACLE = "full batch; not private (oracle)"  # how plans, rows and tables mark the data-dependent schedule
+
+
+class NoisyGD(Strategy):
+    """Noisy gradient descent on the whole training set (the PUR paper, Eq. 2):
+
+        theta_{t+1} = theta_t - eta (grad F(theta_t) + zeta_t),   zeta_t ~ N(0, sigma_t^2 I),   eta = 1 / (2M)
+
+    with F the regularised empirical risk: grad F = the mean of the examples' loss gradients + lambda theta.
+    Each example's loss gradient is clipped to Z, a no-op when ||z|| <= Z as the loaders ensure, so that the
+    sensitivity 2L/N holds whatever the iterates do. Subclasses give the schedule sigma_t (`sigmas`); the
+    plan (`plan_privacy`) fits the schedule into the budget, and a run stops at the last step within it.
+
+    Problem constants (from the dataset config, all public): N, d, lambda (`l2`), Z (`feature_bound`),
+    R (`radius`; for lambda > 0 it is sqrt(2 log 2 / lambda), which bounds ||theta_0 - theta*|| since
+    F(0) = log 2), L = lambda R + Z and M = lambda + Z^2 / 4.
+    """
+
+    label = "NoisyGD"
+    oracle = False  # True: the schedule reads the data (not private); no epsilon is claimed
+
+    @classmethod
+    def check_config(cls, cfg) -> None:
+        from .. import checks
+
+        if str(cfg.dataset.task) != "logistic":
+            raise DpgridError(f"strategy={cfg.strategy.name} runs noisy gradient descent on binary logistic regression; "
+                              f"dataset={cfg.dataset.name} has task {cfg.dataset.task} (use a dataset with task: logistic)")
+        checks.real(cfg, "dataset.l2", "a finite number >= 0 (lambda)", lambda v: v >= 0)
+        checks.positive(cfg, "dataset.feature_bound")
+        checks.positive(cfg, "dataset.radius")
+        if int(cfg.train.batch_size) != int(cfg.dataset.n_train):
+            raise DpgridError(f"strategy={cfg.strategy.name} is full-batch gradient descent: train.batch_size must be "
+                              f"N = {cfg.dataset.n_train}, got {cfg.train.batch_size}")
+
+    @staticmethod
+    def problem(cfg, n_train: int) -> dict:
+        d, l2, z = int(cfg.dataset.features), float(cfg.dataset.l2), float(cfg.dataset.feature_bound)
+        radius = math.sqrt(2 * math.log(2) / l2) if l2 > 0 else float(cfg.dataset.radius)
+        return {"n": n_train, "d": d, "l2": l2, "feature_bound": z, "radius": radius,
+                "lipschitz": l2 * radius + z, "smoothness": l2 + z * z / 4}
+
+    @classmethod
+    def sigmas(cls, hp: dict, problem: dict):
+        """sigma_1, sigma_2, ...: the data-independent schedule of configuration `hp`."""
+        raise NotImplementedError
+
+    @classmethod
+    def plan_privacy(cls, plan, problem: dict, conversion: str) -> None:
+        """Per configuration: T, the steps of its schedule that fit the budget, and the epsilon they spend under
+        both conversions (the budget is met under `conversion`, privacy.accountant). Each run spends its epsilon
+        on its own (per_run): the best constant of a grid is chosen in hindsight, as in the paper."""
+        budget = zcdp.rho_budget(plan.epsilon, plan.delta, conversion)
+        plan.budget, plan.accountant = "per_run", conversion
+        plan.noise_multiplier = math.nan  # sigma_t varies: each run's schedule is in its config and the problem constants
+        plan.per_query = {**problem, "rho_budget": budget, "eta": 1 / (2 * problem["smoothness"])}
+        total = 0.0
+        for c in plan.configurations:
+            steps, rho = plan.steps, math.nan  # the oracle stops where its own sigma_t exhaust the budget
+            if not cls.oracle:
+                hp = {k: v for k, v in c.items() if k != "config_id"}
+                steps, rho = zcdp.steps_within(cls.sigmas(hp, problem), problem["lipschitz"], problem["n"], budget,
+                                               plan.steps)
+                total += rho
+            spent = {name: zcdp.epsilon(rho, plan.delta, name) for name in zcdp.CONVERSIONS}
+            if not cls.oracle and not spent[conversion] <= plan.epsilon:  # explicit, also under python -O
+                raise DpgridError(f"configuration {c['config_id']} would spend epsilon = {spent[conversion]:.6g} "
+                                  f"> {plan.epsilon:g}; refusing to run (please report this)")
+            plan.schedule[c["config_id"]] = {"steps": steps, **{f"epsilon_{k}": v for k, v in spent.items()}}
+        if cls.oracle:
+            plan.epsilon_spent = plan.epsilon_grid = plan.epsilon_per_run = None
+            plan.sampling = ORACLE
+        else:
+            plan.epsilon_spent = plan.epsilon_per_run = max(v[f"epsilon_{conversion}"] for v in plan.schedule.values())
+            plan.epsilon_grid = zcdp.epsilon(total, plan.delta, conversion)
+            plan.sampling = "full batch"
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        p = self.p = self.noise  # the plan's problem constants travel with its multipliers
+        self.eta = float(p["eta"])  # exact; self.lr (a float32 tensor) is what curves record
+        self.lr.fill_(self.eta)
+        self.clip.fill_(p["feature_bound"])
+        self.t, self.rho, self.finished, self.grad_norm = 0, 0.0, False, math.nan
+        self.schedule = None if self.oracle else iter(self.sigmas(self.hp, p))
+
+    def sigma(self, gradient_norm: float) -> float:
+        return next(self.schedule)
+
+    @torch.no_grad()
+    def step(self, grads) -> None:
+        n = self.batch_size
+        sums = grads.weighted_sum(self.clip_weights(grads.norms))
+        gradient = [s / n + self.p["l2"] * w for s, w in zip(sums, self.params)]  # grad F(theta_t)
+        self.grad_norm = float(torch.sqrt(sum(g.pow(2).sum() for g in gradient)))
+        sigma = self.sigma(self.grad_norm)
+        cost = zcdp.step_rho(sigma, self.p["lipschitz"], n)
+        if self.rho + cost > self.p["rho_budget"]:  # the next step would exceed the budget: stop before it
+            self.finished = True
+            return
+        self.t, self.rho = self.t + 1, self.rho + cost
+        noisy = self.noisy_mean([torch.zeros_like(g) for g in gradient], sigma * n)  # N(0, sigma^2 I)
+        for p, g, z in zip(self.params, gradient, noisy):
+            p.add_(g + z, alpha=-self.eta)
+
+    def curve_values(self) -> dict:
+        """Recorded with every validation: ||grad F|| at the last step's start and the epsilon its schedule has
+        spent (for the oracle: what it would have spent were the gradient norm free). Both are evaluations on the
+        training data for the paper's Figure 1; no epsilon covers them."""
+        return {"grad_norm": self.grad_norm, "epsilon": zcdp.epsilon(self.rho, self.p["delta"], self.p["accountant"])}

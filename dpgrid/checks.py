@@ -161,6 +161,14 @@ def check_config(cfg, n_train: int = None, warn: bool = True) -> None:
         whole(cfg, "dataset.load.max_words")
     if get(cfg, "dataset.seconds_per_step") is not None:
         positive(cfg, "dataset.seconds_per_step")
+    if get(cfg, "dataset.features") is not None:
+        whole(cfg, "dataset.features")
+    if get(cfg, "dataset.l2") is not None:  # the logistic-regression problems' constants
+        real(cfg, "dataset.l2", "a finite number >= 0 (lambda)", lambda v: v >= 0)
+        positive(cfg, "dataset.feature_bound")
+        positive(cfg, "dataset.radius")
+    if get(cfg, "dataset.load.feature_bound") is not None:
+        positive(cfg, "dataset.load.feature_bound")
 
 
 def check_selection(cfg) -> None:

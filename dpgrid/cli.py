@@ -113,12 +113,12 @@ def plan_command(args: list) -> None:
           f"k = {plan.k}, {plan.model_parameters:,} parameters")
     print(f"  N = {plan.n_train}, B = {plan.batch_size}, q = {plan.sample_rate:.5g}, "
           f"T = {plan.steps} steps per run, {plan.epochs} epochs")
-    if plan.epsilon_spent is None:
+    if plan.schedule:
+        print_schedule(plan)
+    elif plan.epsilon_spent is None:
         print("  non-private: no clipping, no noise")
     else:
-        if plan.schedule:
-            print_schedule(plan)
-        elif plan.selection == "random_stopping":
+        if plan.selection == "random_stopping":
             print_selection(plan)
         else:
             runs = f"{plan.composed_runs} runs ({'seeds accounted' if plan.account_seeds else 'seeds not accounted'})"
@@ -126,13 +126,12 @@ def plan_command(args: list) -> None:
             print(f"  budget (eps, delta) = ({plan.epsilon:g}, {plan.delta:g}) for {scope}: {runs} x {plan.steps} steps")
             print(f"  noise multiplier nu = {plan.noise_multiplier:.5g}  ({plan.accountant}); eps spent = "
                   f"{plan.epsilon_spent:.5g}; the whole grid's eps = {plan.epsilon_grid:.5g}")
-        for name, value in ({} if plan.schedule else plan.per_query).items():
+        for name, value in plan.per_query.items():
             print(f"  {name} = {value:.5g}")
-        if not plan.schedule:
-            print_alternatives(cfg, plan)
-        if compare and not plan.schedule:
+        print_alternatives(cfg, plan)
+        if compare:
             print_comparison(cfg, plan)
-    for c in plan.configurations:
+    for c in [] if plan.schedule else plan.configurations:  # a schedule's plan lists them with their iterations
         print("   ", c["config_id"], " ".join(f"{k}={v:.4g}" for k, v in c.items() if k != "config_id"))
     print(f"  (planned in {seconds:.2f} s)")
 
@@ -146,9 +145,13 @@ def print_schedule(plan) -> None:
              "that free" if plan.epsilon_spent is None else f"each run spends at most epsilon = {plan.epsilon:g} on its own")
     print(f"  budget (eps, delta) = ({plan.epsilon:g}, {plan.delta:g}), zCDP rho <= {p['rho_budget']:.5g} ({plan.accountant} "
           f"conversion): {claim}")
-    for config_id, s in plan.schedule.items():
-        stop = "stops where its budget ends" if plan.epsilon_spent is None else f"{s['steps']:,} iterations"
-        print(f"    {config_id}: {stop}; eps (zcdp) = {s['epsilon_zcdp']:.4g}, eps (rdp) = {s['epsilon_rdp']:.4g}")
+    for c in plan.configurations:
+        s, hp = plan.schedule[c["config_id"]], " ".join(f"{k}={v:g}" for k, v in c.items() if k != "config_id")
+        if plan.epsilon_spent is None:
+            print(f"    {c['config_id']} {hp}: stops where its budget ends (at most {s['steps']:,} iterations)")
+        else:
+            print(f"    {c['config_id']} {hp}: {s['steps']:,} iterations fit; eps (zcdp) = {s['epsilon_zcdp']:.4g}, "
+                  f"eps (rdp) = {s['epsilon_rdp']:.4g}")
 
 
 def print_selection(plan) -> None:

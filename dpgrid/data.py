@@ -52,7 +52,10 @@ def load(dataset_cfg, root, device="cpu") -> Data:
 def check_loaded(dataset_cfg, root, x_tr, y_tr, x_te, y_te) -> None:
     """Whatever the loader: non-empty splits, as many targets as inputs, and class labels in
     0..classes-1 (a label outside would crash training midway, or count silently as a miss)."""
-    name, classes = dataset_cfg.name, dataset_cfg.get("classes")
+    name, classes, features = dataset_cfg.name, dataset_cfg.get("classes"), dataset_cfg.get("features")
+    if features is not None and x_tr.dim() == 2 and x_tr.shape[1] != int(features):
+        raise DpgridError(f"{name}'s data under {root} has {x_tr.shape[1]} features, its config says "
+                          f"dataset.features={features}")
     for split, x, y in (("train", x_tr, y_tr), ("test", x_te, y_te)):
         where = f"{name}'s {split} split under {root}"
         if len(x) == 0:

@@ -83,6 +83,14 @@ class LogisticRegression(nn.Linear):
 
 
 def logistic(inputs: int, l2: float = 0.0) -> LogisticRegression:
+    import math
+
+    from . import DpgridError
+
+    if not isinstance(inputs, int) or isinstance(inputs, bool) or inputs < 1:
+        raise DpgridError(f"model.inputs must be a whole number >= 1, got {inputs!r}")
+    if not isinstance(l2, (int, float)) or isinstance(l2, bool) or not (math.isfinite(l2) and 0 <= l2 <= 3.4e38):
+        raise DpgridError(f"model.l2 must be a finite number >= 0, got {l2!r}")
     return LogisticRegression(inputs, l2)
 
 

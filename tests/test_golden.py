@@ -9,6 +9,8 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
+from .command import dpgrid
+
 GOLDEN = Path(__file__).resolve().parent / "golden"
 TIMING = ("seconds", "eval_seconds")
 
@@ -25,7 +27,10 @@ def rerun(tmp_path_factory):
     record = recorder()
     names = sorted(p.name for p in GOLDEN.iterdir() if p.is_dir() and (p / "runs.csv").exists())
     assert set(names) == set(record.strategies()), "a built-in strategy has no golden data: run tests/golden/record.py"
-    return record.run_all(tmp_path_factory.mktemp("golden"), names), record.FILES
+    def in_this_process(*args):
+        assert dpgrid(*args).returncode == 0
+
+    return record.run_all(tmp_path_factory.mktemp("golden"), names, in_this_process), record.FILES
 
 
 @pytest.mark.parametrize("strategy", sorted(p.name for p in GOLDEN.iterdir() if (p / "runs.csv").exists()))

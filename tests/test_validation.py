@@ -62,16 +62,28 @@ EXPECT = {
     "strategy.beta2": (False, lambda v: 0 <= v < 1, None),
     "privacy.stopping_eta": (False, lambda v: -1 < v <= 100, None),
     "privacy.stopping_seed": (True, whole(0), None),
+    "dataset.delta": (False, lambda v: 0 < v < 1, "privacy.delta"),
+    "dataset.features": (True, whole(), None),
+    "dataset.l2": (False, lambda v: 0 <= v <= F32, None),
+    "dataset.feature_bound": (False, positive, None),
+    "dataset.load.feature_bound": (False, positive, None),
+    "dataset.radius": (False, positive, None),
+    "model.inputs": (True, whole(), None),
+    "model.l2": (False, lambda v: 0 <= v <= F32, None),
+    "strategy.axes.sigma": (False, positive, None),                        # set as [v]
     "strategy.xi": (False, lambda v: 0 <= v <= F32, None),
 }
 LIST_FORM = {"grid.lr_range": "[{},1.5]", "grid.clip_range": "[{},2]", "grid.quantiles": "[{}]",
-             "dataset.epsilons": "[{}]"}
+             "dataset.epsilons": "[{}]", "strategy.axes.sigma": "[{}]"}
 # where each key exists (mean and std are read only when standardizing)
 WHERE = {"model.max_words": ("ag_news", "online", []), "model.embedding_dim": ("ag_news", "online", []),
          "dataset.load.max_words": ("ag_news", "online", []), "dataset.mean": ("mnist", "online", ["dataset.normalize=standardize"]),
          "dataset.std": ("mnist", "online", ["dataset.normalize=standardize"]),
          "privacy.stopping_eta": ("digits", "online", ["privacy.selection=random_stopping"]),
-         "privacy.stopping_seed": ("digits", "online", ["privacy.selection=random_stopping"])}
+         "privacy.stopping_seed": ("digits", "online", ["privacy.selection=random_stopping"]),
+         **{key: ("iris", "pur", []) for key in ("dataset.delta", "dataset.features", "dataset.l2", "dataset.feature_bound",
+                                                 "dataset.load.feature_bound", "dataset.radius", "model.inputs", "model.l2")},
+         "strategy.axes.sigma": ("iris", "constant_noise", [])}
 
 
 def leaves(node, prefix=""):
@@ -90,7 +102,7 @@ def numeric_keys() -> dict:
             cfg = OmegaConf.to_container(load_cfg(dataset, strategy), resolve=True)
             for key, value in leaves(cfg):
                 numeric = isinstance(value, (int, float)) and not isinstance(value, bool)
-                numeric = numeric or (isinstance(value, list) and all(isinstance(x, (int, float)) for x in value))
+                numeric = numeric or (isinstance(value, list) and bool(value) and all(isinstance(x, (int, float)) for x in value))
                 if numeric:
                     found.setdefault(key, (dataset, strategy, []))
     return {**found, **{k: v for k, v in WHERE.items() if k in found}}

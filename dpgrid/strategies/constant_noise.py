@@ -12,7 +12,7 @@ class ConstantNoise(NoisyGD):
     @classmethod
     def check_config(cls, cfg) -> None:
         super().check_config(cfg)
-        checks.numbers(cfg, "strategy.axes.sigma", "> 0", lambda v: v > 0)
+        checks.numbers(cfg, "strategy.axes.sigma", "positive", lambda v: 0 < v <= checks.FLOAT32_MAX)
 
     @classmethod
     def sigmas(cls, hp: dict, problem: dict):

@@ -30,14 +30,9 @@ class NoisyGD(Strategy):
 
     @classmethod
     def check_config(cls, cfg) -> None:
-        from .. import checks
-
         if str(cfg.dataset.task) != "logistic":
             raise DpgridError(f"strategy={cfg.strategy.name} runs noisy gradient descent on binary logistic regression; "
                               f"dataset={cfg.dataset.name} has task {cfg.dataset.task} (use a dataset with task: logistic)")
-        checks.real(cfg, "dataset.l2", "a finite number >= 0 (lambda)", lambda v: v >= 0)
-        checks.positive(cfg, "dataset.feature_bound")
-        checks.positive(cfg, "dataset.radius")
         if int(cfg.train.batch_size) != int(cfg.dataset.n_train):
             raise DpgridError(f"strategy={cfg.strategy.name} is full-batch gradient descent: train.batch_size must be "
                               f"N = {cfg.dataset.n_train}, got {cfg.train.batch_size}")

@@ -8,7 +8,7 @@ from dpgrid import DpgridError
 
 def test_compose_raises_dpgrid_error_with_the_useful_part_of_hydras_message():
     with pytest.raises(DpgridError, match=r"no strategy named 'onlin' \(did you mean strategy=online\?\); "
-                                          r"available: adamwosm, dpadam, fixed_quantile, fixed_threshold, nodp, online"):
+                                          r"available: adamwosm, constant_noise, dpadam, fixed_quantile, fixed_threshold, nodp, online, pur, pur_oracle"):
         dpgrid.compose(["strategy=onlin"])
     with pytest.raises(DpgridError, match=r"no setting 'train.epoch'; did you mean train.epochs\?"):
         dpgrid.compose(["train.epoch=3"])
@@ -41,7 +41,7 @@ def test_run_help_names_dpgrid_and_describes_every_setting(capsys):
 
     main(["run", "--help"])
     out = capsys.readouterr().out
-    assert out.startswith("usage: dpgrid run") and "strategy: adamwosm, dpadam, fixed_quantile" in out
+    assert out.startswith("usage: dpgrid run") and "strategy: adamwosm, constant_noise, dpadam, fixed_quantile" in out
     settings = [line for line in out.splitlines() if line.startswith("  ") and " = " in line]
     assert len(settings) >= 20 and all(line.split(": ", 1)[1].strip() for line in settings), settings
     assert any(line.startswith("  privacy.epsilon = ") for line in settings)

@@ -34,10 +34,13 @@ from dpgrid.persample import make_engine, per_sample_losses
 
 MODELS = {"cnn": (cnn, (1, 28, 28), "classification", 10), "autoencoder": (autoencoder, (1, 28, 28), "reconstruction", 0),
           "bag_of_words": (bag_of_words, (750,), "classification", 4)}
-STRATEGIES = sorted(p.stem for p in __import__("pathlib").Path(__file__).resolve().parent.parent.glob("conf/strategy/*.yaml"))
 BATCH = 512
 NOISE = 1.0
 CONF = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "conf")
+# the DP-SGD strategies of the config group (those with their own accounting train logistic regression full-batch)
+STRATEGIES = sorted(name for name in (p.stem for p in __import__("pathlib").Path(CONF, "strategy").glob("*.yaml"))
+                    if not hasattr(strategies.resolve(OmegaConf.load(os.path.join(CONF, "strategy", f"{name}.yaml"))),
+                                   "plan_privacy"))
 
 
 def batch(model_name):

@@ -31,6 +31,10 @@ def grids(dataset: str, ks: list, extra: list):
         for k in ks:
             cfg = dpgrid.compose([f"dataset={dataset}", f"strategy={name}", f"grid.k={k}",
                                   *[e for e in extra if not e.startswith("hydra")]])
+            try:
+                strategies.resolve(cfg.strategy).check_config(cfg)
+            except dpgrid.DpgridError:
+                continue  # a strategy of another task (e.g. noisy gradient descent on logistic regression)
             steps = math.ceil(int(cfg.train.epochs) * int(cfg.dataset.n_train) / int(cfg.train.batch_size))
             found.append((name, strategies.resolve(cfg.strategy).private, grid.size(cfg.strategy, cfg.grid), steps,
                           list(cfg.dataset.epsilons), float(cfg.dataset.get("seconds_per_step") or 0)))

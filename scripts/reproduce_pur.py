@@ -1,0 +1,147 @@
+"""Regenerate Table 3 and Figure 1 of the PUR paper ("Adaptive hyperparameter selection for differentially
+private gradient descent") with dpgrid's strategies pur, constant_noise and pur_oracle.
+
+    python scripts/reproduce_pur.py --quick                  # 10 repetitions, at most 5,000 iterations: minutes
+    python scripts/reproduce_pur.py                          # 120 repetitions, as the paper
+    python scripts/reproduce_pur.py --data-root /path/to/data   # adds mnist_binary (and kddcup99 if its files are there)
+
+Every run goes through `dpgrid.run_grid` (the same runs `dpgrid run dataset=iris strategy=pur ...` makes), into
+--results (default outputs/pur; resumed when run again). Writes into --out (default docs/pur):
+- table3.csv / table3.md: the final empirical risk F(theta_T) at epsilon = 0.1 and 20 (lambda = 0.1, see
+  docs/pur/README.md), median over the repetitions, for ours (pur) and the best constant sigma chosen in
+  hindsight, each next to the paper's value and the difference;
+- figure1.png / figure1.pdf: ||grad F|| against the cumulative epsilon, median and interquartile band over the
+  repetitions, synthetic and iris, lambda = 0 and 0.1, every schedule including the (non-private) oracle.
+"""
+
+import argparse
+import math
+import time
+from pathlib import Path
+
+import pandas as pd
+
+import dpgrid
+from dpgrid.data import load
+
+# Table 3 of the paper: (dataset, epsilon) -> (ours, best constant)
+PAPER = {("synthetic", 0.1): (0.5090, 0.5307), ("synthetic", 20): (0.5087, 0.5087),
+         ("mnist_binary", 0.1): (1.0058, 0.9449), ("mnist_binary", 20): (0.6510, 0.5822),
+         ("iris", 0.1): (0.6465, 0.6809), ("iris", 20): (0.2778, 0.2782),
+         ("breast_cancer", 0.1): (1.1656, 0.8651), ("breast_cancer", 20): (0.2399, 0.2437),
+         ("kddcup99", 0.1): (0.5864, 0.5914), ("kddcup99", 20): (0.5401, 0.5402)}
+SCHEDULES = ("pur", "constant_noise", "pur_oracle")
+POINTS = 100  # validations per run (the figure's resolution)
+
+
+def runs(dataset: str, strategy: str, epsilon: float, l2: float, args) -> pd.DataFrame:
+    """The curves of every configuration of one schedule, all repetitions (config by config, so that each
+    is validated about POINTS times whatever its number of iterations)."""
+    common = [f"dataset={dataset}", f"strategy={strategy}", f"privacy.epsilon={epsilon}", f"dataset.l2={l2}",
+              f"train.seeds={args.repeats}", f"train.epochs={args.max_iterations}", f"data.root={args.data_root}"]
+    plan = dpgrid.plan(dpgrid.compose(common))
+    curves = []
+    for c in plan.configurations:
+        steps = plan.schedule[c["config_id"]]["steps"] if plan.epsilon_spent is not None else POINTS  # oracle: every step
+        cfg = dpgrid.compose([*common, f"grid.only=[{c['config_id']}]", f"train.eval_every={max(1, steps // POINTS)}"])
+        out = Path(args.results) / dataset / f"l2_{l2:g}" / f"eps{epsilon:g}" / strategy / c["config_id"]
+        result = dpgrid.run_grid(cfg, out, progress=False)
+        curves.append(result.curves[result.curves.config_id == c["config_id"]].assign(
+            schedule=strategy if strategy != "constant_noise" else f"sigma={c['sigma']:g}"))
+    return pd.concat(curves, ignore_index=True)
+
+
+def final_risk(curves: pd.DataFrame) -> pd.Series:
+    """Median over repetitions of F(theta_T), per schedule."""
+    last = curves.sort_values("step").groupby(["schedule", "seed"]).tail(1)
+    return last.groupby("schedule").value.median()
+
+
+def table3(datasets: list, args) -> pd.DataFrame:
+    rows = []
+    for dataset in datasets:
+        for epsilon in (0.1, 20):
+            risks = pd.concat([final_risk(runs(dataset, s, epsilon, 0.1, args)) for s in ("pur", "constant_noise")])
+            constants = risks[risks.index.str.startswith("sigma=")]
+            paper_ours, paper_constant = PAPER[(dataset, epsilon)]
+            for schedule, risk, paper, which in (("ours", risks["pur"], paper_ours, "pur"),
+                                                 ("best_constant", constants.min(), paper_constant, constants.idxmin())):
+                rows.append(dict(dataset=dataset, epsilon=epsilon, schedule=schedule, risk=risk, paper_risk=paper,
+                                 difference=risk - paper, chosen=which, repetitions=args.repeats,
+                                 max_iterations=args.max_iterations))
+            print(rows[-2], rows[-1], flush=True)
+    return pd.DataFrame(rows)
+
+
+def figure1(args, out: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(2, 2, figsize=(10, 8), squeeze=False)
+    for row, dataset in enumerate(("synthetic", "iris")):
+        for col, l2 in enumerate((0.0, 0.1)):
+            ax = axes[row][col]
+            curves = pd.concat([runs(dataset, s, 20, l2, args) for s in SCHEDULES], ignore_index=True)
+            for schedule, g in curves.groupby("schedule"):
+                by_step = g.groupby("step")
+                stats = pd.DataFrame({"epsilon": by_step.epsilon.median(), "median": by_step.grad_norm.median(),
+                                      "q1": by_step.grad_norm.quantile(0.25), "q3": by_step.grad_norm.quantile(0.75)})
+                stats = stats[stats.epsilon > 0].dropna()
+                label = {"pur": "PUR (ours)", "pur_oracle": "oracle (not private)"}.get(schedule, schedule)
+                line, = ax.plot(stats.epsilon, stats["median"], label=label)
+                ax.fill_between(stats.epsilon, stats.q1, stats.q3, alpha=0.2, color=line.get_color())
+            ax.set_xscale("log")
+            ax.set_yscale("log")
+            ax.set_title(f"{dataset}, λ = {l2:g}")
+            ax.set_xlabel("cumulative ε")
+            ax.set_ylabel("‖∇F(θ)‖")
+            ax.legend(fontsize=7)
+    fig.suptitle(f"‖∇F‖ against ε: median and interquartile range of {args.repeats} repetitions "
+                 f"(at most {args.max_iterations:,} iterations)")
+    fig.tight_layout()
+    for suffix in ("png", "pdf"):
+        fig.savefig(out / f"figure1.{suffix}", dpi=120)
+
+
+def markdown(table: pd.DataFrame) -> str:
+    lines = ["| dataset | ε | schedule | risk (dpgrid) | risk (paper) | difference | chosen σ |", "|---|---|---|---|---|---|---|"]
+    for r in table.itertuples():
+        chosen = r.chosen if r.schedule == "best_constant" else ""
+        lines.append(f"| {r.dataset} | {r.epsilon:g} | {r.schedule} | {r.risk:.4f} | {r.paper_risk:.4f} | "
+                     f"{r.difference:+.4f} | {chosen} |")
+    return "\n".join(lines) + "\n"
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="10 repetitions, at most 5,000 iterations")
+    parser.add_argument("--repeats", type=int, default=120)
+    parser.add_argument("--max-iterations", type=int, default=100_000)
+    parser.add_argument("--data-root", default="./data")
+    parser.add_argument("--results", default="outputs/pur")
+    parser.add_argument("--out", default=str(Path(__file__).resolve().parents[1] / "docs" / "pur"))
+    args = parser.parse_args()
+    if args.quick:
+        args.repeats, args.max_iterations = 10, 5_000
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    start = time.perf_counter()
+    datasets = []
+    for dataset in ("synthetic", "iris", "breast_cancer", "mnist_binary", "kddcup99"):
+        try:  # the file-based ones need their files under --data-root
+            load(dpgrid.compose([f"dataset={dataset}", "strategy=pur"]).dataset, args.data_root)
+            datasets.append(dataset)
+        except dpgrid.DpgridError as e:
+            print(f"skipped {dataset}: {e}")
+    table = table3(datasets, args)
+    table.to_csv(out / "table3.csv", index=False)
+    (out / "table3.md").write_text(markdown(table))
+    print(markdown(table))
+    figure1(args, out)
+    print(f"wrote {out / 'table3.csv'}, table3.md, figure1.png, figure1.pdf in {time.perf_counter() - start:.0f} s")
+
+
+if __name__ == "__main__":
+    main()

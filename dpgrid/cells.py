@@ -11,7 +11,8 @@ MISSING = "–"
 def private_strategies(grids: pd.DataFrame) -> list:
     """[(name, label, axes)] of the private strategies among grids, by label."""
     rows = grids[grids.private.astype(bool)].drop_duplicates("strategy")
-    return sorted(((r.strategy, r.label, r.axes.split(",")) for r in rows.itertuples()), key=lambda t: t[1])
+    return sorted(((r.strategy, r.label, [a for a in r.axes.split(",") if a]) for r in rows.itertuples()),
+                  key=lambda t: t[1])
 
 
 def label_of(grids: pd.DataFrame, strategy: str) -> str:

@@ -61,6 +61,8 @@ def grid_row(folder: Path) -> dict:
     privacy = {}
     for key in PRIVACY_FIGURES:
         values = set(runs[key].dropna()) if key in runs else set()
+        if plan.get("schedule") and key == "epsilon_spent" and values:  # noise schedules: each run its own
+            values = {max(values)}
         if len(values) > 1:
             raise DpgridError(f"{folder / 'runs.csv'} holds several {key} values ({sorted(values, key=str)}); one grid "
                               "has one")
@@ -79,7 +81,7 @@ def grid_row(folder: Path) -> dict:
     if plan.get("selection") == "random_stopping":
         return selected_row(folder, row, axes, repair)
     best = summary[summary.best]
-    if privacy["sampling"] == NOT_DP_SAMPLING:
+    if privacy["sampling"] == NOT_DP_SAMPLING or "not private" in str(privacy["sampling"]):  # shuffled; an oracle
         row.update(status=NOT_DP, value=math.nan, std=math.nan)
     elif len(best):
         b = best.iloc[0]
@@ -111,7 +113,8 @@ def collect(results_dir: Path) -> tuple:
     columns = ["dataset", "strategy", "k", "epsilon", "budget", "epsilon_spent", "epsilon_grid", "sampling", "metric",
                "lr", "clip", "quantile", "config_id", "value", "std", "n_seeds", "status", "noise_multiplier",
                "n_configs", "configs_run", "label", "private", "axes", "adapts", "dataset_epsilons", "path"]
-    return pd.DataFrame(rows).reindex(columns=columns), skipped
+    axes = sorted({a for r in rows for a in str(r.get("axes", "")).split(",") if a and a not in columns})
+    return pd.DataFrame(rows).reindex(columns=columns + axes), skipped  # a strategy's own axes (e.g. sigma) too
 
 
 def paper_layout(grids: pd.DataFrame, dataset: str, k: int, with_values: bool):
@@ -148,8 +151,8 @@ def paper_layout(grids: pd.DataFrame, dataset: str, k: int, with_values: bool):
         footnotes.append("partial grids (grid.only; best of the configurations run, whole grid's noise): " + ", ".join(
             f"{r.label} ε={r.epsilon:g} ({r.configs_run} of {r.n_configs})" for r in partial.itertuples()))
     if len(not_dp):
-        footnotes.append("not shown, no DP guarantee (train.sampling=shuffle): " + ", ".join(
-            f"{r.label} ε={r.epsilon:g}" for r in not_dp.itertuples()))
+        footnotes.append("not shown, no DP guarantee (shuffled batches, or a schedule that reads the data): " + ", ".join(
+            f"{r.label} ε={r.epsilon:g} ({r.sampling})" for r in not_dp.itertuples()))
     baseline = grids[~grids.private.astype(bool) & (grids.status == "ok")]
     if len(baseline):
         best = baseline.sort_values("value", ascending=not tasks.get(metric).higher_is_better).iloc[0]

@@ -177,7 +177,7 @@ def read_curves(path: Path) -> pd.DataFrame:
         return pd.DataFrame(columns=columns)
     try:
         curves = pd.read_csv(path, dtype={"config_id": str}, on_bad_lines="skip")
-        curves = curves.dropna(subset=[c for c in curves.columns if c not in ("value", "test_loss", "clip", "lr")])
+        curves = curves.dropna(subset=columns)  # a torn line; other columns may be empty (a diverged value)
         curves["seed"], curves["step"] = curves.seed.astype(int), curves.step.astype(int)
         return curves
     except (ValueError, KeyError, pd.errors.ParserError, UnicodeDecodeError):

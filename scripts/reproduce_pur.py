@@ -22,15 +22,10 @@ from pathlib import Path
 import pandas as pd
 
 import dpgrid
+from omegaconf import OmegaConf
 from dpgrid.data import load
 
-# Table 3 of the paper: (dataset, epsilon) -> (ours, best constant)
-PAPER = {("synthetic", 0.1): (0.5090, 0.5307), ("synthetic", 20): (0.5087, 0.5087),
-         ("mnist_binary", 0.1): (1.0058, 0.9449), ("mnist_binary", 20): (0.6510, 0.5822),
-         ("iris", 0.1): (0.6465, 0.6809), ("iris", 20): (0.2778, 0.2782),
-         ("breast_cancer", 0.1): (1.1656, 0.8651), ("breast_cancer", 20): (0.2399, 0.2437),
-         ("kddcup99", 0.1): (0.5864, 0.5914), ("kddcup99", 20): (0.5401, 0.5402)}
-SCHEDULES = ("pur", "constant_noise", "pur_oracle")
+PROTOCOL = OmegaConf.load(Path(__file__).with_suffix(".yaml"))  # schedules, datasets, the paper's Table 3
 POINTS = 100  # validations per run (the figure's resolution)
 
 
@@ -47,7 +42,7 @@ def runs(dataset: str, strategy: str, epsilon: float, l2: float, args) -> pd.Dat
         out = Path(args.results) / dataset / f"l2_{l2:g}" / f"eps{epsilon:g}" / strategy / c["config_id"]
         result = dpgrid.run_grid(cfg, out, progress=False)
         curves.append(result.curves[result.curves.config_id == c["config_id"]].assign(
-            schedule=strategy if strategy != "constant_noise" else f"sigma={c['sigma']:g}"))
+            schedule=f"sigma={c['sigma']:g}" if "sigma" in c else strategy))
     return pd.concat(curves, ignore_index=True)
 
 
@@ -61,7 +56,7 @@ def optimum(dataset: str, l2: float, data_root: str) -> float:
     """F* = min over theta of the regularised risk, by L-BFGS in float64 (non-private: for the comparison only)."""
     import torch
 
-    data = load(dpgrid.compose([f"dataset={dataset}", "strategy=pur"]).dataset, data_root)
+    data = load(dpgrid.compose([f"dataset={dataset}", f"strategy={PROTOCOL.schedules.ours}"]).dataset, data_root)
     x, y = data.x_train, data.y_train
     theta = torch.zeros(x.shape[1], dtype=torch.float64, requires_grad=True)
     solver = torch.optim.LBFGS([theta], max_iter=500, tolerance_grad=1e-12, tolerance_change=1e-15,
@@ -81,11 +76,12 @@ def table3(datasets: list, args) -> pd.DataFrame:
     rows = []
     for dataset in datasets:
         best = {l2: optimum(dataset, l2, args.data_root) for l2 in (0.0, 0.1)}  # which lambda: docs/pur/README.md
-        for epsilon in (0.1, 20):
-            risks = pd.concat([final_risk(runs(dataset, s, epsilon, 0.1, args)) for s in ("pur", "constant_noise")])
+        ours, constant = PROTOCOL.schedules.ours, PROTOCOL.schedules.constants
+        for epsilon in PROTOCOL.table3.epsilons:
+            risks = pd.concat([final_risk(runs(dataset, s, epsilon, PROTOCOL.table3.l2, args)) for s in (ours, constant)])
             constants = risks[risks.index.str.startswith("sigma=")]
-            paper_ours, paper_constant = PAPER[(dataset, epsilon)]
-            for schedule, risk, paper, which in (("ours", risks["pur"], paper_ours, "pur"),
+            paper_ours, paper_constant = PROTOCOL.table3.paper[dataset][epsilon]
+            for schedule, risk, paper, which in (("ours", risks[ours], paper_ours, ours),
                                                  ("best_constant", constants.min(), paper_constant, constants.idxmin())):
                 rows.append(dict(dataset=dataset, epsilon=epsilon, schedule=schedule, risk=risk, paper_risk=paper,
                                  difference=risk - paper, chosen=which, optimum_l2_0=best[0.0],
@@ -102,16 +98,18 @@ def figure1(args, out: Path) -> None:
     import matplotlib.pyplot as plt
 
     fig, axes = plt.subplots(2, 2, figsize=(10, 8), squeeze=False)
-    for row, dataset in enumerate(("synthetic", "iris")):
-        for col, l2 in enumerate((0.0, 0.1)):
+    for row, dataset in enumerate(PROTOCOL.figure1.datasets):
+        for col, l2 in enumerate(PROTOCOL.figure1.l2):
             ax = axes[row][col]
-            curves = pd.concat([runs(dataset, s, 20, l2, args) for s in SCHEDULES], ignore_index=True)
+            curves = pd.concat([runs(dataset, s, PROTOCOL.figure1.epsilon, l2, args) for s in PROTOCOL.schedules.values()],
+                               ignore_index=True)
             for schedule, g in curves.groupby("schedule"):
                 by_step = g.groupby("step")
                 stats = pd.DataFrame({"epsilon": by_step.epsilon.median(), "median": by_step.grad_norm.median(),
                                       "q1": by_step.grad_norm.quantile(0.25), "q3": by_step.grad_norm.quantile(0.75)})
                 stats = stats[stats.epsilon > 0].dropna()
-                label = {"pur": "PUR (ours)", "pur_oracle": "oracle (not private)"}.get(schedule, schedule)
+                names = {PROTOCOL.schedules.ours: "PUR (ours)", PROTOCOL.schedules.oracle: "oracle (not private)"}
+                label = names.get(schedule, schedule)
                 line, = ax.plot(stats.epsilon, stats["median"], label=label)
                 ax.fill_between(stats.epsilon, stats.q1, stats.q3, alpha=0.2, color=line.get_color())
             ax.set_xscale("log")
@@ -144,7 +142,7 @@ def main() -> None:
     parser.add_argument("--max-iterations", type=int, default=100_000)
     parser.add_argument("--data-root", default="./data")
     parser.add_argument("--results", default="outputs/pur")
-    parser.add_argument("--out", default=str(Path(__file__).resolve().parents[1] / "docs" / "pur"))
+    parser.add_argument("--out", default=str(Path(__file__).resolve().parents[1] / "docs/pur"))
     args = parser.parse_args()
     if args.quick:
         args.repeats, args.max_iterations = 10, 5_000
@@ -152,9 +150,9 @@ def main() -> None:
     out.mkdir(parents=True, exist_ok=True)
     start = time.perf_counter()
     datasets = []
-    for dataset in ("synthetic", "iris", "breast_cancer", "mnist_binary", "kddcup99"):
+    for dataset in PROTOCOL.datasets:
         try:  # the file-based ones need their files under --data-root
-            load(dpgrid.compose([f"dataset={dataset}", "strategy=pur"]).dataset, args.data_root)
+            load(dpgrid.compose([f"dataset={dataset}", f"strategy={PROTOCOL.schedules.ours}"]).dataset, args.data_root)
             datasets.append(dataset)
         except dpgrid.DpgridError as e:
             print(f"skipped {dataset}: {e}")

@@ -181,7 +181,7 @@ def test_shuffled_grids_claim_nothing_and_are_left_out(tmp_path):
     write(root)
     table = pd.read_csv(root / "tables" / "mnist_k9.csv", dtype=str, keep_default_na=False)
     assert table[table["ε"] == "3"].iloc[0]["Online acc"] == "–"
-    assert "not shown, no DP guarantee (train.sampling=shuffle): Online ε=3" in (root / "tables" / "mnist_k9.md").read_text()
+    assert "not shown, no DP guarantee (shuffled batches, or a schedule that reads the data): Online ε=3" in (root / "tables" / "mnist_k9.md").read_text()
     assert pd.read_csv(root / "tables" / "results.csv").status.tolist() == ["not DP (sampling=shuffle)"]
 
 

@@ -75,6 +75,8 @@ def test_the_oracle_is_flagged_not_private_everywhere(tmp_path):
     result = dpgrid.run_grid(cfg, tmp_path / "oracle", progress=False)
     assert result.runs.epsilon_spent.isna().all() and (result.runs.sampling == plan.sampling).all()
     assert result.plan["epsilon_spent"] is None and "oracle" in result.plan["label"].lower()
+    dpgrid.tables(tmp_path, figures=False, report=lambda line: None)
+    assert "not private (oracle)" in (tmp_path / "tables" / "iris_k7.md").read_text()
 
 
 def test_a_pur_grid_spends_its_budget_under_both_conversions(tmp_path):

@@ -175,7 +175,7 @@ def print_alternatives(cfg, plan) -> None:
     found = alternatives(plan, float(cfg.privacy.stopping_eta), float(mean) if mean is not None else plan.n_configs)
     print(f"  nu for the same (eps, delta):")
     for name, nu in found.items():
-        print(f"    {name:<62} {f'{nu:.4g}' if nu else 'unreachable'}")
+        print(f"    {name:<62} {f'{nu:.4f}' if nu else 'unreachable'}")
 
 
 def print_comparison(cfg, plan) -> None:

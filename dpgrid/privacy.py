@@ -206,14 +206,14 @@ def alternatives(plan, eta: float, mean: float) -> dict:
     for name, runs in ((f"composition, {k} runs (seeds not accounted)", k),
                        (f"composition, {k * seeds} runs (seeds accounted)", k * seeds)):
         try:
-            found[name] = calibrate(plan.epsilon, q, runs * steps, plan.delta, rtol=1e-3)
+            found[name] = calibrate(plan.epsilon, q, runs * steps, plan.delta)  # the plan's own precision
         except DpgridError:
             found[name] = None
     for rule in RULES:
         stopping = parameters(rule, eta, mean, plan.delta)
         spent = lambda nu: selection_epsilon(q, nu, seeds * steps, plan.delta, stopping)  # noqa: E731
         try:
-            found[f"{rule}, mean {mean:g} candidates of {seeds} runs"] = smallest_noise(spent, plan.epsilon, 1e-3, "")
+            found[f"{rule}, mean {mean:g} candidates of {seeds} runs"] = smallest_noise(spent, plan.epsilon, 1e-4, "")
         except DpgridError:
             found[f"{rule}, mean {mean:g} candidates of {seeds} runs"] = None
     return found

@@ -169,3 +169,13 @@ def test_a_selection_resumes_with_the_candidates_it_drew(secure, tmp_path):
     assert list(again.config_id) == list(runs.config_id) and list(again.seed) == list(runs.seed)
     if not secure:  # seeded: the same numbers
         pd.testing.assert_series_equal(again.best_value, runs.best_value)
+
+
+def test_the_side_by_side_nu_of_composition_is_the_plans_own():
+    from dpgrid.privacy import alternatives
+
+    plan = plan_grid(load_cfg("digits", "fixed_threshold", **{"grid.k": 2}), 1437)[1]
+    found = alternatives(plan, 0.0, float(plan.n_configs))
+    assert found[f"composition, {plan.n_configs} runs (seeds not accounted)"] == pytest.approx(plan.noise_multiplier,
+                                                                                                 abs=1e-4)
+    assert found[f"composition, {plan.n_configs * plan.seeds} runs (seeds accounted)"] > plan.noise_multiplier

@@ -81,7 +81,8 @@ def grid_row(folder: Path) -> dict:
     if plan.get("selection") == "random_stopping":
         return selected_row(folder, row, axes, repair)
     best = summary[summary.best]
-    if privacy["sampling"] == NOT_DP_SAMPLING or "not private" in str(privacy["sampling"]):  # shuffled; an oracle
+    # shuffled batches, or a private strategy whose runs claim no epsilon (a schedule that reads the data)
+    if privacy["sampling"] == NOT_DP_SAMPLING or (row["private"] and privacy["epsilon_spent"] is None):
         row.update(status=NOT_DP, value=math.nan, std=math.nan)
     elif len(best):
         b = best.iloc[0]

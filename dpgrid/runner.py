@@ -55,9 +55,10 @@ def validate(cfg, n_train: int):
     strategy_cls = strategies.resolve(cfg.strategy)
     strategy_cls.check_config(cfg)
     accountant = str(cfg.privacy.accountant)
-    if hasattr(strategy_cls, "plan_privacy") != (accountant == "zcdp") and accountant != "rdp":
+    valid = ("zcdp", "rdp") if hasattr(strategy_cls, "plan_privacy") else ("rdp", "pld", "prv")  # own accounting or not
+    if accountant not in valid:
         raise DpgridError(f"privacy.accountant={accountant} does not apply to strategy={cfg.strategy.name}; valid: "
-                          + ("zcdp, rdp" if hasattr(strategy_cls, "plan_privacy") else "rdp, pld, prv"))
+                          f"{', '.join(valid)}")
     n_configs = grid.size(cfg.strategy, cfg.grid)
     steps = math.ceil(int(cfg.train.epochs) * n_train / int(cfg.train.batch_size))
     check_size(n_configs, n_configs * int(cfg.train.seeds), steps, cfg.dataset.get("seconds_per_step"),
@@ -154,11 +155,10 @@ def run_row(cfg, plan, strategy_cls, config, seed, result) -> dict:
                momentum=float(cfg.train.momentum), sampling=plan.sampling,
                normalize=str(cfg.dataset.get("normalize", "unit")), steps=result.steps if plan.schedule else plan.steps,
                best_value=result.best_value, best_step=result.best_step)
-    if config["config_id"] in plan.schedule:  # a noise schedule: this run's own epsilon, under both conversions
-        spent = plan.schedule[config["config_id"]]
-        row.update(epsilon_spent=spent[f"epsilon_{plan.accountant}"] if plan.epsilon_spent is not None else None,
-                   **{k: v for k, v in spent.items() if k.startswith("epsilon_")} if plan.epsilon_spent is not None
-                   else {})
+    if config["config_id"] in plan.schedule and plan.epsilon_spent is not None:  # a noise schedule (not the oracle):
+        spent = plan.schedule[config["config_id"]]  # this run's own epsilon, under both conversions
+        row.update(epsilon_spent=spent[f"epsilon_{plan.accountant}"],
+                   **{k: v for k, v in spent.items() if k.startswith("epsilon_")})
     if "clip" in strategy_cls.adapts:
         row["final_clip"] = result.final_clip
     if "lr" in strategy_cls.adapts:

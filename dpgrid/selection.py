@@ -104,8 +104,8 @@ def selection_epsilon(sample_rate: float, noise_multiplier: float, steps: int, d
     from opacus.accountants.analysis.rdp import get_privacy_spent
 
     candidate = candidate_rdp(sample_rate, noise_multiplier, steps)
-    if stopping["rule"] == "liu_talwar":
-        _, delta1, _ = liu_talwar_parameters(1.0, delta, stopping["mean"])
+    if stopping["rule"] == "liu_talwar":  # Theorem 3.4: eps_f = 3 eps_1 + 3 sqrt(2 delta_1)
+        delta1 = stopping["candidate_delta"]
         return 3 * float(get_privacy_spent(orders=ORDERS, rdp=candidate, delta=delta1)[0]) + 3 * math.sqrt(2 * delta1)
     return float(get_privacy_spent(orders=ORDERS, rdp=selection_rdp(ORDERS, candidate, stopping), delta=delta)[0])
 

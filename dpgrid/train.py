@@ -60,7 +60,8 @@ def evaluate(model, x, y, task: str, batch_size: int = 512) -> tuple:
     model.train()
     value, loss = total.item() / len(x), loss.item() / len(x)
     if hasattr(model, "penalty"):  # a regularised objective (logistic regression): risk = mean loss + penalty
-        value, loss = value + float(model.penalty()), loss + float(model.penalty())
+        penalty = float(model.penalty())
+        value, loss = value + penalty, loss + penalty
     return (task.scale * value if task.scale != 1.0 else value), loss
 
 

@@ -50,7 +50,7 @@ def steps_within(sigmas, lipschitz: float, n: int, budget_rho: float, max_steps:
     total, steps = 0.0, 0
     for sigma in sigmas:
         cost = step_rho(sigma, lipschitz, n)
-        if steps >= max_steps or total + cost > budget_rho * (1 + 1e-12):
+        if steps >= max_steps or total + cost > budget_rho:  # the rule NoisyGD.step applies too
             break
         total, steps = total + cost, steps + 1
     return steps, total

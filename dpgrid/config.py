@@ -59,6 +59,7 @@ class DpgridConfig:
     grid: GridConfig = field(default_factory=GridConfig)
     train: TrainConfig = field(default_factory=TrainConfig)
     data: DataConfig = field(default_factory=DataConfig)
+    protocol: str = MISSING
     overwrite: bool = MISSING
     dataset: Any = MISSING
     strategy: Any = MISSING

@@ -136,11 +136,16 @@ def run_one(cfg, plan, strategy_cls, data, config: dict, seed: int, progress: bo
     multipliers = {"noise_multiplier": plan.noise_multiplier, **plan.per_query, "delta": plan.delta,
                    "accountant": plan.accountant}
     strategy = strategy_cls(model.parameters(), hp, multipliers, plan.batch_size, arguments(cfg.strategy), noise,
-                            momentum=float(cfg.train.momentum))
+                            momentum=applied_momentum(cfg, strategy_cls))
     engine = make_engine(model, data.task, str(cfg.train.engine))
     steps = plan.schedule.get(config["config_id"], {}).get("steps", plan.steps)
     return train_run(model, engine, strategy, data, steps, plan.sample_rate, int(cfg.train.eval_every),
                      sampler, progress, sampling=str(cfg.train.sampling))
+
+
+def applied_momentum(cfg, strategy_cls) -> float:
+    """train.momentum, or 0 for a strategy whose update does not take it (Adam's own moments, noisy GD)."""
+    return float(cfg.train.momentum) if strategy_cls.uses_momentum else 0.0
 
 
 def run_row(cfg, plan, strategy_cls, config, seed, result) -> dict:
@@ -152,7 +157,7 @@ def run_row(cfg, plan, strategy_cls, config, seed, result) -> dict:
     row.update(seed=seed, noise_multiplier=plan.noise_multiplier, **plan.per_query,
                budget=plan.budget, accountant=plan.accountant, epsilon_spent=plan.epsilon_spent,
                epsilon_grid=plan.epsilon_grid, seeds_accounted=plan.account_seeds,
-               momentum=float(cfg.train.momentum), sampling=plan.sampling,
+               protocol=str(cfg.protocol), momentum=applied_momentum(cfg, strategy_cls), sampling=plan.sampling,
                normalize=str(cfg.dataset.get("normalize", "unit")), steps=result.steps if plan.schedule else plan.steps,
                best_value=result.best_value, best_step=result.best_step)
     if config["config_id"] in plan.schedule and plan.epsilon_spent is not None:  # a noise schedule (not the oracle):

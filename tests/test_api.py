@@ -45,3 +45,20 @@ def test_run_help_names_dpgrid_and_describes_every_setting(capsys):
     settings = [line for line in out.splitlines() if line.startswith("  ") and " = " in line]
     assert len(settings) >= 20 and all(line.split(": ", 1)[1].strip() for line in settings), settings
     assert any(line.startswith("  privacy.epsilon = ") for line in settings)
+
+
+def test_protocol_sets_momentum_and_an_unknown_one_lists_the_available():
+    assert dpgrid.compose(["protocol=paper"]).train.momentum == 0.9
+    assert dpgrid.compose(["protocol=literal"]).train.momentum == 0.0
+    explicit = dpgrid.compose(["protocol=paper", "train.momentum=0.5"])  # a command-line value wins
+    assert (explicit.protocol, explicit.train.momentum) == ("paper", 0.5)
+    with pytest.raises(DpgridError, match=r"no protocol named 'papers' \(did you mean protocol=paper\?\); "
+                                          r"available: literal, paper"):
+        dpgrid.compose(["protocol=papers"])
+
+
+@pytest.mark.parametrize("strategy, momentum", [("fixed_threshold", 0.9), ("adamwosm", 0.0)])
+def test_rows_record_the_protocol_and_the_momentum_the_update_applied(tmp_path, strategy, momentum):
+    cfg = dpgrid.compose([f"strategy={strategy}", "protocol=paper", "grid.k=2", "train.epochs=1", "train.seeds=1"])
+    runs = dpgrid.run_grid(cfg, tmp_path, progress=False).runs
+    assert (runs.protocol == "paper").all() and (runs.momentum == momentum).all()

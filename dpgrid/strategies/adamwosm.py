@@ -16,6 +16,8 @@ class AdamWOSM(Strategy):
     """
 
     label = "Adam WOSM"
+    uses_momentum = False  # beta1 is its momentum
+
     @classmethod
     def check_config(cls, cfg) -> None:
         checks.positive(cfg, "strategy.lr")

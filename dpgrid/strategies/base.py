@@ -17,6 +17,7 @@ class Strategy:
     label = ""       # its name in tables and figures (the config's `label`, then this, then its `name`)
     private = True   # False: no clipping, no noise, no epsilon (the non-private baseline)
     adapts = ()      # which of "clip", "lr" change during a run (reported as final_clip / final_lr)
+    uses_momentum = True  # False: its update has its own moments (Adam) or none; train.momentum is not applied
 
     @classmethod
     def check_config(cls, cfg) -> None:

@@ -19,6 +19,7 @@ class DPAdam(Strategy):
     """
 
     label = "DPAdam"
+    uses_momentum = False  # beta1 is its momentum
 
     @classmethod
     def check_config(cls, cfg) -> None:

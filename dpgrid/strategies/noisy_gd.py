@@ -26,6 +26,7 @@ class NoisyGD(Strategy):
     """
 
     label = "NoisyGD"
+    uses_momentum = False  # the paper's noisy gradient descent: theta <- theta - eta (grad F + z)
     oracle = False  # True: the schedule reads the data (not private); no epsilon is claimed
 
     @classmethod

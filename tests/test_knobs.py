@@ -40,14 +40,15 @@ def test_standardize_uses_the_published_constants(tmp_path):
 @pytest.mark.slow
 def test_knobs_are_recorded_and_change_the_runs(tmp_path):
     outs = {}
-    for name, extra in [("base", []), ("momentum", ["train.momentum=0.9"]), ("shuffle", ["train.sampling=shuffle"]),
+    for name, extra in [("base", ["protocol=literal"]), ("momentum", []), ("shuffle", ["train.sampling=shuffle"]),
                         ("delta", ["privacy.delta=1e-6"])]:
         out = tmp_path / name
         r = dpgrid("run", *SMALL, *extra, f"hydra.run.dir={out}")
         assert r.returncode == 0, r.stderr
         outs[name] = (pd.read_csv(out / "runs.csv"), json.loads((out / "plan.json").read_text()), r.stderr)
     base, momentum, shuffle, delta = (outs[n] for n in ("base", "momentum", "shuffle", "delta"))
-    assert (base[0].momentum == 0).all() and (momentum[0].momentum == 0.9).all()
+    assert (base[0].momentum == 0).all() and (momentum[0].momentum == 0.9).all()  # protocol=paper, the default
+    assert (base[0].protocol == "literal").all() and (momentum[0].protocol == "paper").all()
     assert not base[0].best_value.equals(momentum[0].best_value)
     # shuffled batches: the same noise, but no epsilon claimed anywhere
     assert (shuffle[0].sampling == "shuffle (not DP)").all() and shuffle[1]["sampling"] == "shuffle (not DP)"

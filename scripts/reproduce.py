@@ -8,21 +8,31 @@ the configs (conf/strategy, conf/dataset), never listed here.
     python scripts/reproduce.py ag_news --launcher slurm -- hydra.launcher.partition=cpu   # a SLURM cluster
     python scripts/reproduce.py fashion_mnist --dry-run                   # only print the plan
 
-Extra arguments after `--` go to every `dpgrid run` (e.g. train.momentum=0.9, train.seeds=2).
+    python scripts/reproduce.py mnist --paper-cells --k 9 --seeds 2 --data-root ./data   # the paper's best only
+
+--paper-cells trains, in each cell of the paper's Tables 8-13 (strategy x epsilon x k), only the configuration
+the paper reports as best, with the noise of the whole grid (grid.only): a comparison with the paper in hours
+instead of weeks. A cell the paper does not report (a diverged row, a privacy level it did not run) is named
+and skipped. Each cell is an ordinary `dpgrid run` in RESULTS/<dataset>/<strategy>/eps<e>/k<k>: a killed
+reproduction resumes where it stopped, and ends with `dpgrid tables RESULTS` (the *_vs_paper tables).
+
+Extra arguments after `--` go to every `dpgrid run` (e.g. protocol=literal, train.epochs=1).
 """
 
 import argparse
+import concurrent.futures
+import math
+import os
 import shlex
 import subprocess
 import sys
 
+from dpgrid import DpgridError
 from dpgrid.api import options
 
 def grids(dataset: str, ks: list, extra: list):
     """[(strategy, private, K, T, epsilons, seconds per step)] for every strategy option, asked of the
     configs (dpgrid's strategy group, the dataset's privacy levels and step time): no list here."""
-    import math
-
     import dpgrid
     from dpgrid import grid, strategies
 
@@ -42,17 +52,25 @@ def grids(dataset: str, ks: list, extra: list):
 
 
 def main():
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0], usage="%(prog)s [options] dataset [-- override ...]")
     parser.add_argument("dataset", help="a dataset option: " + ", ".join(options("dataset")))
     parser.add_argument("--k", type=int, nargs="+", default=[5, 7, 9])
     parser.add_argument("--seeds", type=int, default=5)
     parser.add_argument("--data-root", default="./data")
     parser.add_argument("--results", default="outputs", help="hydra.sweep.dir: the results tree")
     parser.add_argument("--launcher", choices=["basic", "local", "slurm"], default="basic")
-    parser.add_argument("--jobs", type=int, default=2, help="parallel processes with --launcher local")
+    parser.add_argument("--jobs", type=int, default=2, help="parallel processes with --launcher local or --paper-cells")
     parser.add_argument("--dry-run", action="store_true")
-    parser.add_argument("extra", nargs="*", help="more overrides for every run (after --)")
-    args = parser.parse_args()
+    parser.add_argument("--paper-cells", action="store_true",
+                        help="only the paper's best configuration of each cell, with the whole grid's noise")
+    parser.add_argument("--strategies", nargs="+", help="--paper-cells: only these strategies (default: all)")
+    parser.add_argument("--epsilons", type=float, nargs="+", help="--paper-cells: only these privacy levels")
+    argv = sys.argv[1:]
+    cut = argv.index("--") if "--" in argv else len(argv)  # overrides for every run follow "--"
+    args = parser.parse_args(argv[:cut])
+    args.extra = argv[cut + 1:]
+    if args.paper_cells:
+        return reproduce_paper_cells(args)
 
     d, ks = args.dataset, args.k
     found = grids(d, ks, args.extra)
@@ -84,5 +102,92 @@ def main():
             subprocess.run(command, check=True)
 
 
+# --- --paper-cells ------------------------------------------------------------------------------------
+
+def paper_cells(dataset: str, ks: list, extra: list, only_strategies=None, only_epsilons=None):
+    """([(strategy, epsilon, k, config_id, steps, seconds per step)], [skipped cell, why]) for every private
+    strategy's cell the paper reports at these k (or the strategies and epsilons named): its best
+    configuration found in dpgrid's grid."""
+    import dpgrid
+    from dpgrid import grid, strategies
+    from dpgrid.report import paper_results
+
+    paper = paper_results()
+    paper = paper[paper.dataset == dataset]
+    cells, skipped = [], []
+    for k in ks:
+        if k not in set(paper.k[paper.value.notna()]):
+            skipped.append(f"{dataset} k={k}: the paper reports no values at this k (Tables 8-13 have k = 9 and 5)")
+            continue
+        for name in only_strategies or options("strategy"):
+            cfg = dpgrid.compose([f"dataset={dataset}", f"strategy={name}", f"grid.k={k}",
+                                  *[e for e in extra if not e.startswith("hydra")]])
+            strategy = strategies.resolve(cfg.strategy)
+            try:
+                strategy.check_config(cfg)
+            except dpgrid.DpgridError:
+                continue  # a strategy of another task
+            if not strategy.private:
+                continue  # the paper reports the non-private baseline's learning rate only
+            if name not in set(paper.strategy):
+                skipped.append(f"{dataset} {name} k={k}: not one of the paper's strategies; skipped")
+                continue
+            steps = math.ceil(int(cfg.train.epochs) * int(cfg.dataset.n_train) / int(cfg.train.batch_size))
+            for epsilon in only_epsilons or cfg.dataset.epsilons:
+                where = f"{dataset} {name} eps={epsilon:g} k={k}"
+                row = paper[(paper.k == k) & (paper.strategy == name) & (paper.epsilon == epsilon)]
+                if row.empty or row.value.isna().all():
+                    why = "diverged in the paper" if len(row) else "not in the paper's tables"
+                    skipped.append(f"{where}: the paper reports no value ({why}); skipped")
+                    continue
+                config_id = matching_config(grid.configurations(cfg.strategy, cfg.grid), row.iloc[0])
+                if config_id is None:
+                    skipped.append(f"{where}: the paper's hyperparameters are not in dpgrid's grid; skipped")
+                    continue
+                cells.append((name, float(epsilon), k, config_id, steps, float(cfg.dataset.get("seconds_per_step") or 0)))
+    return cells, skipped
+
+
+def matching_config(configs: list, paper_row):
+    """The id of the configuration whose axes the paper's row names (its rounded values, within 0.2 %)."""
+    for config in configs:
+        axes = [a for a in ("lr", "clip", "quantile") if a in config]
+        if axes and all(not math.isnan(paper_row[a]) and math.isclose(config[a], paper_row[a], rel_tol=2e-3)
+                        for a in axes):
+            return config["config_id"]
+    return None
+
+
+def reproduce_paper_cells(args):
+    cells, skipped = paper_cells(args.dataset, args.k, args.extra, args.strategies, args.epsilons)
+    for line in skipped:
+        print(line)
+    runs = len(cells) * args.seeds
+    hours = sum(steps * seconds for *_, steps, seconds in cells) * args.seeds / 3600
+    print(f"{args.dataset}: {len(cells)} paper cells x {args.seeds} seeds = {runs} training runs; about {hours:,.1f} "
+          f"hours on one 2-core machine (dataset.seconds_per_step), divided by --jobs")
+    commands = [["dpgrid", "run", f"dataset={args.dataset}", f"data.root={args.data_root}", f"strategy={name}",
+                 f"privacy.epsilon={epsilon:g}", f"grid.k={k}", f"grid.only=[{config_id}]", f"train.seeds={args.seeds}",
+                 f"hydra.run.dir={args.results}/{args.dataset}/{name}/eps{epsilon:g}/k{k}", *args.extra]
+                for name, epsilon, k, config_id, *_ in cells]
+    for command in commands:
+        print("$", shlex.join(command))
+    if args.dry_run:
+        return 0
+    env = dict(os.environ, OMP_NUM_THREADS=str(max(1, (os.cpu_count() or 1) // args.jobs)))  # jobs share the cores
+    with concurrent.futures.ThreadPoolExecutor(args.jobs) as pool:
+        done = list(pool.map(lambda c: subprocess.run(c, env=env, capture_output=True, text=True), commands))
+    failed = [(c, r) for c, r in zip(commands, done) if r.returncode]
+    for command, result in failed:
+        print(f"FAILED: {shlex.join(command)}\n  {(result.stderr.strip().splitlines() or ['?'])[-1]}")
+    subprocess.run(["dpgrid", "tables", args.results], check=True)
+    print(f"tables: {args.results}/tables/{args.dataset}_k<k>_vs_paper.md")
+    return 1 if failed else 0
+
+
 if __name__ == "__main__":
-    sys.exit(main())
+    try:
+        sys.exit(main())
+    except DpgridError as e:
+        print(f"reproduce.py: error: {e}", file=sys.stderr)
+        sys.exit(2)

@@ -118,6 +118,28 @@ def test_comparison_with_the_paper(tree):
     assert "| 5 | Online | ρ=1 | 91.62 ± 0.83 | ρ=1 (1 of 9 configurations run) | 91.62 ± 0.10 | 0.00 | yes |" in md
 
 
+def test_the_papers_claim_is_tested_per_epsilon_with_the_metrics_direction(tree):
+    make_grid(tree, "mnist", "fixed_threshold", 5, 9, [("lr0_clip5", {"lr": 0.003162, "clip": 3.162}, [91.0, 92.0], 0)])
+    # fashion_mnist, MSE (lower is better): online worse than fixed_threshold by more than the noise
+    make_grid(tree, "fashion_mnist", "online", 3, 9, [("lr6", {"lr": 3.162}, [0.0200, 0.0202], 0)], "mse")
+    make_grid(tree, "fashion_mnist", "fixed_threshold", 3, 9,
+              [("lr4_clip2", {"lr": 0.3162, "clip": 0.1}, [0.0150, 0.0152], 0)], "mse")
+    write_tables(tree, figures=False)
+    claim = pd.read_csv(tree / "tables" / "mnist_k9_claim.csv").set_index(["epsilon", "rival"])
+    eps5 = claim.loc[(5, "fixed_threshold")]  # ours 91.62 +- 0.10 vs 91.5 +- 0.5; paper 91.62 +- 0.83 vs 88.69 +- 0.57
+    assert eps5.advantage == pytest.approx(0.12) and eps5.combined_std == pytest.approx((0.1 ** 2 + 0.5 ** 2) ** 0.5)
+    assert eps5.verdict.startswith("undecided") and eps5.paper_verdict.startswith("confirmed")
+    assert eps5.paper_advantage == pytest.approx(2.93)
+    assert pd.isna(claim.loc[(3, "fixed_threshold")].advantage)  # every seed of ours diverged: no verdict
+    assert ("fixed_quantile" not in claim.index.get_level_values("rival"))  # not run: not compared
+    fashion = pd.read_csv(tree / "tables" / "fashion_mnist_k9_claim.csv").set_index(["epsilon", "rival"]).loc[
+        (3, "fixed_threshold")]
+    assert fashion.advantage == pytest.approx(-0.005) and fashion.verdict.startswith("refuted")
+    assert fashion.paper_advantage == pytest.approx(0.0154 - 0.0074) and fashion.paper_verdict.startswith("confirmed")
+    md = (tree / "tables" / "fashion_mnist_k9_vs_paper.md").read_text()
+    assert "| 3 | fixed_threshold | -0.50 ± 0.01 | refuted (online worse) | 0.80 ± 0.11 | confirmed (online better) |" in md
+
+
 def test_figures_are_written(tree):
     pytest.importorskip("matplotlib")
     written = write_tables(tree)

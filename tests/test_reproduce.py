@@ -1,0 +1,61 @@
+"""scripts/reproduce.py --paper-cells: the paper's best configuration of each cell, found in dpgrid's grid."""
+
+import importlib.util
+import subprocess
+import sys
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+from .test_data import make_idx_root
+
+SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "reproduce.py"
+
+
+@pytest.fixture(scope="module")
+def reproduce():
+    spec = importlib.util.spec_from_file_location("reproduce", SCRIPT)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_each_paper_cell_trains_the_configuration_the_paper_reports(reproduce):
+    cells, skipped = reproduce.paper_cells("mnist", [9], [], only_epsilons=[3, 9])
+    ids = {(name, eps): config_id for name, eps, k, config_id, *_ in cells}
+    # Table 8: online rho0 = 0.316 and 1.0; fixed_threshold (0.1, 0.1) and (0.00316, 10);
+    # fixed_quantile (0.00316, 0.5) and (0.00316, 0.7); adamwosm C = 10 and 31.6 (grid 10^-2.5..10^1.5, 10^-2..10^2)
+    assert ids == {("online", 3): "lr4", ("online", 9): "lr5", ("fixed_threshold", 3): "lr3_clip2",
+                   ("fixed_threshold", 9): "lr0_clip6", ("fixed_quantile", 3): "lr0_q2", ("fixed_quantile", 9): "lr0_q3",
+                   ("adamwosm", 3): "clip6", ("adamwosm", 9): "clip7"}
+    assert {k for _, _, k, *_ in cells} == {9} and all(steps == 1172 for *_, steps, _ in cells)
+    assert skipped == ["mnist dpadam k=9: not one of the paper's strategies; skipped"]
+
+
+def test_cells_the_paper_does_not_report_are_named_and_skipped(reproduce):
+    cells, skipped = reproduce.paper_cells("fashion_mnist", [9, 7], [], only_strategies=["fixed_quantile"])
+    assert [eps for _, eps, *_ in cells] == [2, 3, 4]
+    assert skipped == ["fashion_mnist fixed_quantile eps=1 k=9: the paper reports no value (diverged in the paper); "
+                       "skipped",
+                       "fashion_mnist k=7: the paper reports no values at this k (Tables 8-13 have k = 9 and 5)"]
+    cells, skipped = reproduce.paper_cells("mnist", [9], [], only_strategies=["online"], only_epsilons=[4])
+    assert not cells and skipped == ["mnist online eps=4 k=9: the paper reports no value (not in the paper's "
+                                     "tables); skipped"]
+
+
+@pytest.mark.slow
+def test_paper_cells_runs_one_cell_and_ends_with_the_comparison(tmp_path):
+    make_idx_root(tmp_path, "MNIST")
+    out = tmp_path / "results"
+    command = [sys.executable, str(SCRIPT), "mnist", "--paper-cells", "--k", "9", "--seeds", "1",
+               "--strategies", "online", "--epsilons", "3", "--jobs", "1", "--data-root", str(tmp_path),
+               "--results", str(out), "--", "train.epochs=1", "train.batch_size=4"]
+    r = subprocess.run(command, capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+    first = r.stdout.splitlines()[0]
+    assert first.startswith("mnist: 1 paper cells x 1 seeds = 1 training runs; about ")
+    runs = pd.read_csv(out / "mnist" / "online" / "eps3" / "k9" / "runs.csv")
+    assert runs.config_id.tolist() == ["lr4"] and (runs.protocol == "paper").all()
+    md = (out / "tables" / "mnist_k9_vs_paper.md").read_text()
+    assert "| 3 | Online | ρ=0.316 | 90.69 ± 0.53 | ρ=0.3162 (1 of 9 configurations run) |" in md

@@ -1,6 +1,6 @@
 """Strategy + k -> the grid's configurations, each with a stable id such as `lr3_clip2`.
 
-Axes (SPEC §2): lr = logspace(lr_range, k), clip = logspace(clip_range, k), quantile = the fixed list; a
+Axes (docs/protocol.md §2): lr = logspace(lr_range, k), clip = logspace(clip_range, k), quantile = the fixed list; a
 strategy may bring its own axes as lists in its config (`axes: {sigma: [0.001, 0.01]}`). A strategy with no
 axis (`grid: []`) has one configuration, `default`.
 """

@@ -25,7 +25,7 @@ class MaxPool2x2Stride1(nn.MaxPool2d):
 def cnn() -> nn.Sequential:
     """MNIST CNN, Table 5. 28 -> conv8(pad 3) 27 -> maxpool2(stride 1) 26 -> conv4 23; 32*23*23 = 16928.
 
-    Table 5 lists a ReLU after the last layer too; the logits stay linear (SPEC §5).
+    Table 5 lists a ReLU after the last layer too; the logits stay linear (docs/protocol.md §6).
     """
     return nn.Sequential(
         nn.Conv2d(1, 16, 8, stride=1, padding=3), nn.ReLU(),

@@ -1,4 +1,4 @@
-"""Privacy plan of one grid (SPEC §3): one noise multiplier for K configurations x T steps.
+"""Privacy plan of one grid (docs/protocol.md §3): one noise multiplier for K configurations x T steps.
 
 Poisson sampling with rate q = B / N; the grid composes K * T subsampled Gaussian mechanisms and
 the noise multiplier nu is the smallest one whose epsilon at delta is at most the target.

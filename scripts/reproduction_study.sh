@@ -8,7 +8,7 @@
 #
 # About 6-16 minutes per 10-epoch run on a 2-core CPU; 14 cells x 2 seeds = 28 runs.
 set -euo pipefail
-DATA=${1:-../shared/data}
+DATA=${1:-./data}
 OUT=${2:-outputs/reproduction}
 SEEDS=${3:-2}
 JOBS=${4:-2}
@@ -24,12 +24,12 @@ best() {  # the paper's best configuration of each Table 8 cell studied here
 
 # name|overrides|cells (strategy/eps; empty = all four)
 settings=(
-  "per_grid_sgd||"                                        # SPEC's reading: plain SGD, the grid shares the budget
-  "per_grid_momentum|train.momentum=0.9|"                 # heavy-ball momentum on the sanitised update
-  "per_run_momentum|train.momentum=0.9 privacy.budget=per_run|"  # each run gets the budget (not honest)
-  # the other open knobs, on the cell furthest from the paper under SPEC's reading
-  "per_grid_sgd_standardize|dataset.normalize=standardize|fixed_threshold/3"
-  "per_grid_sgd_shuffle|train.sampling=shuffle|fixed_threshold/3"  # not covered by the Poisson analysis
+  "per_grid_sgd|protocol=literal|"                          # protocol=literal: plain SGD, the grid shares the budget
+  "per_grid_momentum|protocol=paper|"                       # heavy-ball momentum 0.9 on the sanitised update
+  "per_run_momentum|protocol=paper privacy.budget=per_run|"  # each run gets the budget (not honest)
+  # the other open knobs, on the cell furthest from the paper under protocol=literal
+  "per_grid_sgd_standardize|protocol=literal dataset.normalize=standardize|fixed_threshold/3"
+  "per_grid_sgd_shuffle|protocol=literal train.sampling=shuffle|fixed_threshold/3"  # not covered by the Poisson analysis
 )
 
 commands() {

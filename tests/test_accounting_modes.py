@@ -22,7 +22,7 @@ def test_per_run_and_per_grid_differ_exactly_by_the_k_fold_composition():
     grid, run = plan(), plan(**{"privacy.budget": "per_run"})
     assert grid.noise_multiplier == pytest.approx(calibrate(3, Q, 49 * T, 1e-5))
     assert run.noise_multiplier == pytest.approx(calibrate(3, Q, T, 1e-5))
-    assert run.noise_multiplier == pytest.approx(0.837, abs=2e-3)  # SPEC's K = 1 figure
+    assert run.noise_multiplier == pytest.approx(0.837, abs=2e-3)  # docs/protocol.md's K = 1 figure
     # per_run: each run spends epsilon; the grid's true cost is the 49-fold composition of that nu
     assert run.epsilon_spent <= 3 and run.epsilon_per_run == run.epsilon_spent
     assert run.epsilon_grid == pytest.approx(epsilon_of("rdp", Q, run.noise_multiplier, 49 * T, 1e-5))

@@ -215,7 +215,7 @@ def test_real_mnist_and_fashion_mnist(shared_data):
 
 
 def test_real_ag_news_test_split_as_a_scratch_train_test_pair(shared_data, tmp_path):
-    """Only AG News's test split is here (SPEC §6): split it 6,000 / 1,600 into a scratch root."""
+    """A checkout may hold only AG News's test split: split it 6,000 / 1,600 into a scratch root."""
     rows = pd.read_csv(shared_data / "ag_news_csv" / "test.csv.gz", header=None)
     folder = tmp_path / "ag_news_csv"
     folder.mkdir()

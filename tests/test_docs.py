@@ -32,3 +32,23 @@ def test_the_readmes_accounting_figures_are_what_dpgrid_plan_prints():
     small = dpgrid.plan(dpgrid.compose(["dataset=mnist", "strategy=online", "grid.k=7"]))
     assert (f"K = 7: ν {small.noise_multiplier:.2f} vs {small.liu_talwar['noise_multiplier']:.2f} for LT" in readme
             and f"K = 49: {plan.noise_multiplier:.2f} vs {plan.liu_talwar['noise_multiplier']:.2f}" in readme)
+
+
+def test_the_protocols_reference_figures_are_what_dpgrid_plan_prints():
+    """docs/protocol.md §3 quotes nu for MNIST at epsilon 3 and 9: one run, online's K = 7, fixed_threshold's K = 49."""
+    import dpgrid
+
+    text = " ".join((ROOT / "docs" / "protocol.md").read_text().split())
+    nu = {}
+    for eps in (3, 9):
+        for name, extra in (("run", ["privacy.budget=per_run"]), ("k7", ["grid.k=7"]),
+                            ("k49", ["strategy=fixed_threshold", "grid.k=7"])):
+            nu[eps, name] = dpgrid.plan(dpgrid.compose(["dataset=mnist", f"privacy.epsilon={eps}", *extra])).noise_multiplier
+    assert (f"ε = 3 gives ν = {nu[3, 'run']:.4f} for a single run" in text and f"{nu[3, 'k7']:.4f} for online's K = 7"
+            in text and f"{nu[3, 'k49']:.4f} for fixed_threshold's K = 49" in text)
+    assert f"ε = 9 gives {nu[9, 'run']:.5f} and {nu[9, 'k7']:.5f}" in text
+
+
+def test_the_docs_need_nothing_outside_the_repository():
+    for path in [ROOT / "README.md", *(ROOT / "docs").rglob("*.md")]:
+        assert "../shared" not in path.read_text(), path

@@ -140,6 +140,25 @@ def test_the_papers_claim_is_tested_per_epsilon_with_the_metrics_direction(tree)
     assert "| 3 | fixed_threshold | -0.50 ± 0.01 | refuted (online worse) | 0.80 ± 0.11 | confirmed (online better) |" in md
 
 
+def test_the_clip_panel_has_no_offset_tick_labels(tmp_path, monkeypatch):
+    pytest.importorskip("matplotlib")
+    from types import SimpleNamespace
+
+    from dpgrid import figures
+    steps = range(0, 500, 50)  # C_t moving in its 7th digit: matplotlib's default would print 1e-6+1.0075e-1
+    pd.DataFrame(dict(config_id="lr4", seed=0, step=list(steps), value=[50 + s / 10 for s in steps],
+                      clip=[0.10075 + 1e-7 * i for i in range(len(steps))], lr=[0.3 + 1e-3 * i for i in range(len(steps))])
+                 ).to_csv(tmp_path / "curves.csv", index=False)
+    drawn = []
+    monkeypatch.setattr(figures, "save", lambda fig, path, dpi: (fig.canvas.draw(), drawn.append(fig)))
+    row = SimpleNamespace(path=str(tmp_path), config_id="lr4", adapts="clip,lr", metric="accuracy", budget="per_grid",
+                          dataset="mnist", label="Online", epsilon=3.0, k=9)
+    figures.plot_learning_curve(row, tmp_path / "curve.png")
+    clip_axis = drawn[0].axes[1]
+    assert clip_axis.get_ylabel() == "C_t" and clip_axis.yaxis.get_offset_text().get_text() == ""
+    assert all("e" not in t.get_text() for t in clip_axis.get_yticklabels())
+
+
 def test_figures_are_written(tree):
     pytest.importorskip("matplotlib")
     written = write_tables(tree)

@@ -1,4 +1,4 @@
-"""Private step vs non-private step, measured in one process, interleaved (this machine is shared).
+"""Private step vs non-private step, measured in one process, interleaved (so that a shared, noisy machine slows both alike).
 
 For each paper model at batch 512: the non-private SGD step; each strategy's step exactly as
 `dpgrid run` executes it (engine + strategy.step); and Opacus's GradSampleModule (hooks) with its

@@ -29,6 +29,10 @@ def test_the_readmes_accounting_figures_are_what_dpgrid_plan_prints():
     readme = (ROOT / "README.md").read_text()
     plan = dpgrid.plan(dpgrid.compose(["dataset=mnist", "strategy=fixed_threshold", "grid.k=7"]))
     assert f"per grid RDP {plan.noise_multiplier:.3f}" in readme
+    per_run = dpgrid.plan(dpgrid.compose(["dataset=mnist", "strategy=fixed_threshold", "grid.k=7",
+                                          "privacy.budget=per_run"]))
+    text = " ".join(readme.split())
+    assert f"per run RDP {per_run.noise_multiplier:.3f}" in text and f"({per_run.epsilon_grid:.1f} for that grid" in text
     small = dpgrid.plan(dpgrid.compose(["dataset=mnist", "strategy=online", "grid.k=7"]))
     assert (f"K = 7: ν {small.noise_multiplier:.2f} vs {small.liu_talwar['noise_multiplier']:.2f} for LT" in readme
             and f"K = 49: {plan.noise_multiplier:.2f} vs {plan.liu_talwar['noise_multiplier']:.2f}" in readme)

@@ -62,3 +62,14 @@ def test_rows_record_the_protocol_and_the_momentum_the_update_applied(tmp_path, 
     cfg = dpgrid.compose([f"strategy={strategy}", "protocol=paper", "grid.k=2", "train.epochs=1", "train.seeds=1"])
     runs = dpgrid.run_grid(cfg, tmp_path, progress=False).runs
     assert (runs.protocol == "paper").all() and (runs.momentum == momentum).all()
+
+
+def test_a_users_own_protocol_joins_from_the_search_path(tmp_path):
+    folder = tmp_path / "conf" / "protocol"
+    folder.mkdir(parents=True)
+    (folder / "nesterov_free.yaml").write_text("# @package _global_\nprotocol: nesterov_free\ntrain:\n  momentum: 0.5\n")
+    search = f"hydra.searchpath=[file://{tmp_path / 'conf'}]"
+    cfg = dpgrid.compose(["protocol=nesterov_free", search])
+    assert (cfg.protocol, cfg.train.momentum) == ("nesterov_free", 0.5)
+    with pytest.raises(DpgridError, match=r"available: literal, nesterov_free, paper"):
+        dpgrid.compose(["protocol=nope", search])

@@ -19,7 +19,7 @@ your own options: hydra.searchpath=[file:///abs/path/to/conf] (see docs/extendin
 
 def usage() -> str:
     from .api import options
-    lines = [f"{group}: {', '.join(options(group))}" for group in ("dataset", "strategy", "model")]
+    lines = [f"{group}: {', '.join(options(group))}" for group in ("dataset", "strategy", "model", "protocol")]
     return USAGE + "\n" + "\n".join(lines)
 
 
@@ -30,6 +30,9 @@ def settings() -> str:
 
     lines, section = [], ""
     for raw in (Path(config_dir()) / "config.yaml").read_text().splitlines():
+        choice = re.match(r"^  - (\w+): (\w+)\s*#\s*(.*)$", raw)  # a documented group of the defaults list
+        if choice:
+            lines.append("  {} = {}: {}".format(*choice.groups()))
         if raw.startswith(("defaults", "hydra", "  -")) or not raw.strip() or raw.lstrip().startswith("#"):
             section = "" if raw.startswith("hydra") else section
             continue

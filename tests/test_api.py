@@ -45,6 +45,7 @@ def test_run_help_names_dpgrid_and_describes_every_setting(capsys):
     settings = [line for line in out.splitlines() if line.startswith("  ") and " = " in line]
     assert len(settings) >= 20 and all(line.split(": ", 1)[1].strip() for line in settings), settings
     assert any(line.startswith("  privacy.epsilon = ") for line in settings)
+    assert "protocol: literal, paper" in out and any(line.startswith("  protocol = paper: ") for line in settings)
 
 
 def test_protocol_sets_momentum_and_an_unknown_one_lists_the_available():

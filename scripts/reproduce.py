@@ -51,7 +51,7 @@ def grids(dataset: str, ks: list, extra: list):
     return found
 
 
-def main():
+def main(argv=None, dpgrid=None):
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0], usage="%(prog)s [options] dataset [-- override ...]")
     parser.add_argument("dataset", help="a dataset option: " + ", ".join(options("dataset")))
     parser.add_argument("--k", type=int, nargs="+", default=[5, 7, 9])
@@ -65,12 +65,12 @@ def main():
                         help="only the paper's best configuration of each cell, with the whole grid's noise")
     parser.add_argument("--strategies", nargs="+", help="--paper-cells: only these strategies (default: all)")
     parser.add_argument("--epsilons", type=float, nargs="+", help="--paper-cells: only these privacy levels")
-    argv = sys.argv[1:]
+    argv = sys.argv[1:] if argv is None else argv
     cut = argv.index("--") if "--" in argv else len(argv)  # overrides for every run follow "--"
     args = parser.parse_args(argv[:cut])
     args.extra = argv[cut + 1:]
     if args.paper_cells:
-        return reproduce_paper_cells(args)
+        return reproduce_paper_cells(args, dpgrid or in_a_process)
 
     d, ks = args.dataset, args.k
     found = grids(d, ks, args.extra)
@@ -158,7 +158,12 @@ def matching_config(configs: list, paper_row):
     return None
 
 
-def reproduce_paper_cells(args):
+def in_a_process(command: list, threads: int) -> subprocess.CompletedProcess:
+    env = dict(os.environ, OMP_NUM_THREADS=str(threads))  # parallel cells share the cores
+    return subprocess.run(command, env=env, capture_output=True, text=True)
+
+
+def reproduce_paper_cells(args, dpgrid=in_a_process):
     cells, skipped = paper_cells(args.dataset, args.k, args.extra, args.strategies, args.epsilons)
     for line in skipped:
         print(line)
@@ -174,13 +179,19 @@ def reproduce_paper_cells(args):
         print("$", shlex.join(command))
     if args.dry_run:
         return 0
-    env = dict(os.environ, OMP_NUM_THREADS=str(max(1, (os.cpu_count() or 1) // args.jobs)))  # jobs share the cores
-    with concurrent.futures.ThreadPoolExecutor(args.jobs) as pool:
-        done = list(pool.map(lambda c: subprocess.run(c, env=env, capture_output=True, text=True), commands))
+    threads = max(1, (os.cpu_count() or 1) // args.jobs)
+    if args.jobs == 1:
+        done = [dpgrid(command, threads) for command in commands]
+    else:
+        with concurrent.futures.ThreadPoolExecutor(args.jobs) as pool:
+            done = list(pool.map(lambda command: dpgrid(command, threads), commands))
     failed = [(c, r) for c, r in zip(commands, done) if r.returncode]
     for command, result in failed:
         print(f"FAILED: {shlex.join(command)}\n  {(result.stderr.strip().splitlines() or ['?'])[-1]}")
-    subprocess.run(["dpgrid", "tables", args.results], check=True)
+    tables = dpgrid(["dpgrid", "tables", args.results], threads)
+    if tables.returncode:
+        print(f"FAILED: dpgrid tables {args.results}\n  {tables.stderr.strip()}")
+        return 1
     print(f"tables: {args.results}/tables/{args.dataset}_k<k>_vs_paper.md")
     return 1 if failed else 0
 

@@ -1,13 +1,12 @@
 """scripts/reproduce.py --paper-cells: the paper's best configuration of each cell, found in dpgrid's grid."""
 
 import importlib.util
-import subprocess
-import sys
 from pathlib import Path
 
 import pandas as pd
 import pytest
 
+from .command import dpgrid
 from .test_data import make_idx_root
 
 SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "reproduce.py"
@@ -45,17 +44,20 @@ def test_cells_the_paper_does_not_report_are_named_and_skipped(reproduce):
 
 
 @pytest.mark.slow
-def test_paper_cells_runs_one_cell_and_ends_with_the_comparison(tmp_path):
+def test_paper_cells_runs_one_cell_and_ends_with_the_comparison(reproduce, tmp_path, capsys):
     make_idx_root(tmp_path, "MNIST")
     out = tmp_path / "results"
-    command = [sys.executable, str(SCRIPT), "mnist", "--paper-cells", "--k", "9", "--seeds", "1",
-               "--strategies", "online", "--epsilons", "3", "--jobs", "1", "--data-root", str(tmp_path),
-               "--results", str(out), "--", "train.epochs=1", "train.batch_size=4"]
-    r = subprocess.run(command, capture_output=True, text=True)
-    assert r.returncode == 0, r.stderr
-    first = r.stdout.splitlines()[0]
+    argv = ["mnist", "--paper-cells", "--k", "9", "--seeds", "1", "--strategies", "online", "--epsilons", "3",
+            "--jobs", "1", "--data-root", str(tmp_path), "--results", str(out), "--", "train.epochs=1",
+            "train.batch_size=4"]
+    assert reproduce.main(argv, dpgrid=lambda command, threads: dpgrid(*command[1:])) == 0
+    first = capsys.readouterr().out.splitlines()[0]
     assert first.startswith("mnist: 1 paper cells x 1 seeds = 1 training runs; about ")
     runs = pd.read_csv(out / "mnist" / "online" / "eps3" / "k9" / "runs.csv")
     assert runs.config_id.tolist() == ["lr4"] and (runs.protocol == "paper").all()
     md = (out / "tables" / "mnist_k9_vs_paper.md").read_text()
     assert "| 3 | Online | ρ=0.316 | 90.69 ± 0.53 | ρ=0.3162 (1 of 9 configurations run) |" in md
+    # a second call resumes: the run is not trained again
+    assert reproduce.main(argv, dpgrid=lambda command, threads: dpgrid(*command[1:])) == 0
+    again = pd.read_csv(out / "mnist" / "online" / "eps3" / "k9" / "runs.csv")
+    assert again.seconds.tolist() == runs.seconds.tolist()

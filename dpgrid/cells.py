@@ -6,6 +6,7 @@ import pandas as pd
 from . import tasks
 
 MISSING = "–"
+NOT_RUN = "grid not run"  # why a cell is missing
 
 
 def private_strategies(grids: pd.DataFrame) -> list:

@@ -12,7 +12,6 @@ Missing cells are "–" with the reason in a footnote, never zero.
 """
 
 import math
-from importlib import resources
 from pathlib import Path
 
 import numpy as np
@@ -20,27 +19,17 @@ import pandas as pd
 
 from . import DpgridError, tasks
 from .files import check_writable, environment, read_json, read_rows, write_atomic, write_csv
-from .cells import MISSING, budget_note, fmt_hp, fmt_value, label_of, private_strategies
+from .cells import MISSING, NOT_RUN, budget_note, fmt_hp, fmt_value, private_strategies
 from .grid import AXIS_SYMBOL
+from .paper import claims, claims_markdown, comparison, comparison_markdown, paper_results
 from .privacy import NOT_DP_SAMPLING
 from .results import summarize
 
 # Everything about a strategy (label, axes, private or not, what adapts) comes from the plan.json its
 # grid wrote, which asked the strategy class and its config: nothing here lists strategies.
-NOT_RUN, DIVERGED, NOT_DP = "grid not run", "all seeds diverged", "not DP (sampling=shuffle)"
+DIVERGED, NOT_DP = "all seeds diverged", "not DP (sampling=shuffle)"
 NOTHING_SELECTED, SELECTION = "no candidate drawn or converged", "selection"  # random-stopping grids' budget
 PRIVACY_FIGURES = ("noise_multiplier", "epsilon_spent", "epsilon_grid", "budget", "sampling")
-
-
-# The paper's main claim (Galli et al. 2024, Section 5): at the same per-grid budget, online sensitivity
-# optimisation is at least as good as tuning a fixed threshold or a fixed quantile. A fact about the paper, as
-# paper_results.csv is; the strategies it names are the paper's.
-CLAIM_STRATEGY, CLAIM_RIVALS = "online", ("fixed_threshold", "fixed_quantile")
-
-
-def paper_results() -> pd.DataFrame:
-    with resources.files("dpgrid.reference").joinpath("paper_results.csv").open() as f:
-        return pd.read_csv(f, comment="#")
 
 
 def grid_folders(results_dir: Path) -> list:
@@ -185,100 +174,6 @@ def to_latex(table: pd.DataFrame, title: str, footnotes: list) -> str:
              " & ".join(tex(c) for c in table.columns) + r" \\", r"\midrule"]
     lines += [" & ".join(tex(v) for v in row) + r" \\" for row in table.itertuples(index=False)]
     lines += [r"\bottomrule", r"\end{tabular}"] + [f"% {tex(n)}" for n in footnotes]
-    return "\n".join(lines) + "\n"
-
-
-def comparison(grids: pd.DataFrame, paper: pd.DataFrame, dataset: str, k: int) -> pd.DataFrame:
-    """Ours next to the paper's, per (epsilon, strategy) the paper reports, for the private strategies
-    that have at least one grid in `grids`."""
-    rows = []
-    ran = {name for name, _, _ in private_strategies(grids)}  # the paper's cells of the strategies run here
-    for p in paper[(paper.dataset == dataset) & (paper.k == k) & paper.strategy.isin(ran)].itertuples():
-        cell = grids[(grids.strategy == p.strategy) & np.isclose(grids.epsilon, p.epsilon)]
-        status = NOT_RUN if cell.empty else cell.status.iloc[0]
-        ours = cell.iloc[0] if len(cell) else None
-        row = dict(epsilon=p.epsilon, strategy=p.strategy, paper_value=p.value, paper_std=p.std,
-                   configs_run=ours.configs_run if ours is not None else 0,
-                   n_configs=ours.n_configs if ours is not None else math.nan,
-                   value=ours.value if ours is not None else math.nan,
-                   std=ours["std"] if ours is not None else math.nan, status=status)
-        axes = [a for a in ("lr", "clip", "quantile") if not pd.isna(getattr(p, a))]  # the paper's columns
-        for axis in axes:
-            row[f"paper_{axis}"] = getattr(p, axis)
-            row[axis] = ours[axis] if ours is not None else math.nan
-        row["same_hyperparameters"] = (status == "ok" and all(
-            np.isclose(row[a], row[f"paper_{a}"], rtol=2e-3) for a in axes))
-        row["axes"], row["label"] = ",".join(axes), label_of(grids, p.strategy)
-        row["difference"] = row["value"] - row["paper_value"]
-        combined = math.sqrt(np.nan_to_num(row["std"]) ** 2 + np.nan_to_num(row["paper_std"]) ** 2)
-        row["within_std"] = bool(abs(row["difference"]) <= combined) if not math.isnan(row["difference"]) else None
-        rows.append(row)
-    return pd.DataFrame(rows)
-
-
-def verdict(advantage: float, combined_std: float) -> str:
-    """online's advantage (positive: online better) against the noise of the two cells."""
-    if math.isnan(advantage):
-        return MISSING
-    if advantage > combined_std:
-        return "confirmed (online better)"
-    if advantage < -combined_std:
-        return "refuted (online worse)"
-    return "undecided (within combined std)"
-
-
-def claims(comp: pd.DataFrame, metric: str) -> pd.DataFrame:
-    """Per epsilon and rival: online's advantage over the rival (in the metric's units, positive = online better),
-    its combined std sqrt(std_online^2 + std_rival^2) and the verdict, for dpgrid's cells and for the paper's."""
-    sign = 1.0 if tasks.get(metric).higher_is_better else -1.0
-    rows = []
-    for epsilon, cells in comp.groupby("epsilon", sort=True):
-        by = cells.set_index("strategy")
-        if CLAIM_STRATEGY not in by.index:
-            continue
-        online = by.loc[CLAIM_STRATEGY]
-        for rival in (r for r in CLAIM_RIVALS if r in by.index):
-            row = dict(epsilon=epsilon, rival=rival)
-            for who, value, std in (("", "value", "std"), ("paper_", "paper_value", "paper_std")):
-                advantage = sign * (online[value] - by.loc[rival, value])
-                combined = math.sqrt(np.nan_to_num(online[std]) ** 2 + np.nan_to_num(by.loc[rival, std]) ** 2)
-                row.update({f"{who}advantage": advantage, f"{who}combined_std": combined,
-                            f"{who}verdict": verdict(advantage, combined)})
-            rows.append(row)
-    return pd.DataFrame(rows)
-
-
-def claims_markdown(claim: pd.DataFrame, metric: str) -> str:
-    better = "higher" if tasks.get(metric).higher_is_better else "lower"
-    lines = ["", f"#### The paper's claim: online at least as good as each rival (advantage = online's margin, "
-                 f"{better} metric is better; verdict against the combined std)", "",
-             "| ε | rival | ours: advantage ± combined std | ours: verdict | paper: advantage ± combined std | "
-             "paper: verdict |", "|---|---|---|---|---|---|"]
-    for r in claim.itertuples():
-        ours = MISSING if pd.isna(r.advantage) else f"{fmt_value(r.advantage, metric)} ± {fmt_value(r.combined_std, metric)}"
-        paper = (MISSING if pd.isna(r.paper_advantage)
-                 else f"{fmt_value(r.paper_advantage, metric)} ± {fmt_value(r.paper_combined_std, metric)}")
-        lines.append(f"| {r.epsilon:g} | {r.rival} | {ours} | {r.verdict} | {paper} | {r.paper_verdict} |")
-    return "\n".join(lines) + "\n"
-
-
-def comparison_markdown(comp: pd.DataFrame, metric: str, title: str) -> str:
-    lines = [f"### {title}", "", "| ε | strategy | paper hyperparameters | paper | ours: hyperparameters | ours | "
-             "difference | within combined std |", "|---|---|---|---|---|---|---|---|"]
-    for r in comp.itertuples():
-        axes = r.axes.split(",")
-        paper_hp = ", ".join(f"{AXIS_SYMBOL[a]}={fmt_hp(getattr(r, 'paper_' + a))}" for a in axes)
-        ours_hp = ", ".join(f"{AXIS_SYMBOL[a]}={fmt_hp(getattr(r, a))}" for a in axes) if r.status == "ok" else MISSING
-        paper_v = (f"{fmt_value(r.paper_value, metric)} ± {fmt_value(r.paper_std, metric)}"
-                   if not pd.isna(r.paper_value) else f"{MISSING} (diverged)")
-        ours_v = (f"{fmt_value(r.value, metric)} ± {fmt_value(r.std, metric)}" if r.status == "ok"
-                  else f"{MISSING} ({r.status})")
-        diff = fmt_value(r.difference, metric) if not pd.isna(r.difference) else MISSING
-        within = MISSING if r.within_std is None or pd.isna(r.within_std) else ("yes" if r.within_std else "no")
-        if r.status == "ok" and r.configs_run < r.n_configs:
-            ours_hp += f" ({r.configs_run:.0f} of {r.n_configs:.0f} configurations run)"
-        lines.append(f"| {r.epsilon:g} | {r.label} | {paper_hp} | {paper_v} | {ours_hp} | {ours_v} | "
-                     f"{diff} | {within} |")
     return "\n".join(lines) + "\n"
 
 

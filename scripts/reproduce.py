@@ -110,7 +110,7 @@ def paper_cells(dataset: str, ks: list, extra: list, only_strategies=None, only_
     configuration found in dpgrid's grid."""
     import dpgrid
     from dpgrid import grid, strategies
-    from dpgrid.report import paper_results
+    from dpgrid.paper import paper_results
 
     paper = paper_results()
     paper = paper[paper.dataset == dataset]

@@ -6,7 +6,8 @@ import pandas as pd
 import pytest
 
 from dpgrid import DpgridError
-from dpgrid.report import paper_results, write_tables
+from dpgrid.paper import paper_results
+from dpgrid.report import write_tables
 
 from .command import dpgrid
 

@@ -81,3 +81,13 @@ def test_no_import_cycles():
         return None
     cycles = [c for m in graph if (c := cycle_from(m))]
     assert not cycles, cycles[0]
+
+
+def test_every_config_folder_is_installed():
+    """A plain `pip install .` ships conf/ as dpgrid.conf: a config group missing from pyproject's package list
+    would work from a checkout and vanish from an install."""
+    import tomllib
+
+    listed = set(tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]["packages"])
+    folders = {".".join(("dpgrid", *p.parent.relative_to(ROOT).parts)) for p in (ROOT / "conf").rglob("*.yaml")}
+    assert folders <= listed, folders - listed

@@ -30,24 +30,39 @@ import sys
 from dpgrid import DpgridError
 from dpgrid.api import options
 
+def composed(dataset: str, name: str, k: int, extra: list):
+    """(cfg, strategy class, steps per run) of one grid, or None for a strategy of another task (e.g. noisy
+    gradient descent on logistic regression)."""
+    import dpgrid
+    from dpgrid import strategies
+
+    cfg = dpgrid.compose([f"dataset={dataset}", f"strategy={name}", f"grid.k={k}",
+                          *[e for e in extra if not e.startswith("hydra")]])
+    strategy = strategies.resolve(cfg.strategy)
+    try:
+        strategy.check_config(cfg)
+    except DpgridError:
+        return None
+    return cfg, strategy, math.ceil(int(cfg.train.epochs) * int(cfg.dataset.n_train) / int(cfg.train.batch_size))
+
+
+def seconds_per_step(cfg) -> float:
+    return float(cfg.dataset.get("seconds_per_step") or 0)
+
+
 def grids(dataset: str, ks: list, extra: list):
     """[(strategy, private, K, T, epsilons, seconds per step)] for every strategy option, asked of the
     configs (dpgrid's strategy group, the dataset's privacy levels and step time): no list here."""
-    import dpgrid
-    from dpgrid import grid, strategies
+    from dpgrid import grid
 
     found = []
     for name in options("strategy"):
         for k in ks:
-            cfg = dpgrid.compose([f"dataset={dataset}", f"strategy={name}", f"grid.k={k}",
-                                  *[e for e in extra if not e.startswith("hydra")]])
-            try:
-                strategies.resolve(cfg.strategy).check_config(cfg)
-            except dpgrid.DpgridError:
-                continue  # a strategy of another task (e.g. noisy gradient descent on logistic regression)
-            steps = math.ceil(int(cfg.train.epochs) * int(cfg.dataset.n_train) / int(cfg.train.batch_size))
-            found.append((name, strategies.resolve(cfg.strategy).private, grid.size(cfg.strategy, cfg.grid), steps,
-                          list(cfg.dataset.epsilons), float(cfg.dataset.get("seconds_per_step") or 0)))
+            if (grid_of := composed(dataset, name, k, extra)) is None:
+                continue
+            cfg, strategy, steps = grid_of
+            found.append((name, strategy.private, grid.size(cfg.strategy, cfg.grid), steps,
+                          list(cfg.dataset.epsilons), seconds_per_step(cfg)))
     return found
 
 
@@ -108,8 +123,7 @@ def paper_cells(dataset: str, ks: list, extra: list, only_strategies=None, only_
     """([(strategy, epsilon, k, config_id, steps, seconds per step)], [skipped cell, why]) for every private
     strategy's cell the paper reports at these k (or the strategies and epsilons named): its best
     configuration found in dpgrid's grid."""
-    import dpgrid
-    from dpgrid import grid, strategies
+    from dpgrid import grid
     from dpgrid.paper import paper_results
 
     paper = paper_results()
@@ -120,19 +134,14 @@ def paper_cells(dataset: str, ks: list, extra: list, only_strategies=None, only_
             skipped.append(f"{dataset} k={k}: the paper reports no values at this k (Tables 8-13 have k = 9 and 5)")
             continue
         for name in only_strategies or options("strategy"):
-            cfg = dpgrid.compose([f"dataset={dataset}", f"strategy={name}", f"grid.k={k}",
-                                  *[e for e in extra if not e.startswith("hydra")]])
-            strategy = strategies.resolve(cfg.strategy)
-            try:
-                strategy.check_config(cfg)
-            except dpgrid.DpgridError:
-                continue  # a strategy of another task
+            if (grid_of := composed(dataset, name, k, extra)) is None:
+                continue
+            cfg, strategy, steps = grid_of
             if not strategy.private:
                 continue  # the paper reports the non-private baseline's learning rate only
             if name not in set(paper.strategy):
                 skipped.append(f"{dataset} {name} k={k}: not one of the paper's strategies; skipped")
                 continue
-            steps = math.ceil(int(cfg.train.epochs) * int(cfg.dataset.n_train) / int(cfg.train.batch_size))
             for epsilon in only_epsilons or cfg.dataset.epsilons:
                 where = f"{dataset} {name} eps={epsilon:g} k={k}"
                 row = paper[(paper.k == k) & (paper.strategy == name) & (paper.epsilon == epsilon)]
@@ -144,16 +153,17 @@ def paper_cells(dataset: str, ks: list, extra: list, only_strategies=None, only_
                 if config_id is None:
                     skipped.append(f"{where}: the paper's hyperparameters are not in dpgrid's grid; skipped")
                     continue
-                cells.append((name, float(epsilon), k, config_id, steps, float(cfg.dataset.get("seconds_per_step") or 0)))
+                cells.append((name, float(epsilon), k, config_id, steps, seconds_per_step(cfg)))
     return cells, skipped
 
 
 def matching_config(configs: list, paper_row):
-    """The id of the configuration whose axes the paper's row names (its rounded values, within 0.2 %)."""
+    """The id of the configuration whose axes the paper's row names (its printed, rounded values)."""
+    from dpgrid.paper import same_value
+
     for config in configs:
         axes = [a for a in ("lr", "clip", "quantile") if a in config]
-        if axes and all(not math.isnan(paper_row[a]) and math.isclose(config[a], paper_row[a], rel_tol=2e-3)
-                        for a in axes):
+        if axes and all(same_value(config[a], paper_row[a]) for a in axes):  # a missing (NaN) value matches nothing
             return config["config_id"]
     return None
 

@@ -11,6 +11,7 @@ the noise multiplier nu is the smallest one whose epsilon at delta is at most th
 - The Liu-Talwar random-stopping selection (Mohapatra et al. 2022, Theorem 1) is costed for comparison.
 """
 
+import functools
 import math
 from dataclasses import asdict, dataclass, field
 
@@ -57,6 +58,7 @@ def epsilon_of(accountant: str, sample_rate: float, noise_multiplier: float, ste
     return ACCOUNTANTS[accountant](sample_rate, noise_multiplier, steps, delta)
 
 
+@functools.lru_cache(maxsize=1024)  # a pure function that takes seconds: a plan, its checks and tables ask again
 def calibrate(epsilon: float, sample_rate: float, steps: int, delta: float, rtol: float = 1e-4,
               accountant: str = "rdp") -> float:
     """Smallest noise multiplier (to relative precision rtol) whose epsilon is at most the target."""

@@ -46,11 +46,11 @@ def test_cells_the_paper_does_not_report_are_named_and_skipped(reproduce):
 
 @pytest.mark.slow
 def test_paper_cells_runs_one_cell_and_ends_with_the_comparison(reproduce, tmp_path, capsys):
-    make_idx_root(tmp_path, "MNIST")
+    make_idx_root(tmp_path, "MNIST", n_train=60)
     out = tmp_path / "results"
     argv = ["mnist", "--paper-cells", "--k", "9", "--seeds", "1", "--strategies", "online", "--epsilons", "3",
             "--jobs", "1", "--data-root", str(tmp_path), "--results", str(out), "--", "train.epochs=1",
-            "train.batch_size=4"]
+            "train.batch_size=2", "dataset.n_train=60"]  # q = 1/30 calibrates in a second; N as the run loads it
     assert reproduce.main(argv, dpgrid=lambda command, threads: dpgrid(*command[1:])) == 0
     first = capsys.readouterr().out.splitlines()[0]
     assert first.startswith("mnist: 1 paper cells x 1 seeds = 1 training runs; about ")

@@ -51,6 +51,8 @@ def grid_row(folder: Path) -> dict:
     """One grid's best configuration, with the privacy figures its runs record (checked against plan.json)."""
     repair = "run the grid's command again to rewrite it (its results are kept)"
     plan = read_json(folder / "plan.json", repair)
+    if not (folder / "runs.csv").exists():  # planned, its first run still training (or stopped before it ended)
+        raise DpgridError(f"{folder} holds no finished run yet")
     _, _, runs = read_rows(folder / "runs.csv", "fix or delete that line, then run the grid's command again")
     if not len(runs):
         raise DpgridError(f"{folder / 'runs.csv'} holds no finished run yet")

@@ -254,6 +254,13 @@ def test_damaged_files_skip_their_grid_with_one_line(tree, name, content, messag
     assert len(lines) == 1 and __import__("re").search(message, lines[0]), lines
 
 
+def test_a_grid_whose_first_run_is_still_training_is_skipped_as_such(tree):
+    folder = tree / "mnist" / "online" / "eps=3" / "per_grid" / "k=9"
+    (folder / "runs.csv").unlink()  # plan.json written, no run finished: not a damaged file
+    _, lines = write(tree)
+    assert lines == [f"skipped the grid in {folder}: {folder} holds no finished run yet"]
+
+
 @pytest.mark.slow
 def test_no_readable_grid_is_an_error(tmp_path):
     (tmp_path / "empty").mkdir()

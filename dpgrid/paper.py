@@ -50,7 +50,8 @@ def comparison(grids: pd.DataFrame, paper: pd.DataFrame, dataset: str, k: int) -
                    configs_run=ours.configs_run if ours is not None else 0,
                    n_configs=ours.n_configs if ours is not None else math.nan,
                    value=ours.value if ours is not None else math.nan,
-                   std=ours["std"] if ours is not None else math.nan, status=status)
+                   std=ours["std"] if ours is not None else math.nan, status=status,
+                   config_id=ours.config_id if ours is not None else None)
         axes = [a for a in ("lr", "clip", "quantile") if not pd.isna(getattr(p, a))]  # the paper's columns
         for axis in axes:
             row[f"paper_{axis}"] = getattr(p, axis)
@@ -115,9 +116,10 @@ def comparison_markdown(comp: pd.DataFrame, metric: str, title: str) -> str:
     lines = [f"### {title}", "", "| ε | strategy | paper hyperparameters | paper | ours: hyperparameters | ours | "
              "difference | within combined std |", "|---|---|---|---|---|---|---|---|"]
     for r in comp.itertuples():
-        axes = r.axes.split(",")
-        paper_hp = ", ".join(f"{AXIS_SYMBOL[a]}={fmt_hp(getattr(r, 'paper_' + a))}" for a in axes)
-        ours_hp = ", ".join(f"{AXIS_SYMBOL[a]}={fmt_hp(getattr(r, a))}" for a in axes) if r.status == "ok" else MISSING
+        axes = [a for a in r.axes.split(",") if a]  # none where the paper reports no value (a diverged grid)
+        paper_hp = MISSING if not axes else ", ".join(f"{AXIS_SYMBOL[a]}={fmt_hp(getattr(r, 'paper_' + a))}" for a in axes)
+        ours_hp = (MISSING if r.status != "ok" else r.config_id if not axes  # the paper names no hyperparameters
+                   else ", ".join(f"{AXIS_SYMBOL[a]}={fmt_hp(getattr(r, a))}" for a in axes))
         paper_v = (f"{fmt_value(r.paper_value, metric)} ± {fmt_value(r.paper_std, metric)}"
                    if not pd.isna(r.paper_value) else f"{MISSING} (diverged)")
         ours_v = (f"{fmt_value(r.value, metric)} ± {fmt_value(r.std, metric)}" if r.status == "ok"

@@ -12,7 +12,7 @@ from dpgrid.report import write_tables
 from .command import dpgrid
 
 
-LABELS = {"online": "Online", "fixed_threshold": "Fixed Threshold", "nodp": "NoDP"}  # as plan.json records them
+LABELS = {"online": "Online", "fixed_threshold": "Fixed Threshold", "fixed_quantile": "Fixed Quantile", "nodp": "NoDP"}  # as plan.json records them
 
 
 def make_grid(root, dataset, strategy, epsilon, k, configs, metric="accuracy", n_configs=None, budget="per_grid",
@@ -125,6 +125,9 @@ def test_the_papers_claim_is_tested_per_epsilon_with_the_metrics_direction(tree)
     make_grid(tree, "fashion_mnist", "online", 3, 9, [("lr6", {"lr": 3.162}, [0.0200, 0.0202], 0)], "mse")
     make_grid(tree, "fashion_mnist", "fixed_threshold", 3, 9,
               [("lr4_clip2", {"lr": 0.3162, "clip": 0.1}, [0.0150, 0.0152], 0)], "mse")
+    for eps in (1, 3):  # the paper's eps = 1 row of fixed_quantile diverged: no hyperparameters, no value
+        make_grid(tree, "fashion_mnist", "fixed_quantile", eps, 9,
+                  [("lr5_q0", {"lr": 1.0, "quantile": 0.1}, [0.0030, 0.0028], 0)], "mse")
     write_tables(tree, figures=False)
     claim = pd.read_csv(tree / "tables" / "mnist_k9_claim.csv").set_index(["epsilon", "rival"])
     eps5 = claim.loc[(5, "fixed_threshold")]  # ours 91.62 +- 0.10 vs 91.5 +- 0.5; paper 91.62 +- 0.83 vs 88.69 +- 0.57
@@ -139,6 +142,7 @@ def test_the_papers_claim_is_tested_per_epsilon_with_the_metrics_direction(tree)
     assert fashion.paper_advantage == pytest.approx(0.0154 - 0.0074) and fashion.paper_verdict.startswith("confirmed")
     md = (tree / "tables" / "fashion_mnist_k9_vs_paper.md").read_text()
     assert "| 3 | fixed_threshold | -0.50 ± 0.01 | refuted (online worse) | 0.80 ± 0.11 | confirmed (online better) |" in md
+    assert "| 1 | Fixed Quantile | – | – (diverged) | lr5_q0 | 0.29 ± 0.01 | – | – |" in md
 
 
 def test_the_clip_panel_has_no_offset_tick_labels(tmp_path, monkeypatch):

@@ -51,7 +51,8 @@ def comparison(grids: pd.DataFrame, paper: pd.DataFrame, dataset: str, k: int) -
                    n_configs=ours.n_configs if ours is not None else math.nan,
                    value=ours.value if ours is not None else math.nan,
                    std=ours["std"] if ours is not None else math.nan, status=status,
-                   config_id=ours.config_id if ours is not None else None)
+                   config_id=ours.config_id if ours is not None else None,
+                   n_seeds=ours.n_seeds if ours is not None else 0)
         axes = [a for a in ("lr", "clip", "quantile") if not pd.isna(getattr(p, a))]  # the paper's columns
         for axis in axes:
             row[f"paper_{axis}"] = getattr(p, axis)
@@ -63,6 +64,9 @@ def comparison(grids: pd.DataFrame, paper: pd.DataFrame, dataset: str, k: int) -
         row["within_std"] = bool(abs(row["difference"]) <= combined) if not math.isnan(row["difference"]) else None
         rows.append(row)
     return pd.DataFrame(rows)
+
+
+ONE_SEED = "undecided (one seed: no spread to judge by)"
 
 
 def verdict(advantage: float, combined_std: float, claimed: str) -> str:
@@ -92,8 +96,10 @@ def claims(comp: pd.DataFrame, metric: str) -> pd.DataFrame:
             for who, value, std in (("", "value", "std"), ("paper_", "paper_value", "paper_std")):
                 advantage = sign * (claimed[value] - by.loc[rival, value])
                 combined = math.sqrt(np.nan_to_num(claimed[std]) ** 2 + np.nan_to_num(by.loc[rival, std]) ** 2)
+                spread = who == "paper_" or min(claimed.n_seeds, by.loc[rival, "n_seeds"]) >= 2  # paper: 5 seeds
                 row.update({f"{who}advantage": advantage, f"{who}combined_std": combined,
-                            f"{who}verdict": verdict(advantage, combined, claim["strategy"])})
+                            f"{who}verdict": verdict(advantage, combined, claim["strategy"]) if spread or
+                            math.isnan(advantage) else ONE_SEED})
             rows.append(row)
     return pd.DataFrame(rows)
 

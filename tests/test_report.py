@@ -145,6 +145,19 @@ def test_the_papers_claim_is_tested_per_epsilon_with_the_metrics_direction(tree)
     assert "| 1 | Fixed Quantile | – | – (diverged) | lr5_q0 | 0.29 ± 0.01 | – | – |" in md
 
 
+def test_a_claim_on_one_seed_is_undecided_whatever_the_difference():
+    from dpgrid.paper import ONE_SEED, claims
+
+    comp = pd.DataFrame(dict(epsilon=3.0, strategy=["online", "fixed_threshold", "fixed_quantile"],
+                             value=[90.0, 80.0, 85.0], std=[0.0, 0.0, 0.5], n_seeds=[1, 1, 2],
+                             paper_value=[90.0, 86.0, 85.0], paper_std=[0.5, 0.5, 0.4]))
+    claim = claims(comp, "accuracy").set_index("rival")
+    assert claim.verdict.tolist() == [ONE_SEED, ONE_SEED] and claim.advantage.tolist() == [10.0, 5.0]
+    assert claim.paper_verdict.tolist() == ["confirmed (online better)", "confirmed (online better)"]
+    comp.loc[[0, 1], "n_seeds"], comp.loc[[0, 1], "std"] = 2, 0.3  # two seeds each: judged by the combined std
+    assert claims(comp, "accuracy").verdict.tolist() == ["confirmed (online better)"] * 2
+
+
 def test_the_clip_panel_has_no_offset_tick_labels(tmp_path, monkeypatch):
     pytest.importorskip("matplotlib")
     from types import SimpleNamespace

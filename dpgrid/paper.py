@@ -67,12 +67,16 @@ def comparison(grids: pd.DataFrame, paper: pd.DataFrame, dataset: str, k: int) -
 
 
 ONE_SEED = "undecided (one seed: no spread to judge by)"
+PAPER_SEEDS = 5  # every cell of the paper's tables is a mean over 5 seeds
 
 
-def verdict(advantage: float, combined_std: float, claimed: str) -> str:
-    """The claimed strategy's advantage (positive: better) against the noise of the two cells."""
+def verdict(advantage: float, combined_std: float, claimed: str, seeds: int) -> str:
+    """The claimed strategy's advantage (positive: better) against the noise of the two cells; `seeds` is
+    the fewer of the two cells' seeds (one seed has no spread to judge by)."""
     if math.isnan(advantage):
         return MISSING
+    if seeds < 2:
+        return ONE_SEED
     if advantage > combined_std:
         return f"confirmed ({claimed} better)"
     if advantage < -combined_std:
@@ -96,10 +100,9 @@ def claims(comp: pd.DataFrame, metric: str) -> pd.DataFrame:
             for who, value, std in (("", "value", "std"), ("paper_", "paper_value", "paper_std")):
                 advantage = sign * (claimed[value] - by.loc[rival, value])
                 combined = math.sqrt(np.nan_to_num(claimed[std]) ** 2 + np.nan_to_num(by.loc[rival, std]) ** 2)
-                spread = who == "paper_" or min(claimed.n_seeds, by.loc[rival, "n_seeds"]) >= 2  # paper: 5 seeds
+                seeds = PAPER_SEEDS if who == "paper_" else min(claimed.n_seeds, by.loc[rival, "n_seeds"])
                 row.update({f"{who}advantage": advantage, f"{who}combined_std": combined,
-                            f"{who}verdict": verdict(advantage, combined, claim["strategy"]) if spread or
-                            math.isnan(advantage) else ONE_SEED})
+                            f"{who}verdict": verdict(advantage, combined, claim["strategy"], seeds)})
             rows.append(row)
     return pd.DataFrame(rows)
 

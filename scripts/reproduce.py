@@ -30,6 +30,7 @@ import sys
 from dpgrid import DpgridError
 from dpgrid.api import options
 
+
 def composed(dataset: str, name: str, k: int, extra: list):
     """(cfg, strategy class, steps per run) of one grid, or None for a strategy of another task (e.g. noisy
     gradient descent on logistic regression)."""

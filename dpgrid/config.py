@@ -46,6 +46,7 @@ class TrainConfig:
     sampling: str = MISSING
     device: str = MISSING
     engine: str = MISSING
+    float64: bool = False
 
 
 @dataclass

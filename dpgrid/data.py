@@ -29,6 +29,11 @@ class Data:
     def n_train(self) -> int:
         return len(self.x_train)
 
+    def in_float64(self) -> "Data":
+        """The same data with every floating-point tensor in float64 (labels stay integers)."""
+        up = lambda t: t.double() if t.is_floating_point() else t  # noqa: E731
+        return Data(up(self.x_train), up(self.y_train), up(self.x_test), up(self.y_test), self.task, self.files)
+
 
 def load(dataset_cfg, root, device="cpu") -> Data:
     """Call the dataset's loader (`dataset.load._target_`, with root and the node's other keys), check

@@ -46,6 +46,8 @@ def config_hash(cfg, private: bool = True) -> str:
     for key in unhashed:
         section, _, name = key.rpartition(".")
         (plain.get(section, {}) if section else plain).pop(name, None)
+    if not plain["train"].get("float64"):  # a key added later is hashed only when set: older grids keep their hash
+        plain["train"].pop("float64", None)
     return hashlib.sha256(json.dumps(plain, sort_keys=True).encode()).hexdigest()[:16]
 
 

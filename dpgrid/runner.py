@@ -4,6 +4,7 @@ Output directory: resolved `config.yaml`, `plan.json`, `runs.csv` (one row per f
 commit record), `curves.csv` (every validation), `summary.csv` (per configuration, best marked).
 """
 
+import contextlib
 import hashlib
 import logging
 import math
@@ -122,7 +123,7 @@ def planned_runs(out: Path, cfg, plan, selected: list) -> list:
 
 
 def run_one(cfg, plan, strategy_cls, data, config: dict, seed: int, progress: bool):
-    with torch.random.fork_rng(devices=[]):
+    with torch.random.fork_rng(devices=[]), default_dtype(torch.float64 if cfg.train.float64 else None):
         torch.manual_seed(derive_seed(plan.dataset, "init", seed))  # same start for every strategy
         model = build_model(cfg.model).to(data.x_train.device)
     if cfg.privacy.secure_rng:  # batches and noise unpredictable; such runs are not reproducible
@@ -141,6 +142,18 @@ def run_one(cfg, plan, strategy_cls, data, config: dict, seed: int, progress: bo
     steps = plan.schedule.get(config["config_id"], {}).get("steps", plan.steps)
     return train_run(model, engine, strategy, data, steps, plan.sample_rate, int(cfg.train.eval_every),
                      sampler, progress, sampling=str(cfg.train.sampling))
+
+
+@contextlib.contextmanager
+def default_dtype(dtype):
+    """Models built inside draw their initial weights in `dtype` (None: unchanged). Drawn in float32 and
+    then converted, they would differ by a float32 rounding between CPUs (the vectorised kernels differ)."""
+    previous = torch.get_default_dtype()
+    torch.set_default_dtype(dtype or previous)
+    try:
+        yield
+    finally:
+        torch.set_default_dtype(previous)
 
 
 def applied_momentum(cfg, strategy_cls) -> float:
@@ -175,6 +188,8 @@ def run_row(cfg, plan, strategy_cls, config, seed, result) -> dict:
 def run_grid(cfg, out_dir, progress: bool = True) -> pd.DataFrame:
     out = Path(out_dir)
     data = data_mod.load(cfg.dataset, cfg.data.root, resolve_device(str(cfg.train.device)))
+    if cfg.train.float64:
+        data = data.in_float64()
     strategy_cls, plan, selected = plan_grid(cfg, data.n_train)
     digest, data_files = config_hash(cfg, plan.private), data_mod.fingerprint(data.files)
     check_writable(out)

@@ -3,12 +3,15 @@
 import math
 
 import torch
+from omegaconf import OmegaConf
 from torch import nn
 
 from dpgrid.data import Data
 from dpgrid.persample import make_engine
 from dpgrid.strategies.fixed_threshold import FixedThreshold
 from dpgrid.train import train_run
+
+from .conftest import load_cfg
 
 
 def small_data(n_train=64, n_test=32, seed=0):
@@ -55,3 +58,14 @@ def test_divergence_is_decided_from_released_quantities_only():
     assert not result.diverged and math.isfinite(result.best_value)
     _, blown = run(data, lr=1e39)  # beyond float32: the released parameters overflow
     assert blown.diverged and math.isnan(blown.best_value)
+
+
+def test_float64_is_hashed_only_when_set():
+    """Grids recorded before train.float64 existed keep their config hash; a float64 grid is another config."""
+    from dpgrid.results import config_hash
+
+    plain, double = load_cfg(), load_cfg(**{"train.float64": "true"})
+    unset = OmegaConf.to_container(load_cfg(), resolve=True)  # a config from before the key existed
+    del unset["train"]["float64"]
+    unset = OmegaConf.create(unset)
+    assert config_hash(plain) == config_hash(unset) != config_hash(double)

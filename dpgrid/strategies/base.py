@@ -34,9 +34,9 @@ class Strategy:
         self.generator = generator
         self.momentum = momentum
         self._velocity = None
-        device = self.params[0].device
-        self.lr = torch.tensor(float(hp.get("lr", 0.0)), device=device)
-        self.clip = torch.tensor(float(hp.get("clip", float("nan"))), device=device)
+        device, dtype = self.params[0].device, self.params[0].dtype  # state in the parameters' precision
+        self.lr = torch.tensor(float(hp.get("lr", 0.0)), device=device, dtype=dtype)
+        self.clip = torch.tensor(float(hp.get("clip", float("nan"))), device=device, dtype=dtype)
 
     def noisy_mean(self, sums: list, std) -> list:
         """Gaussian mechanism: (sum + N(0, std^2 I)) / B, with B the expected batch size."""

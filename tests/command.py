@@ -8,9 +8,12 @@ import io
 import logging
 import os
 import signal
+import subprocess
 import sys
+import time
 import warnings
 from dataclasses import dataclass
+from pathlib import Path
 
 
 @dataclass
@@ -63,3 +66,20 @@ def keep_absl_off_captured_streams():
     The real stderr is never closed by absl."""
     if "absl.logging" in sys.modules:
         sys.modules["absl.logging"].get_absl_handler().python_handler.stream = sys.__stderr__
+
+
+def start_paused(args, after: int, folder: Path):
+    """A real `dpgrid *args` process, returned once it has committed `after` runs (0: once it holds its run
+    directory) and waits there (tests/paused.py); touch the returned GO file to let it go on."""
+    ready, go = folder / "paused.ready", folder / "paused.go"
+    proc = subprocess.Popen([sys.executable, str(Path(__file__).with_name("paused.py")), str(ready), str(go), str(after),
+                             "dpgrid", *map(str, args)], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 900  # only a hung process meets this, however loaded the machine
+    while not ready.exists():
+        if proc.poll() is not None:
+            raise AssertionError(f"dpgrid ended (exit {proc.returncode}) before pausing: {proc.stderr.read()}")
+        if time.monotonic() > deadline:
+            proc.kill()
+            raise AssertionError("dpgrid did not reach its pause")
+        time.sleep(0.01)
+    return proc, go

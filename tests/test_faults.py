@@ -5,17 +5,13 @@ undisturbed grid (issues: every failure is one line; privacy in every mode, poin
 import errno
 import os
 import signal
-import subprocess
-import sys
-import time
 
 import pandas as pd
 import pytest
 
-from .command import dpgrid as run_dpgrid
+from .command import dpgrid as run_dpgrid, start_paused
 
 pytestmark = pytest.mark.slow  # every test here trains grids, several times over
-COMMAND = [sys.executable, "-m", "dpgrid.cli", "run"]
 GRID = ["strategy=fixed_threshold", "grid.k=2", "train.seeds=2", "train.epochs=1", "train.eval_every=4"]
 
 
@@ -161,33 +157,24 @@ def test_a_plan_that_disagrees_with_its_runs_is_refused_with_both_values(tmp_pat
 
 def test_a_second_writer_is_refused(tmp_path):
     out = tmp_path / "grid"
-    slow = [*GRID, "train.epochs=400", "train.eval_every=1000"]  # about 30 s: still running when the second starts
-    first = subprocess.Popen([*COMMAND, *slow, f"hydra.run.dir={out}"], stdout=subprocess.DEVNULL,
-                             stderr=subprocess.PIPE, text=True)
-    deadline = time.time() + 60
-    while not (out / "plan.json").exists() and time.time() < deadline:
-        time.sleep(0.05)
-    second = dpgrid("run", *slow, f"hydra.run.dir={out}")
-    assert first.poll() is None, "the first grid ended before the second started"
+    first, go = start_paused(["run", *GRID, f"hydra.run.dir={out}"], after=1, folder=tmp_path)
+    second = dpgrid("run", *GRID, f"hydra.run.dir={out}")
     assert second.returncode == 2 and len(errors(second)) == 1, second.stderr
     assert f"another dpgrid process is writing into {out}" in second.stderr
     first.send_signal(signal.SIGTERM)
-    assert first.wait(timeout=60) == 143
+    assert first.wait(timeout=600) == 143
 
 
 @pytest.mark.parametrize("sig, code", [(signal.SIGTERM, 143), (signal.SIGINT, 130)])
 def test_sigterm_and_ctrl_c_are_one_line_and_the_same_command_resumes(sig, code, tmp_path, reference):
     out = tmp_path / "grid"
-    proc = subprocess.Popen([*COMMAND, *GRID, f"hydra.run.dir={out}"], stdout=subprocess.DEVNULL,
-                            stderr=subprocess.PIPE, text=True)
-    deadline = time.time() + 60
-    while not (out / "runs.csv").exists() and time.time() < deadline:
-        time.sleep(0.01)
+    proc, _ = start_paused(["run", *GRID, f"hydra.run.dir={out}"], after=1, folder=tmp_path)  # mid-grid, by design
     proc.send_signal(sig)
     stderr = proc.stderr.read()
     lines = [line for line in stderr.strip().splitlines() if not progress(line)]
     assert proc.wait() == code and len(lines) == 1, stderr
     assert "incomplete; the same command resumes it" in stderr
+    assert len(pd.read_csv(out / "runs.csv")) == 1
     assert dpgrid("run", *GRID, f"hydra.run.dir={out}").returncode == 0
     assert_same(out, reference)
 

@@ -3,7 +3,6 @@
 import signal
 import subprocess
 import sys
-import time
 
 import pandas as pd
 import pytest
@@ -15,7 +14,7 @@ from dp_accounting.rdp import rdp_privacy_accountant
 from dpgrid.grid import configurations
 from dpgrid.privacy import make_plan
 
-from .command import dpgrid
+from .command import dpgrid, start_paused
 from .conftest import load_cfg, strategy_class
 from .test_data import corrupt, make_idx_root
 
@@ -39,17 +38,10 @@ def test_killed_grid_resumes_to_the_uninterrupted_result(tmp_path):
     reference, killed = tmp_path / "reference", tmp_path / "killed"
     subprocess.run([*COMMAND, *GRID, f"hydra.run.dir={reference}"], check=True, capture_output=True)
 
-    proc = subprocess.Popen([*COMMAND, *GRID, f"hydra.run.dir={killed}"], stdout=subprocess.DEVNULL,
-                            stderr=subprocess.DEVNULL)
-    deadline = time.time() + 120
-    while time.time() < deadline:  # kill once some runs are committed, mid-grid
-        if (killed / "runs.csv").exists() and len(pd.read_csv(killed / "runs.csv")) >= 3:
-            break
-        time.sleep(0.02)
+    proc, _ = start_paused(["run", *GRID, f"hydra.run.dir={killed}"], after=3, folder=tmp_path)  # mid-grid
     proc.send_signal(signal.SIGKILL)
     proc.wait()
-    partial = len(pd.read_csv(killed / "runs.csv"))
-    assert 3 <= partial < 12, "the grid was not killed mid-way"
+    assert len(pd.read_csv(killed / "runs.csv")) == 3
 
     again = subprocess.run([*COMMAND, *GRID, f"hydra.run.dir={killed}"], capture_output=True, text=True)
     assert again.returncode == 0, again.stderr

@@ -1,0 +1,40 @@
+"""`python tests/paused.py READY GO AFTER dpgrid ARGS...`: `dpgrid ARGS...` in a real process that, right
+after committing its AFTER-th run (0: once it holds the run directory, before any run), creates the file
+READY and waits until the file GO exists. A test then acts at that moment (a signal, kill -9, a second
+writer) without racing the grid: the process is where the test wants it, however loaded the machine."""
+
+import sys
+import time
+from pathlib import Path
+
+
+def main() -> None:
+    ready, go, after = Path(sys.argv[1]), Path(sys.argv[2]), int(sys.argv[3])
+    from dpgrid import runner
+    from dpgrid.cli import main as dpgrid
+
+    def pause():
+        ready.touch()
+        while not go.exists():  # a signal interrupts this sleep and is handled as anywhere in the grid
+            time.sleep(0.01)
+
+    commit, planned = runner.commit_run, runner.planned_runs
+    commits = [0]
+
+    def committed(*args, **kwargs):
+        commit(*args, **kwargs)
+        commits[0] += 1
+        if commits[0] == after:
+            pause()
+
+    def holding(*args, **kwargs):
+        if after == 0:
+            pause()
+        return planned(*args, **kwargs)
+
+    runner.commit_run, runner.planned_runs = committed, holding
+    dpgrid(sys.argv[5:])
+
+
+if __name__ == "__main__":
+    main()

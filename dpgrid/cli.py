@@ -129,6 +129,7 @@ def plan_command(args: list) -> None:
             print(f"  budget (eps, delta) = ({plan.epsilon:g}, {plan.delta:g}) for {scope}: {runs} x {plan.steps} steps")
             print(f"  noise multiplier nu = {plan.noise_multiplier:.5g}  ({plan.accountant}); eps spent = "
                   f"{plan.epsilon_spent:.5g}; the whole grid's eps = {plan.epsilon_grid:.5g}")
+            print_seeds_cost(plan)
         for name, value in plan.per_query.items():
             print(f"  {name} = {value:.5g}")
         print_alternatives(cfg, plan)
@@ -148,6 +149,8 @@ def print_schedule(plan) -> None:
              "that free" if plan.epsilon_spent is None else f"each run spends at most epsilon = {plan.epsilon:g} on its own")
     print(f"  budget (eps, delta) = ({plan.epsilon:g}, {plan.delta:g}), zCDP rho <= {p['rho_budget']:.5g} ({plan.accountant} "
           f"conversion): {claim}")
+    if plan.epsilon_spent is not None:
+        print_seeds_cost(plan)
     for c in plan.configurations:
         s, hp = plan.schedule[c["config_id"]], " ".join(f"{k}={v:g}" for k, v in c.items() if k != "config_id")
         if plan.epsilon_spent is None:
@@ -155,6 +158,13 @@ def print_schedule(plan) -> None:
         else:
             print(f"    {c['config_id']} {hp}: {s['steps']:,} iterations fit; eps (zcdp) = {s['epsilon_zcdp']:.4g}, "
                   f"eps (rdp) = {s['epsilon_rdp']:.4g}")
+
+
+def print_seeds_cost(plan) -> None:
+    """What a table of this grid publishes (means over seeds) costs, where the seeds are not accounted."""
+    if plan.epsilon_with_seeds is not None and plan.epsilon_with_seeds > plan.epsilon_grid * (1 + 1e-9):
+        print(f"  tables publish means over {plan.seeds} seeds: {plan.n_configs} x {plan.seeds} runs with this noise spend "
+              f"eps = {plan.epsilon_with_seeds:.5g} ({plan.accountant}; epsilon_with_seeds)")
 
 
 def print_selection(plan) -> None:

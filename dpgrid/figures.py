@@ -54,7 +54,11 @@ def plot_metric_vs_epsilon(grids, dataset, k, metric, out_base: Path) -> list:
 def plot_learning_curve(grid_row, out_path: Path) -> None:
     plt = pyplot()
     curves = pd.read_csv(Path(grid_row.path) / "curves.csv", dtype={"config_id": str})
-    best = curves[curves.config_id == grid_row.config_id].groupby("step")[["value", "clip", "lr"]].mean()
+    runs = curves.config_id == grid_row.config_id
+    selection = grid_row.budget == "selection"
+    if selection:  # the selected candidate's own runs: never pooled with other candidates of its configuration
+        runs &= curves.seed.isin(selected_seeds(grid_row))
+    best = curves[runs].groupby("step")[["value", "clip", "lr"]].mean()
     adaptive = "clip" in str(grid_row.adapts).split(",")  # C_t (and rho_t) change during the run
     fig, axes = plt.subplots(1, 3 if adaptive else 1, figsize=(12 if adaptive else 5, 3.5), squeeze=False)
     axes = axes[0]
@@ -70,9 +74,20 @@ def plot_learning_curve(grid_row, out_path: Path) -> None:
     for ax in axes:
         ax.set_xlabel("step")
         ax.grid(alpha=0.3)
-    scope = "ε per run" if grid_row.budget == "per_run" else "ε per grid"
+    scope = {"per_run": "ε per run", "selection": "ε per selection"}.get(grid_row.budget, "ε per grid")
+    which = "selected configuration" if selection else "best configuration"
     fig.suptitle(f"{grid_row.dataset} {grid_row.label} ε={grid_row.epsilon:g} "
-                 f"({scope}) k={grid_row.k}: best configuration {grid_row.config_id} (mean over seeds)")
+                 f"({scope}) k={grid_row.k}: {which} {grid_row.config_id} (mean over seeds)")
     fig.tight_layout()
     save(fig, out_path, 120)
     plt.close(fig)
+
+
+def selected_seeds(grid_row) -> list:
+    """The seeds of the candidate a selection released (recomputed from its private runs.csv)."""
+    from .results import candidate_summary
+
+    runs = pd.read_csv(Path(grid_row.path) / "runs.csv", dtype={"config_id": str})
+    summary = candidate_summary(runs, [a for a in str(grid_row.axes).split(",") if a], tasks.get(grid_row.metric).name)
+    chosen = int(summary[summary.best].candidate.iloc[0])
+    return list(runs.seed[runs.candidate == chosen])

@@ -106,6 +106,7 @@ class Plan:
     epsilon_spent: float = None  # what the budget covers, recomputed with the final nu (<= epsilon); None for nodp
     epsilon_grid: float = None   # the whole grid's true cost with this nu (= epsilon_spent when per_grid)
     epsilon_per_run: float = None  # one configuration's cost (its seeds too when they are accounted)
+    epsilon_with_seeds: float = None  # what tables publish (means over seeds): K x seeds runs with this nu
     liu_talwar: dict = field(default_factory=dict)  # the cost of Liu-Talwar selection, for comparison
     selection: str = "composition"  # or random_stopping: only the best candidate is released (dpgrid.selection)
     stopping: dict = field(default_factory=dict)    # random stopping's rule and parameters
@@ -157,8 +158,10 @@ def make_plan(cfg, n_train: int, strategy_cls, configs: list, model_parameters: 
         plan.epsilon_per_run = (plan.epsilon_spent if budget == "per_run"
                                 else epsilon_of(accountant, sample_rate, nu, per_config * steps, plan.delta))
         plan.liu_talwar = liu_talwar_cost(plan.epsilon, plan.delta, len(configs), sample_rate, per_config * steps, nu)
+        plan.epsilon_with_seeds = (plan.epsilon_grid if plan.account_seeds or plan.seeds == 1 else
+                                   epsilon_of(accountant, sample_rate, nu, len(configs) * plan.seeds * steps, plan.delta))
     if plan.sampling == "shuffle":  # the noise is the Poisson plan's, but no analysis covers shuffled batches
-        plan.epsilon_spent = plan.epsilon_grid = plan.epsilon_per_run = None
+        plan.epsilon_spent = plan.epsilon_grid = plan.epsilon_per_run = plan.epsilon_with_seeds = None
         plan.liu_talwar = {}
         plan.sampling = NOT_DP_SAMPLING
     return plan
@@ -182,7 +185,7 @@ def plan_selection(plan: Plan, p, strategy_cls, options: dict) -> None:
     plan.noise_multiplier = smallest_noise(spent, plan.epsilon, 1e-4, f"by {plan.stopping['rule']} selection among "
                                            f"{mean:g} candidates (expected) of {steps} steps each")
     plan.per_query = strategy_cls.split_noise(plan.noise_multiplier, options, plan.batch_size)
-    plan.epsilon_spent = plan.epsilon_grid = spent(plan.noise_multiplier)
+    plan.epsilon_spent = plan.epsilon_grid = plan.epsilon_with_seeds = spent(plan.noise_multiplier)  # seeds accounted
     plan.epsilon_per_run = rdp_epsilon(plan.sample_rate, plan.noise_multiplier, steps, plan.delta)
     check_spent(plan)
 

@@ -29,6 +29,9 @@ from .results import summarize
 # grid wrote, which asked the strategy class and its config: nothing here lists strategies.
 DIVERGED, NOT_DP = "all seeds diverged", "not DP (sampling=shuffle)"
 NOTHING_SELECTED, SELECTION = "no candidate drawn or converged", "selection"  # random-stopping grids' budget
+SEEDS_NOTE = ("ε seeds: what this table publishes costs more than ε, which accounts one run per configuration "
+              "(privacy.account_seeds=false, as the paper); each value is the mean over seeds, and K x seeds runs with "
+              "the grid's noise spend: ")
 PRIVACY_FIGURES = ("noise_multiplier", "epsilon_spent", "epsilon_grid", "budget", "sampling")
 
 
@@ -76,6 +79,7 @@ def grid_row(folder: Path) -> dict:
                label=plan.get("label") or plan["strategy"], private=bool(plan.get("private", privacy["noise_multiplier"])),
                axes=",".join(axes), adapts=",".join(plan.get("adapts", [])),
                dataset_epsilons=",".join(f"{e:g}" for e in plan.get("dataset_epsilons", [])))
+    row.update(accountant=plan.get("accountant"), epsilon_with_seeds=epsilon_with_seeds(folder, plan, runs, privacy))
     if plan.get("selection") == "random_stopping":
         return selected_row(folder, row, axes, repair)
     best = summary[summary.best]
@@ -91,10 +95,27 @@ def grid_row(folder: Path) -> dict:
     return row
 
 
+def epsilon_with_seeds(folder: Path, plan: dict, runs: pd.DataFrame, privacy: dict):
+    """The epsilon of what a table of this grid publishes (means over seeds): K x seeds runs with its nu, as
+    plan.json records it for its seeds. None where no epsilon is claimed."""
+    if privacy["epsilon_spent"] is None:
+        return None
+    if "epsilon_with_seeds" not in plan:
+        raise DpgridError(f"{folder / 'plan.json'} does not record epsilon_with_seeds (made by an older dpgrid); run the "
+                          "grid's command again to rewrite it (its results are kept)")
+    most = int(runs.groupby(["candidate", "config_id"] if "candidate" in runs else "config_id").size().max())
+    if most > int(plan["seeds"]):
+        raise DpgridError(f"{folder / 'runs.csv'} holds {most} seeds of a configuration but plan.json was written for "
+                          f"{plan['seeds']}, so its epsilon_with_seeds would understate what a table publishes; run the "
+                          f"grid's command with train.seeds={most} to rewrite plan.json")
+    return plan["epsilon_with_seeds"]
+
+
 def selected_row(folder: Path, row: dict, axes: list, repair: str) -> dict:
-    """A random-stopping selection's cell: only what selection.json releases (configuration and score)."""
+    """A random-stopping selection's cell: only what selection.json releases (configuration and score);
+    nothing that depends on how many candidates were drawn (configs_run) or on another candidate."""
     chosen = read_json(folder / "selection.json", repair).get("chosen")
-    row.update(budget=SELECTION, std=math.nan)
+    row.update(budget=SELECTION, std=math.nan, configs_run=math.nan)
     if not chosen:
         return {**row, "status": NOTHING_SELECTED, "value": math.nan}
     return {**row, **{a: chosen[a] for a in axes}, "config_id": chosen["config_id"], "value": chosen["score"],
@@ -109,7 +130,8 @@ def collect(results_dir: Path) -> tuple:
             rows.append(grid_row(folder))
         except DpgridError as e:
             skipped.append(f"skipped the grid in {folder}: {e}")
-    columns = ["dataset", "strategy", "k", "epsilon", "budget", "epsilon_spent", "epsilon_grid", "sampling", "metric",
+    columns = ["dataset", "strategy", "k", "epsilon", "budget", "epsilon_spent", "epsilon_grid", "epsilon_with_seeds",
+               "accountant", "sampling", "metric",
                "lr", "clip", "quantile", "config_id", "value", "std", "n_seeds", "status", "noise_multiplier",
                "n_configs", "configs_run", "label", "private", "axes", "adapts", "dataset_epsilons", "path"]
     axes = sorted({a for r in rows for a in str(r.get("axes", "")).split(",") if a and a not in columns})
@@ -128,6 +150,7 @@ def paper_layout(grids: pd.DataFrame, dataset: str, k: int, with_values: bool):
     private = grids[grids.private.astype(bool)]
     budgets = sorted(set(private.budget.dropna())) or ["per_grid"]
     rows = sorted({(e, b) for e in levels for b in budgets} | set(zip(private.epsilon.astype(float), private.budget)))
+    costlier = private[private.epsilon_with_seeds.astype(float) > private.epsilon_grid.astype(float) * (1 + 1e-9)]
     notes, table = {}, pd.DataFrame({"ε": [f"{e:g}" for e, _ in rows], "budget": [b for _, b in rows]})
     for strategy, label, axes in columns:
         for index, (eps, budget) in enumerate(rows):
@@ -144,7 +167,13 @@ def paper_layout(grids: pd.DataFrame, dataset: str, k: int, with_values: bool):
             if "per_run" in budgets:
                 grid_eps = cell.epsilon_grid.iloc[0] if not cell.empty else math.nan
                 table.loc[index, f"{label} ε grid"] = MISSING if pd.isna(grid_eps) else f"{grid_eps:.3g}"
+            if len(costlier):
+                seeds_eps = cell.epsilon_with_seeds.iloc[0] if not cell.empty else math.nan
+                table.loc[index, f"{label} ε seeds"] = MISSING if pd.isna(seeds_eps) else f"{seeds_eps:.3g}"
     footnotes = [f"{MISSING}: {reason}: {', '.join(cells)}" for reason, cells in notes.items()]
+    if len(costlier):
+        footnotes.append(SEEDS_NOTE + ", ".join(f"{r.label} ε={r.epsilon:g}: {r.epsilon_with_seeds:.3g} ({r.accountant})"
+                                                for r in costlier.itertuples()))
     partial = private[(private.configs_run < private.n_configs) & (private.budget != SELECTION)]
     if len(partial):  # grid.only: the best of a subset, still with the whole grid's noise
         footnotes.append("partial grids (grid.only; best of the configurations run, whole grid's noise): " + ", ".join(
@@ -156,6 +185,8 @@ def paper_layout(grids: pd.DataFrame, dataset: str, k: int, with_values: bool):
     if len(baseline):
         best = baseline.sort_values("value", ascending=not tasks.get(metric).higher_is_better).iloc[0]
         footnotes.append(f"best {best.label}: ρ = {best.lr:.4g}, {fmt_value(best.value, metric)}")
+    if tasks.get(metric).disclosure:
+        footnotes.append(tasks.get(metric).disclosure)
     return table, footnotes
 
 
@@ -229,7 +260,9 @@ def write_one_table(g, dataset, k, out: Path, paper, figures: bool) -> list:
         claim = claims(comp, metric)
         write_csv(out / f"{dataset}_k{k}_vs_paper.csv", comp)
         write_atomic(out / f"{dataset}_k{k}_vs_paper.md",
-                     comparison_markdown(comp, metric, f"{dataset}, k = {k}: dpgrid (ε per grid) vs the paper")
+                     comparison_markdown(comp, metric, f"{dataset}, k = {k}: dpgrid vs the paper, ε per grid in the paper's "
+                                         "convention: one run per configuration accounted, seeds not (what the means "
+                                         "over seeds cost: epsilon_with_seeds in results.csv)")
                      + (claims_markdown(claim, metric) if len(claim) else ""))
         written += [out / f"{dataset}_k{k}_vs_paper.csv", out / f"{dataset}_k{k}_vs_paper.md"]
         if len(claim):  # online and a rival were both run

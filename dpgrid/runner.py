@@ -111,15 +111,16 @@ def grid_key(cfg, plan) -> tuple:
     return key if plan.selection == "composition" else (*key, "selection", int(cfg.privacy.stopping_seed))
 
 
-def planned_runs(out: Path, cfg, plan, selected: list) -> list:
-    """(configuration, seed) of every run: each selected configuration's seeds, or, for a random-stopping
-    selection, candidate i's seeds i * seeds ... (i + 1) * seeds - 1 (each candidate is a fresh run)."""
+def planned_runs(out: Path, cfg, plan, selected: list) -> tuple:
+    """((configuration, seed) of every run, the draw's digest or None): each selected configuration's seeds,
+    or, for a random-stopping selection, candidate i's seeds i * seeds ... (i + 1) * seeds - 1 (each
+    candidate is a fresh run) and the draw they come from."""
     if plan.selection == "composition":
-        return [(c, s) for c in selected for s in range(plan.seeds)]
+        return [(c, s) for c in selected for s in range(plan.seeds)], None
     source = (SecureRandom() if cfg.privacy.secure_rng
               else torch.Generator().manual_seed(derive_seed(*grid_key(cfg, plan), "stopping")))
-    drawn = selection.candidates(out, plan, selected, source)
-    return [(c, i * plan.seeds + s) for i, c in enumerate(drawn) for s in range(plan.seeds)]
+    drawn, draw = selection.candidates(out, plan, selected, source, bool(cfg.overwrite))
+    return [(c, i * plan.seeds + s) for i, c in enumerate(drawn) for s in range(plan.seeds)], draw
 
 
 def run_one(cfg, plan, strategy_cls, data, config: dict, seed: int, progress: bool):
@@ -161,12 +162,12 @@ def applied_momentum(cfg, strategy_cls) -> float:
     return float(cfg.train.momentum) if strategy_cls.uses_momentum else 0.0
 
 
-def run_row(cfg, plan, strategy_cls, config, seed, result) -> dict:
+def run_row(cfg, plan, strategy_cls, config, seed, result, draw=None) -> dict:
     row = dict(dataset=plan.dataset, strategy=plan.strategy, metric=tasks.get(cfg.dataset.task).metric,
                epsilon=plan.epsilon, delta=plan.delta, k=plan.k, config_id=config["config_id"])
     row.update({k: v for k, v in config.items() if k != "config_id"})
     if plan.selection == "random_stopping":
-        row["candidate"] = seed // plan.seeds
+        row.update(candidate=seed // plan.seeds, draw=draw)
     row.update(seed=seed, noise_multiplier=plan.noise_multiplier, **plan.per_query,
                budget=plan.budget, accountant=plan.accountant, epsilon_spent=plan.epsilon_spent,
                epsilon_grid=plan.epsilon_grid, seeds_accounted=plan.account_seeds,
@@ -199,27 +200,36 @@ def run_grid(cfg, out_dir, progress: bool = True) -> pd.DataFrame:
         claim(out, digest, data_files, plan, bool(cfg.overwrite))
         write_header(out, cfg, plan, digest, data_files)
         done = finished_runs(out, plan)
-        work = planned_runs(out, cfg, plan, selected)
+        work, draw = planned_runs(out, cfg, plan, selected)
         todo = [(c, s) for c, s in work if (c["config_id"], s) not in done]
         total = len(work)
+        # A selection's console and cli.log say nothing that depends on the candidates: not their number
+        # (a bar's total, a line per run) nor their scores. Those stay in the private files.
+        quiet = plan.selection == "random_stopping"
+        if quiet:
+            print(SELECTION_QUIET, file=sys.stderr, flush=True)
         bar = tqdm(total=total, initial=total - len(todo), desc=f"{plan.strategy} {plan.dataset} eps={plan.epsilon:g} "
-                   f"k={plan.k}", disable=None if progress else True)
+                   f"k={plan.k}", disable=None if progress and not quiet else True)
         for finished, (config, seed) in enumerate(todo, start=total - len(todo) + 1):
-            result = run_one(cfg, plan, strategy_cls, data, config, seed, progress)
+            result = run_one(cfg, plan, strategy_cls, data, config, seed, progress and not quiet)
             append_curves(out / "curves.csv", [dict(config_id=config["config_id"], seed=seed, **c) for c in result.curve])
-            commit_run(out / "runs.csv", run_row(cfg, plan, strategy_cls, config, seed, result))
-            report_run(plan, config["config_id"], seed, result, finished, total)
+            commit_run(out / "runs.csv", run_row(cfg, plan, strategy_cls, config, seed, result, draw))
+            if not quiet:
+                report_run(plan, config["config_id"], seed, result, finished, total)
             bar.update()
         bar.close()
         runs = pd.read_csv(out / "runs.csv", dtype={"config_id": str}) if work else None
         if plan.selection == "random_stopping":
-            summary, released = summarize_selection(runs, plan, len(work) // plan.seeds,
-                                                              list(cfg.strategy.grid), data.task)
+            summary, released = summarize_selection(runs, plan, list(cfg.strategy.grid), data.task)
             write_json(out / "selection.json", released)
         else:
             summary = summarize(runs, list(cfg.strategy.grid), data.task)
         write_csv(out / "summary.csv", summary)
     return summary
+
+
+SELECTION_QUIET = ("random-stopping selection: training the drawn candidates; how many there are and their scores "
+                   "stay in the private files (candidates.json, runs.csv, curves.csv, summary.csv)")
 
 
 def report_run(plan, config_id: str, seed: int, result, done: int, total: int) -> None:
@@ -240,10 +250,9 @@ def describe_best(summary: pd.DataFrame, task: str) -> str:
     if not summary.best.any():
         return "no configuration converged: every run diverged"
     b = summary[summary.best].iloc[0]
-    if "candidate" in summary:  # a random-stopping selection: what selection.json releases
-        return (f"selected candidate {b.candidate} of {len(summary)}: configuration {b.config_id}, "
-                f"{tasks.get(task).unit} {b['mean']:.4g} (selection.json)")
     hps = ", ".join(f"{a}={b[a]:.4g}" for a in summary.columns if a in grid.ID_PREFIX)
     unit = tasks.get(task).unit
+    if "candidate" in summary:  # a random-stopping selection: what selection.json releases, nothing more
+        return f"selected configuration {b.config_id} ({hps}): {unit} {b['mean']:.4g} (selection.json)"
     return (f"best configuration {b.config_id} ({hps}): {unit} {b['mean']:.4g} ± {b['std']:.2g} "
             f"over {b.n_seeds - b.n_diverged} seed(s)")

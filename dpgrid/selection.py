@@ -18,9 +18,13 @@ training, and only the best candidate and its score are released (selection.json
 The RDP curves are converted to (epsilon, delta) as every dpgrid plan is (Opacus's conversion).
 """
 
+import json
 import math
+import warnings
 
 import numpy as np
+
+from . import DpgridError
 
 RULES = ("truncated_negative_binomial", "poisson", "liu_talwar")
 # orders lambda (and lambda-hat): fine near 1, where the log(E[K]) / (lambda - 1) term is steep
@@ -150,21 +154,78 @@ def draw_candidates(stopping: dict, config_ids: list, source) -> list:
     return [config_ids[min(int(u * len(config_ids)), len(config_ids) - 1)] for u in uniforms(count, source)]
 
 
-def candidates(out, plan, configs: list, source) -> list:
-    """The drawn candidates' configurations, in order. Drawn once and kept in candidates.json (the draw is
-    private, like runs.csv), so that a resumed selection trains the same candidates in the same order."""
+def draw_digest(stopping: dict, drawn: list) -> str:
+    """The identity of one draw: every candidate row records it, so a draw cannot change under its rows."""
+    import hashlib
+    import json
+
+    return hashlib.sha256(json.dumps({"stopping": stopping, "candidates": drawn}, sort_keys=True).encode()).hexdigest()[:16]
+
+
+def candidates(out, plan, configs: list, source, overwrite: bool = False) -> tuple:
+    """(the drawn candidates' configurations in order, the draw's digest). Drawn once and kept in
+    candidates.json (private, like runs.csv), so that a resumed selection trains the same candidates.
+
+    A selection is drawn once: drawing again on the same data is a second selection that spends epsilon
+    again. A candidates.json that is missing, damaged or edited next to candidate rows in runs.csv (rows
+    of another draw, a candidate index beyond the draw, a configuration the draw did not put there) is
+    refused naming the file; overwrite=true deletes the selection's files and draws anew, saying so. With
+    no candidate trained yet, a damaged file is drawn again (nothing was computed from the data)."""
     from pathlib import Path
 
-    from . import DpgridError
-    from .files import read_json, write_json
+    import pandas as pd
 
-    path, by_id = Path(out) / "candidates.json", {c["config_id"]: c for c in configs}
-    if path.exists():
-        drawn = read_json(path, "delete the selection's folder to draw again").get("candidates")
-        if not isinstance(drawn, list) or any(c not in by_id for c in drawn):
-            raise DpgridError(f"damaged file {path}: its candidates are not configurations of this grid; delete the "
-                              f"selection's folder to draw again")
-    else:
+    from .files import environment, write_json
+
+    out, by_id = Path(out), {c["config_id"]: c for c in configs}
+    path, runs_path = out / "candidates.json", out / "runs.csv"
+    runs = pd.read_csv(runs_path, dtype={"config_id": str}) if runs_path.exists() and runs_path.stat().st_size else None
+    trained = runs is not None and len(runs) > 0
+    drawn, problem = recorded_draw(path, plan, by_id)
+    if trained and drawn is None and not problem:
+        problem = f"{path} is missing but {runs_path} holds candidate runs"
+    if trained and drawn is not None and not problem:
+        problem = rows_problem(path, runs_path, runs, drawn, draw_digest(plan.stopping, drawn))
+    if problem and trained and not overwrite:
+        raise DpgridError(f"{problem}; a new draw would be a second selection on the same data, spending epsilon again: "
+                          "restore the file, or pass overwrite=true to start a new selection (it spends a new epsilon)")
+    if problem and trained:
+        warnings.warn(f"overwrite=true: {problem}; the selection's files are deleted and a NEW selection is drawn: it "
+                      "spends a new (epsilon, delta) on the same data, on top of the earlier one's", stacklevel=2)
+        for name in ("runs.csv", "curves.csv", "summary.csv", "selection.json", "candidates.json"):
+            with environment(out / name):
+                (out / name).unlink(missing_ok=True)
+    elif problem:
+        warnings.warn(f"{problem}; no candidate was trained yet, so the candidates are drawn again", stacklevel=2)
+    if problem or drawn is None:
         drawn = draw_candidates(plan.stopping, list(by_id), source)
         write_json(path, {"stopping": plan.stopping, "candidates": drawn})
-    return [by_id[c] for c in drawn]
+    return [by_id[c] for c in drawn], draw_digest(plan.stopping, drawn)
+
+
+def recorded_draw(path, plan, by_id: dict) -> tuple:
+    """(the candidates candidates.json records, or None when there is no file; what is wrong with it, or '')."""
+    if not path.exists():
+        return None, ""
+    try:
+        recorded = json.loads(path.read_text())
+        drawn, stopping = recorded["candidates"], recorded["stopping"]
+        if not (isinstance(drawn, list) and all(isinstance(c, str) for c in drawn)):
+            raise TypeError
+    except (OSError, UnicodeDecodeError, ValueError, TypeError, KeyError):
+        return [], f"{path} is damaged (not the JSON of a draw)"
+    if stopping != json.loads(json.dumps(plan.stopping)):
+        return drawn, f"{path} records the stopping rule {stopping}, this plan's is {plan.stopping}"
+    if any(c not in by_id for c in drawn):
+        return drawn, f"{path} names a configuration that is not in this grid"
+    return drawn, ""
+
+
+def rows_problem(path, runs_path, runs, drawn: list, digest: str) -> str:
+    """Why the candidate rows of runs.csv were not trained from this draw ('' when they were)."""
+    if "draw" not in runs or set(runs["draw"].astype(str)) != {digest}:
+        return f"{path} is not the draw the candidate rows of {runs_path} were trained from (edited or replaced)"
+    for candidate, config_id in zip(runs["candidate"], runs["config_id"]):
+        if not (0 <= int(candidate) < len(drawn) and drawn[int(candidate)] == config_id):
+            return f"{path} does not hold candidate {int(candidate)} ({config_id}) of {runs_path}"
+    return ""

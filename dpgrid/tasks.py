@@ -46,6 +46,7 @@ class Task:
     table_name: str = ""       # the column name in tables
     targets_are_inputs: bool = False  # reconstruction: the loader's labels are replaced by the inputs
     has_classes: bool = False  # labels are class indices 0..classes-1 (checked at load)
+    disclosure: str = ""       # what of the private data its tables show that no epsilon covers (a footnote)
 
     def better(self, a: float, b: float) -> bool:
         return a > b if self.higher_is_better else a < b
@@ -56,7 +57,10 @@ TASKS = {task.name: task for task in (
          has_classes=True),
     Task("reconstruction", "mse", "MSE", False, image_mse, summed_loss, table_scale=100.0, table_name="mse×10²",
          targets_are_inputs=True),
-    Task("logistic", "risk", "empirical risk", False, logistic_loss, summed_loss, table_name="risk"),
+    Task("logistic", "risk", "empirical risk", False, logistic_loss, summed_loss, table_name="risk",
+         disclosure="not private (no ε covers them, as in the PUR paper): the risk values and curves, evaluated on the "
+                    "private training data, and the features' standardisation, made with that data's own mean and "
+                    "variance"),
 )}
 BY_METRIC = {task.metric: task for task in TASKS.values()}
 

@@ -25,6 +25,7 @@ import pandas as pd
 import dpgrid
 from omegaconf import OmegaConf
 from dpgrid.data import load
+from dpgrid import tasks
 
 PROTOCOL = OmegaConf.load(Path(__file__).with_suffix(".yaml"))  # schedules, datasets, the paper's Table 3
 POINTS = 100  # validations per run (the figure's resolution)
@@ -133,7 +134,7 @@ def markdown(table: pd.DataFrame) -> str:
         chosen = r.chosen if r.schedule == "best_constant" else ""
         lines.append(f"| {r.dataset} | {r.epsilon:g} | {r.schedule} | {r.risk:.4f} | {r.paper_risk:.4f} | "
                      f"{r.difference:+.4f} | {chosen} | {r.optimum_l2_0_1:.4f} | {r.optimum_l2_0:.4f} |")
-    return "\n".join(lines) + "\n"
+    return "\n".join(lines + ["", f"- {tasks.get('logistic').disclosure}"]) + "\n"
 
 
 def main() -> None:

@@ -57,7 +57,8 @@ def selected_score(cfg_overrides: list, out: Path) -> tuple:
 
         released = json.loads((out / "selection.json").read_text())
         score = released["chosen"]["score"] if released["chosen"] else float("nan")
-        return score, result.plan["noise_multiplier"], released["candidates_drawn"]
+        drawn = json.loads((out / "candidates.json").read_text())["candidates"]  # private: a study of the method
+        return score, result.plan["noise_multiplier"], len(drawn)
     return None, result.plan["noise_multiplier"], result.runs
 
 

@@ -24,8 +24,10 @@ def make_grid(root, dataset, strategy, epsilon, k, configs, metric="accuracy", n
     privacy = dict(noise_multiplier=0.0 if nodp else 1.0, epsilon_spent=None if nodp else epsilon * 0.999,
                    epsilon_grid=None if nodp else epsilon * (0.999 if budget == "per_grid" else 7.5),
                    budget=budget, sampling=sampling)
+    seeds = max(len(values) + diverged for *_, values, diverged in configs)
     folder.joinpath("plan.json").write_text(json.dumps(dict(
         dataset=dataset, strategy=strategy, k=k, epsilon=epsilon, **privacy, n_configs=n_configs or len(configs),
+        seeds=seeds, accountant="rdp", epsilon_with_seeds=None if nodp else privacy["epsilon_grid"] * (2.3 if seeds > 1 else 1),
         label=LABELS[strategy], private=not nodp, axes=list(configs[0][1]),
         dataset_epsilons=[1, 2, 3, 4] if dataset == "fashion_mnist" else [3, 5, 7, 9],
         configurations=[dict(config_id=c, **hp) for c, hp, *_ in configs])))
@@ -317,3 +319,27 @@ def test_a_read_only_tree_is_refused_before_any_table_is_written(tree, monkeypat
     with pytest.raises(EnvironmentFault, match=r"cannot write .*tables: .* is not writable; choose a writable"):
         write(tree)
     assert not (tree / "tables").exists()
+
+
+def test_every_table_states_what_its_seeds_cost(tree):
+    write_tables(tree)
+    results = pd.read_csv(tree / "tables" / "results.csv")
+    online3 = results[(results.strategy == "online") & (results.epsilon == 3)].iloc[0]
+    assert online3.epsilon_with_seeds == pytest.approx(3 * 0.999 * 2.3) and online3.accountant == "rdp"
+    table = pd.read_csv(tree / "tables" / "mnist_k9.csv", dtype=str, keep_default_na=False)
+    assert table[table["ε"] == "3"].iloc[0]["Online ε seeds"] == f"{3 * 0.999 * 2.3:.3g}"
+    markdown = (tree / "tables" / "mnist_k9.md").read_text()
+    assert "what this table publishes costs more than ε" in markdown and "Online ε=3: 6.89 (rdp)" in markdown
+    assert "seeds not (what the means over seeds cost" in (tree / "tables" / "mnist_k9_vs_paper.md").read_text()
+
+
+def test_a_plan_that_understates_the_seeds_is_refused(tree):
+    folder = tree / "mnist" / "online" / "eps=5" / "per_grid" / "k=9"
+    plan = json.loads((folder / "plan.json").read_text())
+    (folder / "plan.json").write_text(json.dumps({**plan, "seeds": 1}))
+    _, lines = write(tree)
+    assert any("holds 2 seeds of a configuration but plan.json was written for 1" in line for line in lines), lines
+    del plan["epsilon_with_seeds"]
+    (folder / "plan.json").write_text(json.dumps(plan))
+    _, lines = write(tree)
+    assert any("does not record epsilon_with_seeds" in line for line in lines), lines

@@ -156,10 +156,11 @@ def test_a_selection_resumes_with_the_candidates_it_drew(secure, tmp_path):
     drawn = json.loads((out / "candidates.json").read_text())["candidates"]
     released = json.loads((out / "selection.json").read_text())
     runs = pd.read_csv(out / "runs.csv")
-    assert released["candidates_drawn"] == len(drawn) == runs.candidate.nunique() and len(runs) == 2 * len(drawn)
+    assert len(drawn) == runs.candidate.nunique() and len(runs) == 2 * len(drawn)
     assert list(runs.drop_duplicates("candidate").config_id) == drawn  # trained in the order drawn
     best = runs.groupby("candidate").best_value.mean()
-    assert released["chosen"]["score"] == pytest.approx(best.max()) and released["chosen"]["candidate"] == best.idxmax()
+    assert released["chosen"]["score"] == pytest.approx(best.max())
+    assert released["chosen"]["config_id"] == drawn[best.idxmax()]
     # interrupted after the first run: the same command trains the same candidates, in the same order
     (out / "runs.csv").write_text("".join((out / "runs.csv").read_text().splitlines(keepends=True)[:2]))
     (out / "selection.json").unlink()
@@ -179,3 +180,85 @@ def test_the_side_by_side_nu_of_composition_is_the_plans_own():
     assert found[f"composition, {plan.n_configs} runs (seeds not accounted)"] == pytest.approx(plan.noise_multiplier,
                                                                                                  abs=1e-4)
     assert found[f"composition, {plan.n_configs * plan.seeds} runs (seeds accounted)"] > plan.noise_multiplier
+
+
+# --- what a selection releases, and that it is drawn once -------------------------------------------------
+
+SELECTION = ["strategy=fixed_threshold", "grid.k=3", "train.epochs=1", "train.seeds=2", "train.eval_every=4",
+             "privacy.selection=random_stopping"]
+GOOD, BAD = "lr1_clip1", ["lr0_clip0", "lr0_clip2", "lr0_clip1"]  # lr0 (rho = 10^-2.5) barely moves in one epoch
+
+
+def select(folder, drawn, monkeypatch, *extra):
+    """A selection whose draw is `drawn`, run and tabulated in `folder` (the same relative paths every time)."""
+    monkeypatch.setattr(selection, "draw_candidates", lambda stopping, ids, source: list(drawn))
+    folder.mkdir()
+    run = dpgrid("run", *SELECTION, "hydra.run.dir=sel", *extra, cwd=folder)
+    assert run.returncode == 0, run.stderr
+    tables = dpgrid("tables", "sel", cwd=folder)
+    assert tables.returncode == 0, tables.stderr
+    return run
+
+
+def released(folder, run) -> dict:
+    """Every released byte: selection.json, the tables and figures, the console, cli.log without its clock."""
+    files = {p.relative_to(folder).as_posix(): p.read_bytes() for p in (folder / "sel" / "tables").rglob("*")
+             if p.is_file() and p.suffix != ".pdf"}  # a PDF stamps its creation time
+    log = [line.split("] ", 1)[-1] for line in (folder / "sel" / "cli.log").read_text().splitlines()]
+    console = (run.stdout + run.stderr).replace(str(folder.resolve()), "FOLDER")  # `results: <its path>`
+    return {**files, "selection.json": (folder / "sel" / "selection.json").read_bytes(), "console": console,
+            "cli.log": log}
+
+
+@pytest.mark.slow
+def test_what_a_selection_releases_does_not_depend_on_the_other_candidates(tmp_path, monkeypatch):
+    """The same chosen candidate (index 0, so the same seeds and numbers) among 1, 2 or 4 candidates with
+    different rivals: every released file is byte-identical."""
+    outputs = [released(tmp_path / name, select(tmp_path / name, drawn, monkeypatch))
+               for name, drawn in (("one", [GOOD]), ("two", [GOOD, BAD[0]]), ("four", [GOOD, *BAD]))]
+    assert json.loads(outputs[0]["selection.json"])["chosen"]["config_id"] == GOOD
+    assert any(name.endswith(".png") for name in outputs[0])  # the chosen candidate's curve is drawn
+    for other in outputs[1:]:
+        assert other.keys() == outputs[0].keys()
+        assert [name for name in other if other[name] != outputs[0][name]] == []
+    runs = pd.read_csv(tmp_path / "four" / "sel" / "runs.csv")
+    assert runs.candidate.nunique() == 4  # the rivals were trained: they just released nothing
+
+
+@pytest.mark.slow
+def test_a_selection_is_drawn_once(tmp_path, monkeypatch):
+    first = tmp_path / "first"
+    select(first, [BAD[0], GOOD], monkeypatch)
+    out, drawn_file = first / "sel", first / "sel" / "candidates.json"
+    recorded = json.loads(drawn_file.read_text())
+    for damage, message in ((lambda: drawn_file.unlink(), "is missing but"),
+                            (lambda: drawn_file.write_text(json.dumps({**recorded, "candidates": [BAD[0]]})),
+                             "is not the draw the candidate rows"),
+                            (lambda: drawn_file.write_text(json.dumps({**recorded, "candidates": [BAD[1], GOOD]})),
+                             "is not the draw the candidate rows"),
+                            (lambda: drawn_file.write_text("{"), "is damaged")):
+        damage()
+        r = dpgrid("run", *SELECTION, "hydra.run.dir=sel", cwd=first)
+        assert r.returncode == 2 and r.stderr.count("\n") == 1, r.stderr
+        assert str(drawn_file.relative_to(first)) in r.stderr and message in r.stderr and "spending epsilon again" in r.stderr
+        drawn_file.write_text(json.dumps(recorded))
+    assert json.loads((out / "selection.json").read_text())["chosen"]["config_id"] == GOOD
+    drawn_file.unlink()
+    monkeypatch.setattr(selection, "draw_candidates", lambda stopping, ids, source: [BAD[2]])
+    r = dpgrid("run", *SELECTION, "hydra.run.dir=sel", "overwrite=true", cwd=first)
+    assert r.returncode == 0 and "NEW selection is drawn: it spends a new (epsilon, delta)" in r.stderr, r.stderr
+    runs = pd.read_csv(out / "runs.csv")
+    assert set(runs.config_id) == {BAD[2]} and json.loads((out / "selection.json").read_text())["chosen"]["config_id"] == BAD[2]
+
+
+def test_selection_json_holds_no_count_and_no_candidate_index():
+    from dpgrid.results import summarize_selection
+
+    plan = plan_grid(load_cfg("digits", "fixed_threshold", **{"grid.k": 2, "privacy.selection": "random_stopping"}),
+                     1437)[1]
+    runs = pd.DataFrame({"candidate": [0, 0, 1, 1, 2, 2], "config_id": ["lr0_clip0"] * 2 + ["lr1_clip1"] * 4,
+                         "lr": [0.1] * 6, "clip": [1.0] * 6, "best_value": [50, 52, 70, 72, 60, 61], "diverged": False})
+    _, out = summarize_selection(runs, plan, ["lr", "clip"], "classification")
+    assert out["chosen"] == {"config_id": "lr1_clip1", "lr": 0.1, "clip": 1.0, "score": 71.0}
+    assert set(out) == {"selection", "stopping", "epsilon", "delta", "noise_multiplier", "accountant", "covered", "chosen"}
+    assert out["stopping"] == plan.stopping  # public: the rule and its parameters, fixed before any draw

@@ -78,6 +78,7 @@ class NoisyGD(Strategy):
         else:
             plan.epsilon_spent = plan.epsilon_per_run = max(v[f"epsilon_{conversion}"] for v in plan.schedule.values())
             plan.epsilon_grid = zcdp.epsilon(total, plan.delta, conversion)
+            plan.epsilon_with_seeds = zcdp.epsilon(total * plan.seeds, plan.delta, conversion)  # rho adds over seeds
             plan.sampling = "full batch"
 
     def __init__(self, *args, **kwargs):

@@ -67,29 +67,6 @@ def on_sigterm(signum, frame):
 from .api import config_dir  # noqa: E402  (Hydra's decorator needs it here)
 
 
-def outermost_missing(path: Path) -> Path | None:
-    """The outermost folder of `path` that does not exist yet (what creating `path` would add)."""
-    missing = [p for p in [path, *path.parents] if not p.exists()]
-    return missing[-1] if missing else None
-
-
-def remove_created(out: Path, outermost: Path | None) -> None:
-    """Delete a run directory holding nothing but Hydra's files, and the empty parents created with it
-    (up to `outermost`; when that is unknown, as in a multirun, up to the working directory)."""
-    import shutil
-
-    shutil.rmtree(out / ".hydra", ignore_errors=True)
-    (out / "cli.log").unlink(missing_ok=True)
-    (out / ".lock").unlink(missing_ok=True)
-    cwd = Path.cwd().resolve()
-    for folder in [out.resolve(), *out.resolve().parents]:
-        if any(folder.iterdir()) or (outermost is None and (folder == cwd or cwd not in folder.parents)):
-            break
-        folder.rmdir()
-        if folder == outermost:
-            break
-
-
 def compose_checked(overrides: list, with_hydra: bool = False):
     """The composed config after the checks that import nothing heavy (no torch): a bad value is refused
     within a second. Warnings wait for the real checks, which know the loaded data's N."""
@@ -205,39 +182,87 @@ def print_comparison(cfg, plan) -> None:
 
 def run_command(args: list) -> None:
     """One grid: the config is composed once, checked before any directory exists, and run as Hydra runs
-    a job. A sweep (-m) is Hydra's own, so that launchers work."""
+    a job. A sweep (-m) is Hydra's own, so that launchers work; every job's config is checked first."""
     import hydra
 
     from .api import launch
     from .config import register
+    from .files import outermost_missing
 
     if {"-m", "--multirun"} & set(args):
+        overrides = [a for a in args if a not in ("-m", "--multirun")]
+        created = {out: outermost_missing(out) for out in check_sweep(overrides)}
         register()  # the schema and resolvers Hydra's own composition needs
         sys.argv = ["dpgrid run", *args]
-        hydra.main(version_base="1.3", config_path=config_dir(), config_name="config")(grid_job(None))()
+        hydra.main(version_base="1.3", config_path=config_dir(), config_name="config")(grid_job(created))()
         return
     cfg = compose_checked(args, with_hydra=True)  # bad names, syntax and values refused here
     from .runner import check_run
 
     check_run(cfg, cfg.hydra.run.dir)
-    launch(cfg, grid_job(outermost_missing(Path(cfg.hydra.run.dir).resolve())))
+    out = Path(cfg.hydra.run.dir).absolute()
+    launch(cfg, grid_job({out: outermost_missing(out)}))
 
 
-def grid_job(outermost: Path | None):
-    """Hydra's task: train the grid into the job's output directory and say where the results are."""
+def sweep_jobs(overrides: list) -> list:
+    """The override list of every job of a sweep, as Hydra's basic sweeper expands it (the product of
+    every swept key's values)."""
+    import itertools
+
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+    from hydra.errors import HydraException
+
+    from . import DpgridError
+    from .api import unparsable
+
+    try:
+        parsed = OverridesParser.create().parse_overrides(overrides)
+    except HydraException:
+        raise DpgridError(unparsable(overrides)) from None
+    choices = [[f"{o.get_key_element()}={v}" for v in o.sweep_string_iterator()] if o.is_sweep_override()
+               else [f"{o.get_key_element()}={o.get_value_element_as_str()}"] for o in parsed]
+    return [list(job) for job in itertools.product(*choices)]
+
+
+def check_sweep(overrides: list) -> list:
+    """Every job of a sweep composed and checked in this process, before any is launched or queued; jobs
+    of different configs that would write into one directory are refused, naming their overrides.
+    Returns the jobs' directories."""
+    from . import DpgridError
+    from .results import config_hash
+    from .strategies import resolve
+
+    by_dir = {}
+    for job in sweep_jobs(overrides):
+        try:
+            cfg = compose_checked(job, with_hydra=True)
+        except DpgridError as e:
+            raise DpgridError(f"sweep job {' '.join(job)}: {e}") from None
+        out = (Path(str(cfg.hydra.sweep.dir)) / str(cfg.hydra.sweep.subdir)).absolute()
+        by_dir.setdefault(out, {}).setdefault(config_hash(cfg, resolve(cfg.strategy).private), job)
+    for out, jobs in by_dir.items():
+        if len(jobs) > 1:
+            first, second = list(jobs.values())[:2]
+            differ = [o for o in second if o not in first]
+            raise DpgridError(f"the sweep's jobs '{' '.join(first)}' and '{' '.join(second)}' would both write into "
+                              f"{out} ({', '.join(differ)} is not part of its name); give them different "
+                              "directories, e.g. add that key to hydra.sweep.subdir")
+    return list(by_dir)
+
+
+def grid_job(created: dict):
+    """Hydra's task: train the grid into the job's output directory and say where the results are.
+    `created`: per run directory, the outermost folder this command creates for it (None: none)."""
     def task(cfg) -> None:
         from hydra.core.hydra_config import HydraConfig
 
         from . import DpgridError
         from .runner import describe_best, run_grid
 
-        out = HydraConfig.get().runtime.output_dir
-        existed = {p.name for p in Path(out).iterdir()} - {".hydra", "cli.log", ".lock"}
+        out = Path(HydraConfig.get().runtime.output_dir).absolute()
         try:
-            summary = run_grid(cfg, out)
-        except DpgridError as e:  # e.g. missing data: leave no directory behind that we created
-            if not existed and not (Path(out) / "runs.csv").exists():
-                remove_created(Path(out), outermost)
+            summary = run_grid(cfg, out, on_lock=hydra_record(cfg), created=created.get(out))
+        except DpgridError as e:  # refused: nothing written into another grid's directory (files.Busy)
             fail(e)
         except KeyboardInterrupt as e:
             name = "SIGTERM" if isinstance(e, Interrupted) else "interrupted"
@@ -245,6 +270,24 @@ def grid_job(outermost: Path | None):
         print(describe_best(summary, cfg.dataset.task))
         print(f"results: {out}")
     return task
+
+
+def hydra_record(cfg):
+    """Hydra's record of the job (.hydra/config.yaml, hydra.yaml, overrides.yaml), written by dpgrid once it
+    holds the run directory's lock: Hydra itself writes nothing there (conf: hydra.output_subdir is null)."""
+    def write(out: Path) -> None:
+        from hydra.core.hydra_config import HydraConfig
+        from omegaconf import OmegaConf
+
+        from .files import environment, write_atomic
+
+        hydra_cfg, folder = HydraConfig.get(), out / ".hydra"
+        with environment(folder):
+            folder.mkdir(exist_ok=True)
+        write_atomic(folder / "config.yaml", OmegaConf.to_yaml(cfg))
+        write_atomic(folder / "hydra.yaml", OmegaConf.to_yaml(OmegaConf.create({"hydra": hydra_cfg})))
+        write_atomic(folder / "overrides.yaml", OmegaConf.to_yaml(hydra_cfg.overrides.task))
+    return write
 
 
 def tables_command(args: list) -> None:

@@ -137,9 +137,15 @@ def check_writable(folder) -> None:
                                "device; free some space first")
 
 
+class Busy(DpgridError):
+    """Another process holds the run directory: this one writes nothing there and removes nothing."""
+
+
 @contextlib.contextmanager
 def locked(folder):
-    """Hold an exclusive lock on `folder` (its .lock file) while the block runs; refuse a second writer."""
+    """Hold an exclusive lock on `folder` (its .lock file) while the block runs; refuse a second writer.
+    The lock file is never deleted while a grid may hold it; a lock taken on a file that has since been
+    replaced (its folder removed and made again) is refused like a held one."""
     import fcntl
 
     path = Path(folder) / ".lock"
@@ -148,9 +154,40 @@ def locked(folder):
     try:
         try:
             fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            if not path.exists() or os.stat(path).st_ino != os.fstat(handle.fileno()).st_ino:
+                raise BlockingIOError
         except BlockingIOError:
-            raise DpgridError(f"another dpgrid process is writing into {folder}; wait for it to finish, or give "
-                              "this job its own hydra.run.dir") from None
+            raise Busy(f"another dpgrid process is writing into {folder}; wait for it to finish, or give "
+                       "this job its own hydra.run.dir") from None
         yield
     finally:
         handle.close()  # releases the lock
+
+
+def outermost_missing(path: Path):
+    """The outermost folder of `path` that does not exist yet (what creating `path` would add), or None."""
+    path = Path(path).absolute()
+    missing = [p for p in [path, *path.parents] if not p.exists()]
+    return missing[-1] if missing else None
+
+
+def remove_created(out: Path, outermost) -> None:
+    """Delete a run directory that holds nothing but what a refused start wrote (Hydra's record, an empty
+    log, the lock), and the empty parents created with it, up to `outermost` (None: nothing was created).
+    Called with the lock held, so no other grid is writing there."""
+    import shutil
+
+    out = Path(out).absolute()
+    if outermost is None or not (out == outermost or outermost in out.parents):
+        return
+    if any(p.name not in (".hydra", "cli.log", ".lock") for p in out.iterdir()):
+        return
+    shutil.rmtree(out / ".hydra", ignore_errors=True)
+    for name in ("cli.log", ".lock"):
+        (out / name).unlink(missing_ok=True)
+    for folder in [out, *out.parents]:
+        if any(folder.iterdir()):
+            break
+        folder.rmdir()
+        if folder == outermost:
+            break

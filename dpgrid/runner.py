@@ -19,7 +19,7 @@ from tqdm.auto import tqdm
 
 from . import DpgridError, data as data_mod, grid, selection, strategies, tasks
 from .checks import check_config, check_size
-from .files import check_writable, environment, locked, write_csv, write_json
+from .files import check_writable, environment, locked, outermost_missing, remove_created, write_csv, write_json
 from .models import build_model, count_parameters
 from .persample import check_model, make_engine
 from .plugins import arguments
@@ -186,45 +186,61 @@ def run_row(cfg, plan, strategy_cls, config, seed, result, draw=None) -> dict:
     return row
 
 
-def run_grid(cfg, out_dir, progress: bool = True) -> pd.DataFrame:
+def run_grid(cfg, out_dir, progress: bool = True, on_lock=None, created="unknown") -> pd.DataFrame:
+    """Train the grid into out_dir, resuming what is there. The directory's lock is taken before anything
+    is written into it and held to the end; `on_lock(out)` writes what the caller records beside the grid
+    (the command line: Hydra's record). A grid refused after taking the lock removes the folders it created
+    (`created`: the outermost one, None for none; by default what did not exist when it was called)."""
     out = Path(out_dir)
+    created = outermost_missing(out) if created == "unknown" else created
+    check_writable(out)
+    with environment(out):
+        out.mkdir(parents=True, exist_ok=True)
+    with locked(out):
+        try:
+            if on_lock:
+                on_lock(out)
+            return train_grid(cfg, out, progress)
+        except DpgridError:
+            remove_created(out, created)
+            raise
+
+
+def train_grid(cfg, out: Path, progress: bool) -> pd.DataFrame:
+    """run_grid's work, with the directory's lock held."""
     data = data_mod.load(cfg.dataset, cfg.data.root, resolve_device(str(cfg.train.device)))
     if cfg.train.float64:
         data = data.in_float64()
     strategy_cls, plan, selected = plan_grid(cfg, data.n_train)
     digest, data_files = config_hash(cfg, plan.private), data_mod.fingerprint(data.files)
-    check_writable(out)
-    with environment(out):
-        out.mkdir(parents=True, exist_ok=True)
-    with locked(out):
-        claim(out, digest, data_files, plan, bool(cfg.overwrite))
-        write_header(out, cfg, plan, digest, data_files)
-        done = finished_runs(out, plan)
-        work, draw = planned_runs(out, cfg, plan, selected)
-        todo = [(c, s) for c, s in work if (c["config_id"], s) not in done]
-        total = len(work)
-        # A selection's console and cli.log say nothing that depends on the candidates: not their number
-        # (a bar's total, a line per run) nor their scores. Those stay in the private files.
-        quiet = plan.selection == "random_stopping"
-        if quiet:
-            print(SELECTION_QUIET, file=sys.stderr, flush=True)
-        bar = tqdm(total=total, initial=total - len(todo), desc=f"{plan.strategy} {plan.dataset} eps={plan.epsilon:g} "
-                   f"k={plan.k}", disable=None if progress and not quiet else True)
-        for finished, (config, seed) in enumerate(todo, start=total - len(todo) + 1):
-            result = run_one(cfg, plan, strategy_cls, data, config, seed, progress and not quiet)
-            append_curves(out / "curves.csv", [dict(config_id=config["config_id"], seed=seed, **c) for c in result.curve])
-            commit_run(out / "runs.csv", run_row(cfg, plan, strategy_cls, config, seed, result, draw))
-            if not quiet:
-                report_run(plan, config["config_id"], seed, result, finished, total)
-            bar.update()
-        bar.close()
-        runs = pd.read_csv(out / "runs.csv", dtype={"config_id": str}) if work else None
-        if plan.selection == "random_stopping":
-            summary, released = summarize_selection(runs, plan, list(cfg.strategy.grid), data.task)
-            write_json(out / "selection.json", released)
-        else:
-            summary = summarize(runs, list(cfg.strategy.grid), data.task)
-        write_csv(out / "summary.csv", summary)
+    claim(out, digest, data_files, plan, bool(cfg.overwrite))
+    write_header(out, cfg, plan, digest, data_files)
+    done = finished_runs(out, plan)
+    work, draw = planned_runs(out, cfg, plan, selected)
+    todo = [(c, s) for c, s in work if (c["config_id"], s) not in done]
+    total = len(work)
+    # A selection's console and cli.log say nothing that depends on the candidates: not their number
+    # (a bar's total, a line per run) nor their scores. Those stay in the private files.
+    quiet = plan.selection == "random_stopping"
+    if quiet:
+        print(SELECTION_QUIET, file=sys.stderr, flush=True)
+    bar = tqdm(total=total, initial=total - len(todo), desc=f"{plan.strategy} {plan.dataset} eps={plan.epsilon:g} "
+               f"k={plan.k}", disable=None if progress and not quiet else True)
+    for finished, (config, seed) in enumerate(todo, start=total - len(todo) + 1):
+        result = run_one(cfg, plan, strategy_cls, data, config, seed, progress and not quiet)
+        append_curves(out / "curves.csv", [dict(config_id=config["config_id"], seed=seed, **c) for c in result.curve])
+        commit_run(out / "runs.csv", run_row(cfg, plan, strategy_cls, config, seed, result, draw))
+        if not quiet:
+            report_run(plan, config["config_id"], seed, result, finished, total)
+        bar.update()
+    bar.close()
+    runs = pd.read_csv(out / "runs.csv", dtype={"config_id": str}) if work else None
+    if plan.selection == "random_stopping":
+        summary, released = summarize_selection(runs, plan, list(cfg.strategy.grid), data.task)
+        write_json(out / "selection.json", released)
+    else:
+        summary = summarize(runs, list(cfg.strategy.grid), data.task)
+    write_csv(out / "summary.csv", summary)
     return summary
 
 

@@ -5,6 +5,8 @@ undisturbed grid (issues: every failure is one line; privacy in every mode, poin
 import errno
 import os
 import signal
+import subprocess
+import sys
 
 import pandas as pd
 import pytest
@@ -155,14 +157,44 @@ def test_a_plan_that_disagrees_with_its_runs_is_refused_with_both_values(tmp_pat
     assert "has no config hash" in r.stderr and "noise_multiplier is 0.01" in r.stderr, r.stderr
 
 
-def test_a_second_writer_is_refused(tmp_path):
+def snapshot(folder) -> dict:
+    """Every file under folder: its bytes and inode (a file deleted and made again is another file)."""
+    return {p.relative_to(folder): (p.read_bytes(), p.stat().st_ino) for p in folder.rglob("*") if p.is_file()}
+
+
+def test_one_writer_per_directory_and_nothing_lost(tmp_path, reference):
+    """Three writers into one directory, the second and third while the first trains: they are refused
+    and touch nothing; the first ends with the CSVs of an undisturbed grid."""
     out = tmp_path / "grid"
-    first, go = start_paused(["run", *GRID, f"hydra.run.dir={out}"], after=1, folder=tmp_path)
+    first, go = start_paused(["run", *GRID, f"hydra.run.dir={out}"], after=2, folder=tmp_path)
+    before = snapshot(out)
+    assert {".lock", ".hydra/config.yaml", "cli.log", "runs.csv"} <= {str(p) for p in before}
     second = dpgrid("run", *GRID, f"hydra.run.dir={out}")
-    assert second.returncode == 2 and len(errors(second)) == 1, second.stderr
-    assert f"another dpgrid process is writing into {out}" in second.stderr
-    first.send_signal(signal.SIGTERM)
-    assert first.wait(timeout=600) == 143
+    third = subprocess.run([sys.executable, "-m", "dpgrid.cli", "run", *GRID, f"hydra.run.dir={out}"],
+                           capture_output=True, text=True)
+    for refused in (second, third):
+        assert refused.returncode == 2 and len(errors(refused)) == 1, refused.stderr
+        assert f"another dpgrid process is writing into {out}" in refused.stderr
+    assert snapshot(out) == before
+    go.touch()
+    assert first.wait(timeout=600) == 0, first.stderr.read()
+    runs = pd.read_csv(out / "runs.csv")
+    assert not runs.duplicated(["config_id", "seed"]).any()
+    assert_same(out, reference)
+
+
+def test_a_sweep_whose_jobs_share_a_directory_is_refused_before_any_job(tmp_path):
+    r = dpgrid("run", "-m", *GRID, "train.eval_every=4,2", f"hydra.sweep.dir={tmp_path / 'sweep'}")
+    assert r.returncode == 2 and len(errors(r)) == 1, r.stderr
+    assert "would both write into" in r.stderr and "train.eval_every=2" in r.stderr
+    assert not (tmp_path / "sweep").exists()
+
+
+def test_a_sweep_is_checked_job_by_job_before_any_runs(tmp_path):
+    r = dpgrid("run", "-m", *GRID, "privacy.epsilon=3,-1", f"hydra.sweep.dir={tmp_path / 'sweep'}")
+    assert r.returncode == 2 and len(errors(r)) == 1, r.stderr
+    assert "sweep job" in r.stderr and "privacy.epsilon=-1" in r.stderr
+    assert not (tmp_path / "sweep").exists()
 
 
 @pytest.mark.parametrize("sig, code", [(signal.SIGTERM, 143), (signal.SIGINT, 130)])

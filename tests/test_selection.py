@@ -204,7 +204,8 @@ def released(folder, run) -> dict:
     """Every released byte: selection.json, the tables and figures, the console, cli.log without its clock."""
     files = {p.relative_to(folder).as_posix(): p.read_bytes() for p in (folder / "sel" / "tables").rglob("*")
              if p.is_file() and p.suffix != ".pdf"}  # a PDF stamps its creation time
-    log = [line.split("] ", 1)[-1] for line in (folder / "sel" / "cli.log").read_text().splitlines()]
+    log_path = folder / "sel" / "cli.log"  # opened at its first line: a selection may write none
+    log = [line.split("] ", 1)[-1] for line in (log_path.read_text() if log_path.exists() else "").splitlines()]
     console = (run.stdout + run.stderr).replace(str(folder.resolve()), "FOLDER")  # `results: <its path>`
     return {**files, "selection.json": (folder / "sel" / "selection.json").read_bytes(), "console": console,
             "cli.log": log}

@@ -5,7 +5,9 @@ curves.csv is appended and fsynced before its run's commit, so on resume its row
 are dropped. Damage is named in one line, with whether the same command repairs it.
 """
 
+import csv
 import hashlib
+import io
 import json
 import math
 import os
@@ -138,12 +140,20 @@ def read_runs(path: Path, plan) -> pd.DataFrame:
     return frame
 
 
-def finished_runs(out: Path, plan) -> set:
+def whole_curve(steps: list, last, eval_every: int) -> bool:
+    """Whether a run's validation steps are all there: every multiple of eval_every up to its last step, and
+    that last step (the one its row records, unless it diverged: then wherever its curve ends)."""
+    last = max(steps) if last is None else last
+    return sorted(steps) == sorted(set(range(eval_every, last + 1, eval_every)) | {last})
+
+
+def finished_runs(out: Path, plan, eval_every: int) -> set:
     """(config_id, seed) of the runs already committed. Curves of unfinished runs (a killed grid) are
     dropped; a committed run whose curves are missing or damaged is taken out of runs.csv and trained again."""
     runs_path, curves_path = out / "runs.csv", out / "curves.csv"
-    if runs_path.exists() and runs_path.stat().st_size == 0:
-        warn_once(f"{runs_path} was empty (damaged): the grid's runs are trained again")
+    broken = unreadable_header(runs_path)
+    if broken:
+        warn_once(f"{runs_path} {broken} (damaged): the runs it held cannot be vouched for and are trained again")
         with environment(runs_path):
             runs_path.unlink()
     if not runs_path.exists():
@@ -153,18 +163,43 @@ def finished_runs(out: Path, plan) -> set:
     runs = read_runs(runs_path, plan)
     run_keys = run_ids(runs)
     done = set(run_keys)
-    curves = read_curves(curves_path)
+    curves, damage = read_curves(curves_path)
     curve_keys = run_ids(curves)
-    last = curves.loc[np.array([k in done for k in curve_keys], dtype=bool)].groupby(["config_id", "seed"]).step.max()
+    recorded = curves.loc[np.array([k in done for k in curve_keys], dtype=bool)].groupby(["config_id", "seed"]).step
+    every = {k: list(v) for k, v in recorded}
     complete = {k for k, diverged, steps in zip(run_keys, runs.diverged.astype(str), runs.steps.astype(int))
-                if k in last.index and (diverged == "True" or last[k] == steps)}  # the steps its row records
-    if complete != done:
+                if k in every and whole_curve(every[k], steps if diverged != "True" else None, eval_every)}
+    lost = f"the {len(done - complete)} committed run(s) whose curves are missing are trained again"
+    if damage:
+        warn_once(f"{curves_path} {damage}: {lost if complete != done else 'no committed run lost its curves'}")
+    elif complete != done:
         warn_once(f"{curves_path} lacks the curves of {len(done - complete)} committed run(s): they are trained again")
+    if complete != done:
         write_csv(runs_path, runs.loc[np.array([k in complete for k in run_keys], dtype=bool)])
     keep = curves.loc[np.array([k in complete for k in curve_keys], dtype=bool)]
-    if len(keep) != len(curves) or not curves_path.exists():
+    if not len(keep):  # appended to from scratch, header first
+        with environment(curves_path):
+            curves_path.unlink(missing_ok=True)
+    elif damage or len(keep) != len(curves) or not curves_path.exists():
         write_csv(curves_path, keep)
     return complete
+
+
+def unreadable_header(path: Path) -> str:
+    """What makes a runs.csv unreadable as a whole ('' when it is not): empty, not text, or a header that is
+    not runs.csv's (torn or overwritten). Damage within its lines is named line by line (read_runs)."""
+    if not path.exists():
+        return ""
+    with environment(path):
+        data = path.read_bytes()
+    if not data.strip():
+        return "was empty"
+    try:
+        header = data.decode("utf-8").splitlines()[0].split(",")
+    except UnicodeDecodeError:
+        return "is not text"
+    missing = [c for c in ("config_id", "seed", "best_value", "diverged", "steps") if c not in header]
+    return f"has a damaged header (no {', '.join(missing)} column)" if missing else ""
 
 
 def run_ids(frame: pd.DataFrame) -> list:
@@ -172,19 +207,45 @@ def run_ids(frame: pd.DataFrame) -> list:
     return list(zip(frame.config_id, frame.seed.astype(int)))
 
 
-def read_curves(path: Path) -> pd.DataFrame:
-    """curves.csv's complete rows; a torn last line (a kill mid-append) and other damage are dropped."""
+def read_curves(path: Path) -> tuple:
+    """(curves.csv's sound rows, what damage was dropped: '' for none). A torn last line (a kill mid-append),
+    garbage bytes, lines that are not a validation's numbers, a torn header or an empty file are dropped;
+    the runs whose curves they held are then trained again."""
     columns = ["config_id", "seed", "step"]
-    if not path.exists() or path.stat().st_size == 0:
-        return pd.DataFrame(columns=columns)
+    empty = pd.DataFrame(columns=columns)
+    if not path.exists():
+        return empty, ""
+    with environment(path):
+        text = path.read_bytes().decode("utf-8", errors="replace")
     try:
-        curves = pd.read_csv(path, dtype={"config_id": str}, on_bad_lines="skip")
-        curves = curves.dropna(subset=columns)  # a torn line; other columns may be empty (a diverged value)
-        curves["seed"], curves["step"] = curves.seed.astype(int), curves.step.astype(int)
-        return curves
-    except (ValueError, KeyError, pd.errors.ParserError, UnicodeDecodeError):
-        warn_once(f"{path} is damaged (unreadable): the runs it held are trained again")
-        return pd.DataFrame(columns=columns)
+        lines = list(csv.reader(io.StringIO(text, newline="")))
+    except csv.Error:
+        lines = []
+    header = lines[0] if lines else []
+    if not set(columns) <= set(header) or len(set(header)) != len(header):
+        return empty, "was empty" if not text.strip() else "is damaged (its header is not a curves header)"
+    sound = [row for row in lines[1:] if sound_curve_row(header, row)]
+    dropped = len(lines) - 1 - len(sound)
+    damage = f"held {dropped} damaged line(s), dropped" if dropped else ""
+    frame = pd.DataFrame(sound, columns=header).replace("", np.nan)
+    numeric = [c for c in header if c != "config_id"]
+    frame[numeric] = frame[numeric].astype(float)
+    frame["seed"], frame["step"] = frame.seed.astype(int), frame.step.astype(int)
+    return frame, damage
+
+
+def sound_curve_row(header: list, row: list) -> bool:
+    """A whole validation row: every field a number (or empty, a diverged value), seed and step whole."""
+    if len(row) != len(header):
+        return False
+    record = dict(zip(header, row))
+    if not record["config_id"] or "\ufffd" in record["config_id"]:
+        return False
+    try:
+        numbers = {k: float(v) for k, v in record.items() if k != "config_id" and v != ""}
+    except ValueError:
+        return False
+    return all(k in numbers and numbers[k].is_integer() and numbers[k] >= 0 for k in ("seed", "step"))
 
 
 def append_curves(path: Path, rows: list) -> None:

@@ -3,6 +3,7 @@ one line with its exit code, and once the fault is gone the same command ends wi
 undisturbed grid (issues: every failure is one line; privacy in every mode, point 9)."""
 
 import errno
+import json
 import os
 import signal
 import subprocess
@@ -105,13 +106,34 @@ def run_then(tmp_path, damage):
     return out, dpgrid("run", *GRID, f"hydra.run.dir={out}")
 
 
+def garbage(path):
+    """Random bytes over the middle of the file (invalid UTF-8, a NUL, no line structure)."""
+    data = path.read_bytes()
+    middle = len(data) // 2
+    path.write_bytes(data[:middle] + bytes([0xFF, 0x00, 0xFE]) * 20 + data[middle + 60:])
+
+
+def torn_header(path):
+    """A CSV's first line cut half-way and run into the second; a JSON object cut half-way (a torn write)."""
+    text = path.read_text()
+    if path.suffix == ".json":
+        return path.write_text(text[: len(text) // 2])
+    lines = text.splitlines(keepends=True)
+    path.write_text(lines[0][: len(lines[0]) // 2] + "".join(lines[1:]))
+
+
+DAMAGE = {"empty": lambda path: path.write_text(""), "garbage bytes": garbage, "torn header": torn_header}
+
+
+@pytest.mark.parametrize("damage", DAMAGE)
 @pytest.mark.parametrize("name", ["runs.csv", "curves.csv", "plan.json", "summary.csv"])
-def test_an_empty_result_file_is_repaired_by_the_same_command(name, tmp_path, reference):
-    out, r = run_then(tmp_path, lambda out: (out / name).write_text(""))
+def test_a_damaged_result_file_is_repaired_by_the_same_command(name, damage, tmp_path, reference):
+    out, r = run_then(tmp_path, lambda out: DAMAGE[damage](out / name))
     assert r.returncode == 0, r.stderr
-    if name != "summary.csv":
+    if name != "summary.csv":  # rewritten at every end anyway
         assert len(warnings_of(r)) == 1 and name in warnings_of(r)[0] and not errors(r)  # one warning naming the file
     assert_same(out, reference)
+    assert json.loads((out / "plan.json").read_text())["config_hash"]
 
 
 def cell(lines, index, column, value) -> str:

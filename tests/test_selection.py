@@ -263,3 +263,17 @@ def test_selection_json_holds_no_count_and_no_candidate_index():
     assert out["chosen"] == {"config_id": "lr1_clip1", "lr": 0.1, "clip": 1.0, "score": 71.0}
     assert set(out) == {"selection", "stopping", "epsilon", "delta", "noise_multiplier", "accountant", "covered", "chosen"}
     assert out["stopping"] == plan.stopping  # public: the rule and its parameters, fixed before any draw
+
+
+@pytest.mark.slow
+def test_a_damaged_selection_json_is_written_again(tmp_path, monkeypatch):
+    from .test_faults import DAMAGE
+
+    select(tmp_path / "sel0", [GOOD, BAD[0]], monkeypatch)
+    out = tmp_path / "sel0" / "sel"
+    released = (out / "selection.json").read_bytes()
+    for damage in DAMAGE.values():
+        damage(out / "selection.json")
+        r = dpgrid("run", *SELECTION, "hydra.run.dir=sel", cwd=tmp_path / "sel0")
+        assert r.returncode == 0, r.stderr
+        assert (out / "selection.json").read_bytes() == released

@@ -18,12 +18,12 @@ import numpy as np
 import pandas as pd
 
 from . import DpgridError, tasks
-from .files import check_writable, environment, read_json, read_rows, write_atomic, write_csv
+from .files import check_writable, environment, read_json, write_atomic, write_csv
 from .cells import MISSING, NOT_RUN, budget_note, fmt_hp, fmt_value, private_strategies
 from .grid import AXIS_SYMBOL
 from .paper import claims, claims_markdown, comparison, comparison_markdown, paper_results
 from .privacy import NOT_DP_SAMPLING
-from .results import summarize
+from .results import read_runs, summarize
 
 # Everything about a strategy (label, axes, private or not, what adapts) comes from the plan.json its
 # grid wrote, which asked the strategy class and its config: nothing here lists strategies.
@@ -32,6 +32,7 @@ NOTHING_SELECTED, SELECTION = "no candidate drawn or converged", "selection"  # 
 SEEDS_NOTE = ("ε seeds: what this table publishes costs more than ε, which accounts one run per configuration "
               "(privacy.account_seeds=false, as the paper); each value is the mean over seeds, and K x seeds runs with "
               "the grid's noise spend: ")
+PLAN_KEYS = ("dataset", "strategy", "k", "epsilon", "n_configs", "configurations")  # what a grid's table needs
 PRIVACY_FIGURES = ("noise_multiplier", "epsilon_spent", "epsilon_grid", "budget", "sampling")
 
 
@@ -54,11 +55,22 @@ def grid_row(folder: Path) -> dict:
     """One grid's best configuration, with the privacy figures its runs record (checked against plan.json)."""
     repair = "run the grid's command again to rewrite it (its results are kept)"
     plan = read_json(folder / "plan.json", repair)
+    missing = [key for key in PLAN_KEYS if key not in plan]
+    if missing:
+        raise DpgridError(f"{folder / 'plan.json'} lacks {', '.join(missing)}; {repair}")
     if not (folder / "runs.csv").exists():  # planned, its first run still training (or stopped before it ended)
         raise DpgridError(f"{folder} holds no finished run yet")
-    _, _, runs = read_rows(folder / "runs.csv", "fix or delete that line, then run the grid's command again")
+    ids = [c.get("config_id") for c in plan["configurations"]] if isinstance(plan["configurations"], list) else []
+    runs = read_runs(folder / "runs.csv", ids, plan.get("config_hash"),
+                     repair="fix or delete that line, then run the grid's command again")
     if not len(runs):
         raise DpgridError(f"{folder / 'runs.csv'} holds no finished run yet")
+    for key in ("dataset", "strategy", "k", "epsilon", "config_hash"):  # the grid's identity: rows and plan agree
+        found = set(runs[key].dropna()) if key in runs else set()
+        if found and (len(found) > 1 or not same(found.pop(), plan.get(key))):
+            raise DpgridError(f"plan.json says {key} = {plan.get(key)} but runs.csv says "
+                              f"{', '.join(map(str, sorted(set(runs[key].dropna()), key=str)))}; the results were not "
+                              "made with this plan (remove the wrong file, or run the grid again)")
     privacy = {}
     for key in PRIVACY_FIGURES:
         values = set(runs[key].dropna()) if key in runs else set()

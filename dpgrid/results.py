@@ -95,7 +95,7 @@ def claim(out: Path, digest: str, data_files: dict, plan, overwrite: bool) -> No
 def runs_disagree(runs_path: Path, plan) -> str:
     """Why runs.csv cannot come from `plan` ('' when it can): its noise, steps or configurations differ."""
     try:
-        runs = read_runs(runs_path, plan)
+        runs = read_runs(runs_path, [c["config_id"] for c in plan.configurations])
     except DpgridError as e:
         return str(e)
     if len(runs) == 0:
@@ -109,16 +109,23 @@ def runs_disagree(runs_path: Path, plan) -> str:
     return ""
 
 
-def read_runs(path: Path, plan) -> pd.DataFrame:
-    """runs.csv, checked row by row: whole lines, numbers where numbers belong, configurations of this
-    grid, no (configuration, seed) twice. DpgridError naming the file and the line otherwise."""
-    header, rows, frame = read_rows(path, RERUN)
-    ids = {c["config_id"] for c in plan.configurations}
+def read_runs(path: Path, config_ids, digest: str = None, repair: str = RERUN) -> pd.DataFrame:
+    """runs.csv, checked row by row: whole lines, numbers where numbers belong, finite values, configurations
+    of this grid made by this config (`digest`, where rows record it), no (configuration, seed) twice.
+    DpgridError naming the file, the line and the field otherwise."""
+    header, rows, frame = read_rows(path, repair)
+    ids = set(config_ids)
     seen = {}
     for line, row in enumerate(rows, start=2):
         record = dict(zip(header, row))
         if record.get("config_id") not in ids:
-            raise DpgridError(f"{path}, line {line}: configuration {record.get('config_id')!r} is not in this grid; {RERUN}")
+            raise DpgridError(f"{path}, line {line}: configuration {record.get('config_id')!r} is not in this grid; {repair}")
+        if digest and record.get("config_hash", digest) != digest:
+            raise DpgridError(f"{path}, line {line}: config_hash {record['config_hash']} is not this grid's {digest} (a "
+                              f"row of another config); {repair}")
+        if record.get("diverged") == "False" and record.get("best_value") in ("", "inf", "-inf", "nan"):
+            raise DpgridError(f"{path}, line {line}: best_value = {record['best_value']!r} for a run that did not "
+                              f"diverge; {repair}")
         for column in [c for c in header if c in NUMERIC or c.startswith("noise_multiplier")]:
             value = record[column]
             if value == "" and column in OPTIONAL:
@@ -127,11 +134,13 @@ def read_runs(path: Path, plan) -> pd.DataFrame:
                 number = float(value)
             except ValueError:
                 raise DpgridError(f"{path}, line {line}: {column} = {value!r} is not a number; {RERUN}") from None
+            if not math.isfinite(number) and column != "noise_multiplier":  # nan: a schedule's varying sigma
+                raise DpgridError(f"{path}, line {line}: {column} = {value!r} is not a finite number; {repair}")
             if column == "seed" and not (number.is_integer() and number >= 0):
-                raise DpgridError(f"{path}, line {line}: seed = {value!r} is not a whole number; {RERUN}")
+                raise DpgridError(f"{path}, line {line}: seed = {value!r} is not a whole number; {repair}")
         for column in ("diverged", "seeds_accounted"):
             if column in record and record[column] not in ("True", "False"):
-                raise DpgridError(f"{path}, line {line}: {column} = {record[column]!r} is not True or False; {RERUN}")
+                raise DpgridError(f"{path}, line {line}: {column} = {record[column]!r} is not True or False; {repair}")
         key = (record["config_id"], int(float(record["seed"])))
         if key in seen:
             raise DpgridError(f"{path}, lines {seen[key]} and {line}: configuration {key[0]} seed {key[1]} twice; "
@@ -147,7 +156,7 @@ def whole_curve(steps: list, last, eval_every: int) -> bool:
     return sorted(steps) == sorted(set(range(eval_every, last + 1, eval_every)) | {last})
 
 
-def finished_runs(out: Path, plan, eval_every: int) -> set:
+def finished_runs(out: Path, plan, eval_every: int, digest: str = None) -> set:
     """(config_id, seed) of the runs already committed. Curves of unfinished runs (a killed grid) are
     dropped; a committed run whose curves are missing or damaged is taken out of runs.csv and trained again."""
     runs_path, curves_path = out / "runs.csv", out / "curves.csv"
@@ -160,7 +169,7 @@ def finished_runs(out: Path, plan, eval_every: int) -> set:
         with environment(curves_path):
             curves_path.unlink(missing_ok=True)
         return set()
-    runs = read_runs(runs_path, plan)
+    runs = read_runs(runs_path, [c["config_id"] for c in plan.configurations], digest)
     run_keys = run_ids(runs)
     done = set(run_keys)
     curves, damage = read_curves(curves_path)

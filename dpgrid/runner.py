@@ -162,7 +162,7 @@ def applied_momentum(cfg, strategy_cls) -> float:
     return float(cfg.train.momentum) if strategy_cls.uses_momentum else 0.0
 
 
-def run_row(cfg, plan, strategy_cls, config, seed, result, draw=None) -> dict:
+def run_row(cfg, plan, strategy_cls, config, seed, result, draw=None, digest=None) -> dict:
     row = dict(dataset=plan.dataset, strategy=plan.strategy, metric=tasks.get(cfg.dataset.task).metric,
                epsilon=plan.epsilon, delta=plan.delta, k=plan.k, config_id=config["config_id"])
     row.update({k: v for k, v in config.items() if k != "config_id"})
@@ -182,7 +182,8 @@ def run_row(cfg, plan, strategy_cls, config, seed, result, draw=None) -> dict:
         row["final_clip"] = result.final_clip
     if "lr" in strategy_cls.adapts:
         row["final_lr"] = result.final_lr
-    row.update(diverged=result.diverged, seconds=round(result.seconds, 3), eval_seconds=round(result.eval_seconds, 3))
+    row.update(diverged=result.diverged, seconds=round(result.seconds, 3), eval_seconds=round(result.eval_seconds, 3),
+               config_hash=digest)
     return row
 
 
@@ -215,7 +216,7 @@ def train_grid(cfg, out: Path, progress: bool) -> pd.DataFrame:
     digest, data_files = config_hash(cfg, plan.private), data_mod.fingerprint(data.files)
     claim(out, digest, data_files, plan, bool(cfg.overwrite))
     write_header(out, cfg, plan, digest, data_files)
-    done = finished_runs(out, plan, int(cfg.train.eval_every))
+    done = finished_runs(out, plan, int(cfg.train.eval_every), digest)
     work, draw = planned_runs(out, cfg, plan, selected)
     todo = [(c, s) for c, s in work if (c["config_id"], s) not in done]
     total = len(work)
@@ -229,7 +230,7 @@ def train_grid(cfg, out: Path, progress: bool) -> pd.DataFrame:
     for finished, (config, seed) in enumerate(todo, start=total - len(todo) + 1):
         result = run_one(cfg, plan, strategy_cls, data, config, seed, progress and not quiet)
         append_curves(out / "curves.csv", [dict(config_id=config["config_id"], seed=seed, **c) for c in result.curve])
-        commit_run(out / "runs.csv", run_row(cfg, plan, strategy_cls, config, seed, result, draw))
+        commit_run(out / "runs.csv", run_row(cfg, plan, strategy_cls, config, seed, result, draw, digest))
         if not quiet:
             report_run(plan, config["config_id"], seed, result, finished, total)
         bar.update()

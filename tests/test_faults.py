@@ -149,11 +149,14 @@ def joined(lines):
 
 @pytest.mark.parametrize("edit, message", [
     (lambda lines: joined(lines + [lines[-1]]), "lines 9 and 10: configuration lr1_clip1 seed 1 twice"),
-    (lambda lines: joined(lines[:-1] + [lines[-1][: len(lines[-1]) // 2]]), "line 9: 13 fields"),
+    (lambda lines: joined(lines[:-1] + [lines[-1][: len(lines[-1]) // 2]]), "line 9: 14 fields"),
     (lambda lines: joined(lines)[:-3], "line 9: the last line is not terminated"),  # cut mid-number
     (lambda lines: joined(lines[:2] + [cell(lines, 2, "diverged", "abc")] + lines[3:]), "line 3: diverged = 'abc'"),
     (lambda lines: joined(lines[:2] + [cell(lines, 2, "seed", "x")] + lines[3:]), "line 3: seed = 'x'"),
     (lambda lines: joined(lines[:2] + [cell(lines, 2, "best_value", "abc")] + lines[3:]), "line 3: best_value = 'abc'"),
+    (lambda lines: joined(lines[:2] + [cell(lines, 2, "best_value", "inf")] + lines[3:]), "line 3: best_value = 'inf'"),
+    (lambda lines: joined(lines[:2] + [cell(lines, 2, "config_hash", "0123456789abcdef")] + lines[3:]),
+     "line 3: config_hash 0123456789abcdef is not this grid's"),  # a row of another config, pasted in
 ])
 def test_a_damaged_runs_csv_is_refused_naming_the_file_and_line(edit, message, tmp_path):
     def damage(out):

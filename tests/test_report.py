@@ -34,7 +34,7 @@ def make_grid(root, dataset, strategy, epsilon, k, configs, metric="accuracy", n
     runs, summary = [], []
     for config_id, hp, values, diverged in configs:
         for seed, v in enumerate(values + [float("nan")] * diverged):
-            runs.append(dict(dataset=dataset, strategy=strategy, metric=metric, config_id=config_id, seed=seed,
+            runs.append(dict(dataset=dataset, strategy=strategy, epsilon=epsilon, k=k, metric=metric, config_id=config_id, seed=seed,
                              best_value=v, diverged=seed >= len(values), **hp, **privacy))
         ok = pd.Series(values, dtype=float)
         summary.append(dict(config_id=config_id, **hp, mean=ok.mean() if len(ok) else float("nan"),
@@ -343,3 +343,37 @@ def test_a_plan_that_understates_the_seeds_is_refused(tree):
     (folder / "plan.json").write_text(json.dumps(plan))
     _, lines = write(tree)
     assert any("does not record epsilon_with_seeds" in line for line in lines), lines
+
+
+def edit_runs(folder, change):
+    runs = pd.read_csv(folder / "runs.csv", dtype={"config_id": str})
+    change(runs).to_csv(folder / "runs.csv", index=False)
+
+
+def edit_plan(folder, **changes):
+    plan = json.loads((folder / "plan.json").read_text())
+    plan.update(changes)
+    for key in [k for k, v in changes.items() if v is None]:
+        del plan[key]
+    (folder / "plan.json").write_text(json.dumps(plan))
+
+
+@pytest.mark.parametrize("damage, message", [
+    (lambda f: edit_plan(f, epsilon=1), "plan.json says epsilon = 1 but runs.csv says 3"),
+    (lambda f: edit_plan(f, strategy="fixed_threshold"), "plan.json says strategy = fixed_threshold but runs.csv says online"),
+    (lambda f: edit_plan(f, k=5), "plan.json says k = 5 but runs.csv says 9"),
+    (lambda f: edit_plan(f, n_configs=None), "plan.json lacks n_configs"),
+    (lambda f: edit_runs(f, lambda r: pd.concat([r, r.iloc[[0]]])), "lr4 seed 0 twice"),
+    (lambda f: edit_runs(f, lambda r: r.assign(config_id=["lr4", "lr4", "lr9", "lr3"])), "configuration 'lr9' is not in this grid"),
+    (lambda f: edit_runs(f, lambda r: r.assign(best_value=[float("inf"), 1, 2, 3])), "best_value = 'inf'"),
+    (lambda f: edit_runs(f, lambda r: r.assign(best_value=["abc", 1, 2, 3])), "best_value = 'abc' is not a number"),
+    (lambda f: (edit_plan(f, config_hash="aaaa"), edit_runs(f, lambda r: r.assign(config_hash=["aaaa", "aaaa", "aaaa", "bbbb"]))),
+     "config_hash bbbb is not this grid's aaaa"),
+])
+def test_tables_publish_only_what_the_runs_produced(tree, damage, message):
+    folder = tree / "mnist" / "online" / "eps=3" / "per_grid" / "k=9"
+    damage(folder)
+    _, lines = write(tree)
+    assert len(lines) == 1 and message in lines[0] and str(folder) in lines[0], lines
+    results = pd.read_csv(tree / "tables" / "results.csv")
+    assert not ((results.dataset == "mnist") & (results.strategy == "online") & results.epsilon.isin([1, 3])).any()

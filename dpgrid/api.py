@@ -47,6 +47,7 @@ def compose(overrides=(), with_hydra: bool = False):
 
     register()
     overrides = list(overrides)
+    refuse_added_settings(overrides)
     try:
         with initialize_config_dir(version_base="1.3", config_dir=config_dir(), job_name="dpgrid"):
             return hydra_compose("config", overrides=overrides, return_hydra_config=with_hydra)
@@ -80,6 +81,21 @@ def launch(cfg, task):
         job = run_job(task, cfg, job_dir_key="hydra.run.dir", job_subdir_key=None, hydra_context=context)
         callbacks.on_run_end(config=cfg, config_name="config", job_return=job)
     return job.return_value  # raises what the task raised
+
+
+OPEN_GROUPS = ("dataset", "strategy", "model", "hydra")  # each option brings its own keys; the rest is the schema
+
+
+def refuse_added_settings(overrides: list) -> None:
+    """`+key=value` adds a key Hydra would otherwise refuse; outside the option groups, whose options bring
+    their own keys, that is a misspelt setting (`+train.epoch=2`) and is refused like one."""
+    for text in overrides:
+        key = text.partition("=")[0]
+        if key.startswith("+") and key.lstrip("+").split(".")[0].split("/")[0] not in OPEN_GROUPS:
+            name = key.lstrip("+")
+            close = difflib.get_close_matches(name, known_keys([]), n=1)
+            hint = f"; did you mean {close[0]}?" if close else "; conf/config.yaml lists the settings"
+            raise DpgridError(f"no setting {name!r} (+ adds keys only to a dataset, strategy or model){hint}")
 
 
 def readable(message: str, overrides: list) -> str:

@@ -229,6 +229,7 @@ def check_sweep(overrides: list) -> list:
     of different configs that would write into one directory are refused, naming their overrides.
     Returns the jobs' directories."""
     from . import DpgridError
+    from .files import check_writable
     from .results import config_hash
     from .strategies import resolve
 
@@ -236,9 +237,10 @@ def check_sweep(overrides: list) -> list:
     for job in sweep_jobs(overrides):
         try:
             cfg = compose_checked(job, with_hydra=True)
+            out = (Path(str(cfg.hydra.sweep.dir)) / str(cfg.hydra.sweep.subdir)).absolute()
+            check_writable(out)
         except DpgridError as e:
-            raise DpgridError(f"sweep job {' '.join(job)}: {e}") from None
-        out = (Path(str(cfg.hydra.sweep.dir)) / str(cfg.hydra.sweep.subdir)).absolute()
+            raise type(e)(f"sweep job {' '.join(job)}: {e}") from None
         by_dir.setdefault(out, {}).setdefault(config_hash(cfg, resolve(cfg.strategy).private), job)
     for out, jobs in by_dir.items():
         if len(jobs) > 1:
@@ -326,6 +328,10 @@ def main(argv=None) -> None:
         commands[command](args)
     except DpgridError as e:  # every refusal, wherever it is raised: one line, its exit code
         fail(e)
+    except KeyboardInterrupt as e:  # before a grid started (once one runs, its task says how to resume)
+        name = "SIGTERM" if isinstance(e, Interrupted) else "interrupted"
+        fail(f"{name}: dpgrid {command} stopped before it finished; the same command starts it again", 143 if
+             name == "SIGTERM" else 130)
 
 
 if __name__ == "__main__":

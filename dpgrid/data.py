@@ -65,6 +65,10 @@ def check_loaded(dataset_cfg, root, x_tr, y_tr, x_te, y_te) -> None:
         where = f"{name}'s {split} split under {root}"
         if len(x) == 0:
             raise DpgridError(f"{where} holds no examples")
+        for what, t in (("features", x), ("targets", y)):
+            if t.is_floating_point() and not bool(torch.isfinite(t).all()):
+                i = int((~torch.isfinite(t.reshape(len(t), -1))).any(dim=1).nonzero()[0][0])
+                raise DpgridError(f"{where}: example {i} has {what} that are NaN or infinite")
         if len(x) != len(y):
             raise DpgridError(f"{where}: {len(x)} inputs but {len(y)} labels")
         if tasks.get(dataset_cfg.task).has_classes and classes is not None:

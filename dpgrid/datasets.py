@@ -55,6 +55,8 @@ def read_idx(path: Path, magic: int) -> np.ndarray:
         raise DpgridError(f"truncated IDX file {path}: its header is cut ({len(raw)} bytes, the header alone "
                           f"needs {4 + 4 * ndim})")
     dims = struct.unpack(f">{ndim}i", raw[4:4 + 4 * ndim])
+    if any(d < 0 for d in dims):
+        raise DpgridError(f"damaged IDX header in {path}: dimensions {dims} cannot be negative; re-download it")
     body, expected = raw[4 + 4 * ndim:], int(np.prod(dims))
     if len(body) < expected:
         raise DpgridError(f"truncated IDX file {path}: header says {dims} ({expected} bytes), found {len(body)} bytes")

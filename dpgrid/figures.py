@@ -53,8 +53,15 @@ def plot_metric_vs_epsilon(grids, dataset, k, metric, out_base: Path) -> list:
 
 def plot_learning_curve(grid_row, out_path: Path) -> None:
     plt = pyplot()
-    curves = pd.read_csv(Path(grid_row.path) / "curves.csv", dtype={"config_id": str})
+    from . import DpgridError
+    from .results import read_curves
+
+    path = Path(grid_row.path) / "curves.csv"
+    curves, _ = read_curves(path)
     runs = curves.config_id == grid_row.config_id
+    if not runs.any():
+        raise DpgridError(f"{path} holds no curve of configuration {grid_row.config_id} (missing or damaged; the "
+                          "grid's command repairs it): its learning-curve figure is not drawn")
     selection = grid_row.budget == "selection"
     if selection:  # the selected candidate's own runs: never pooled with other candidates of its configuration
         runs &= curves.seed.isin(selected_seeds(grid_row))

@@ -20,6 +20,7 @@ from pathlib import Path
 from . import DpgridError, EnvironmentFault
 
 MIN_FREE_BYTES = 16 * 2 ** 20  # a grid's files are small; less free space than this is refused up front
+MIN_FREE_INODES = 64  # and it creates a few dozen files at most (temporary files included)
 
 
 def describe_os_error(e: OSError, path) -> EnvironmentFault:
@@ -33,7 +34,9 @@ def describe_os_error(e: OSError, path) -> EnvironmentFault:
             errno.EROFS: "read-only file system: choose a writable directory (hydra.run.dir=...)",
             errno.ENOTDIR: "a file stands where a folder is needed: choose another directory",
             errno.EEXIST: "a file stands where a folder is needed: choose another directory",
-            errno.EISDIR: "a folder stands where a file is needed: move it away"}
+            errno.EISDIR: "a folder stands where a file is needed: move it away",
+            errno.ENAMETOOLONG: "a name in the path is too long (at most 255 bytes per folder or file name): choose a "
+                                "shorter hydra.run.dir"}
     return EnvironmentFault(f"cannot write {path}: {what.get(e.errno, e.strerror or str(e))}")
 
 
@@ -123,9 +126,15 @@ def check_writable(folder) -> None:
     """Refuse, before anything is written, a run directory that cannot be created or written into: a file
     in its way, a read-only or full file system."""
     folder = Path(folder).absolute()
-    existing = folder
-    while not existing.exists():
-        existing = existing.parent
+    with environment(folder):
+        too_long = next((part for part in folder.parts if len(os.fsencode(part)) > 255), None)
+        if too_long:
+            raise OSError(errno.ENAMETOOLONG, "name too long", str(folder))
+        existing = folder
+        while not existing.exists():
+            existing = existing.parent
+    if existing == folder:
+        check_entries(folder)
     if not existing.is_dir():
         raise EnvironmentFault(f"cannot write {folder}: {existing} is a file, not a folder; choose another "
                                "directory (hydra.run.dir=...)")
@@ -135,6 +144,23 @@ def check_writable(folder) -> None:
     if shutil.disk_usage(existing).free < MIN_FREE_BYTES:
         raise EnvironmentFault(f"cannot write {folder}: less than {MIN_FREE_BYTES // 2 ** 20} MB free on its "
                                "device; free some space first")
+    stats = os.statvfs(existing)
+    if stats.f_files and stats.f_favail < MIN_FREE_INODES:  # f_files = 0: a file system without an inode limit
+        raise EnvironmentFault(f"cannot write {folder}: its device has {stats.f_favail} free inodes (files) left, "
+                               f"fewer than the {MIN_FREE_INODES} a grid may need; free some first")
+
+
+FOLDERS_IN_A_RUN = (".hydra",)
+FILES_IN_A_RUN = (".lock", "cli.log", "config.yaml", "plan.json", "runs.csv", "curves.csv", "summary.csv",
+                  "selection.json", "candidates.json")
+
+
+def check_entries(folder: Path) -> None:
+    """A run directory whose entries are of the wrong kind (a file named .hydra, a folder named cli.log)."""
+    for names, kind, wrong in ((FOLDERS_IN_A_RUN, "folder", Path.is_file), (FILES_IN_A_RUN, "file", Path.is_dir)):
+        for name in names:
+            if wrong(folder / name):
+                raise EnvironmentFault(f"cannot write {folder / name}: dpgrid needs a {kind} there; move it away")
 
 
 class Busy(DpgridError):

@@ -86,8 +86,10 @@ def grid_row(folder: Path) -> dict:
     axes = plan.get("axes") or [a for a in plan.get("configurations", [{}])[0] if a != "config_id"]
     metric = runs.metric.iloc[0]
     summary = summarize(runs, axes, tasks.get(metric).name)
+    planned = len(plan.get("grid_only") or plan["configurations"]) * int(plan.get("seeds", 1))
     row = dict(dataset=plan["dataset"], strategy=plan["strategy"], k=plan["k"], epsilon=plan["epsilon"],
                metric=metric, **privacy, n_configs=plan["n_configs"], configs_run=len(summary), path=str(folder),
+               runs_done=len(runs), runs_planned=planned,
                label=plan.get("label") or plan["strategy"], private=bool(plan.get("private", privacy["noise_multiplier"])),
                axes=",".join(axes), adapts=",".join(plan.get("adapts", [])),
                dataset_epsilons=",".join(f"{e:g}" for e in plan.get("dataset_epsilons", [])))
@@ -127,7 +129,7 @@ def selected_row(folder: Path, row: dict, axes: list, repair: str) -> dict:
     """A random-stopping selection's cell: only what selection.json releases (configuration and score);
     nothing that depends on how many candidates were drawn (configs_run) or on another candidate."""
     chosen = read_json(folder / "selection.json", repair).get("chosen")
-    row.update(budget=SELECTION, std=math.nan, configs_run=math.nan)
+    row.update(budget=SELECTION, std=math.nan, configs_run=math.nan, runs_done=math.nan, runs_planned=math.nan)
     if not chosen:
         return {**row, "status": NOTHING_SELECTED, "value": math.nan}
     return {**row, **{a: chosen[a] for a in axes}, "config_id": chosen["config_id"], "value": chosen["score"],
@@ -145,7 +147,8 @@ def collect(results_dir: Path) -> tuple:
     columns = ["dataset", "strategy", "k", "epsilon", "budget", "epsilon_spent", "epsilon_grid", "epsilon_with_seeds",
                "accountant", "sampling", "metric",
                "lr", "clip", "quantile", "config_id", "value", "std", "n_seeds", "status", "noise_multiplier",
-               "n_configs", "configs_run", "label", "private", "axes", "adapts", "dataset_epsilons", "path"]
+               "n_configs", "configs_run", "runs_done", "runs_planned", "label", "private", "axes", "adapts",
+               "dataset_epsilons", "path"]
     axes = sorted({a for r in rows for a in str(r.get("axes", "")).split(",") if a and a not in columns})
     return pd.DataFrame(rows).reindex(columns=columns + axes), skipped  # a strategy's own axes (e.g. sigma) too
 
@@ -186,7 +189,12 @@ def paper_layout(grids: pd.DataFrame, dataset: str, k: int, with_values: bool):
     if len(costlier):
         footnotes.append(SEEDS_NOTE + ", ".join(f"{r.label} ε={r.epsilon:g}: {r.epsilon_with_seeds:.3g} ({r.accountant})"
                                                 for r in costlier.itertuples()))
-    partial = private[(private.configs_run < private.n_configs) & (private.budget != SELECTION)]
+    incomplete = private[(private.runs_done < private.runs_planned) & (private.budget != SELECTION)]
+    if len(incomplete):
+        footnotes.append("incomplete grids (still training, or stopped: the same command resumes them): " + ", ".join(
+            f"{r.label} ε={r.epsilon:g} ({r.runs_done:g} of {r.runs_planned:g} runs)" for r in incomplete.itertuples()))
+    partial = private[(private.configs_run < private.n_configs) & (private.budget != SELECTION)
+                      & ~private.index.isin(incomplete.index)]
     if len(partial):  # grid.only: the best of a subset, still with the whole grid's noise
         footnotes.append("partial grids (grid.only; best of the configurations run, whole grid's noise): " + ", ".join(
             f"{r.label} ε={r.epsilon:g} ({r.configs_run} of {r.n_configs})" for r in partial.itertuples()))
@@ -253,11 +261,11 @@ def write_tables(results_dir, figures: bool = True, mix_budgets: bool = False, r
     write_csv(written[0], grids)
     paper = paper_results()
     for (dataset, k), g in grids.groupby(["dataset", "k"]):
-        written += write_one_table(g, dataset, k, out, paper, figures)
+        written += write_one_table(g, dataset, k, out, paper, figures, report)
     return written
 
 
-def write_one_table(g, dataset, k, out: Path, paper, figures: bool) -> list:
+def write_one_table(g, dataset, k, out: Path, paper, figures: bool, report=print) -> list:
     metric, with_values = g.metric.iloc[0], k != 7
     title = (f"{dataset}, k = {k}" + ("" if with_values else " (best hyperparameters, as Tables 2–4)")
              + f"; {budget_note(g)}")
@@ -286,6 +294,9 @@ def write_one_table(g, dataset, k, out: Path, paper, figures: bool) -> list:
         written += plot_metric_vs_epsilon(g[g.status != NOT_DP], dataset, k, metric, out / "figures" / f"{dataset}_k{k}")
         for row in g[g.status == "ok"].itertuples():
             path = out / "figures" / "curves" / f"{dataset}_{row.strategy}_eps{row.epsilon:g}_{row.budget}_k{k}.png"
-            plot_learning_curve(row, path)
-            written.append(path)
+            try:
+                plot_learning_curve(row, path)
+                written.append(path)
+            except DpgridError as e:
+                report(str(e))
     return written

@@ -156,9 +156,10 @@ def whole_curve(steps: list, last, eval_every: int) -> bool:
     return sorted(steps) == sorted(set(range(eval_every, last + 1, eval_every)) | {last})
 
 
-def finished_runs(out: Path, plan, eval_every: int, digest: str = None) -> set:
+def finished_runs(out: Path, plan, eval_every: int, digest: str = None, selected: set = None) -> set:
     """(config_id, seed) of the runs already committed. Curves of unfinished runs (a killed grid) are
-    dropped; a committed run whose curves are missing or damaged is taken out of runs.csv and trained again."""
+    dropped; a committed run whose curves are missing or damaged is taken out of runs.csv and trained again
+    when its configuration is among `selected` (this command's grid.only; None: all)."""
     runs_path, curves_path = out / "runs.csv", out / "curves.csv"
     broken = unreadable_header(runs_path)
     if broken:
@@ -178,11 +179,15 @@ def finished_runs(out: Path, plan, eval_every: int, digest: str = None) -> set:
     every = {k: list(v) for k, v in recorded}
     complete = {k for k, diverged, steps in zip(run_keys, runs.diverged.astype(str), runs.steps.astype(int))
                 if k in every and whole_curve(every[k], steps if diverged != "True" else None, eval_every)}
-    lost = f"the {len(done - complete)} committed run(s) whose curves are missing are trained again"
+    lost = done - complete
+    outside = {k for k in lost if selected is not None and k[0] not in selected}
+    fate = (f"{len(lost)} committed run(s) lost curves and are taken out of runs.csv" +
+            (f": {len(lost) - len(outside)} are trained again now, {len(outside)} lie outside grid.only and are not "
+             "retrained by this command" if outside else ": they are trained again"))
     if damage:
-        warn_once(f"{curves_path} {damage}: {lost if complete != done else 'no committed run lost its curves'}")
-    elif complete != done:
-        warn_once(f"{curves_path} lacks the curves of {len(done - complete)} committed run(s): they are trained again")
+        warn_once(f"{curves_path} {damage}: {fate if lost else 'no committed run lost its curves'}")
+    elif lost:
+        warn_once(f"{curves_path} lacks some curves: {fate}")
     if complete != done:
         write_csv(runs_path, runs.loc[np.array([k in complete for k in run_keys], dtype=bool)])
     keep = curves.loc[np.array([k in complete for k in curve_keys], dtype=bool)]
@@ -299,7 +304,8 @@ def summarize(runs: pd.DataFrame, axes: list, task: str) -> pd.DataFrame:
 
 def write_header(out: Path, cfg, plan, digest: str, data_files: dict) -> None:
     write_atomic(out / "config.yaml", OmegaConf.to_yaml(cfg, resolve=True))
-    write_json(out / "plan.json", {**plan.to_dict(), "config_hash": digest, "data_files": data_files})
+    only = list(cfg.grid.only) if cfg.grid.only is not None else None  # the configurations this command trains
+    write_json(out / "plan.json", {**plan.to_dict(), "config_hash": digest, "data_files": data_files, "grid_only": only})
 
 
 COVERED = ("only this file is covered by (epsilon, delta): runs.csv, curves.csv, summary.csv, candidates.json and "

@@ -216,7 +216,7 @@ def train_grid(cfg, out: Path, progress: bool) -> pd.DataFrame:
     digest, data_files = config_hash(cfg, plan.private), data_mod.fingerprint(data.files)
     claim(out, digest, data_files, plan, bool(cfg.overwrite))
     write_header(out, cfg, plan, digest, data_files)
-    done = finished_runs(out, plan, int(cfg.train.eval_every), digest)
+    done = finished_runs(out, plan, int(cfg.train.eval_every), digest, {c["config_id"] for c in selected})
     work, draw = planned_runs(out, cfg, plan, selected)
     todo = [(c, s) for c, s in work if (c["config_id"], s) not in done]
     total = len(work)

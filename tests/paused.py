@@ -1,6 +1,6 @@
 """`python tests/paused.py READY GO AFTER dpgrid ARGS...`: `dpgrid ARGS...` in a real process that, right
-after committing its AFTER-th run (0: once it holds the run directory, before any run), creates the file
-READY and waits until the file GO exists. A test then acts at that moment (a signal, kill -9, a second
+after committing its AFTER-th run (0: once it holds the run directory, before any run; -1: at start-up, as
+it composes its config), creates the file READY and waits until the file GO exists. A test then acts at that moment (a signal, kill -9, a second
 writer) without racing the grid: the process is where the test wants it, however loaded the machine."""
 
 import sys
@@ -33,6 +33,15 @@ def main() -> None:
         return planned(*args, **kwargs)
 
     runner.commit_run, runner.planned_runs = committed, holding
+    if after < 0:
+        from dpgrid import api
+        compose = api.compose
+
+        def starting(*args, **kwargs):
+            pause()
+            return compose(*args, **kwargs)
+
+        api.compose = starting
     dpgrid(sys.argv[5:])
 
 

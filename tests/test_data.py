@@ -81,6 +81,10 @@ def corrupt(raw, how):
     elif how == "empty":
         write_idx(path, np.zeros((0, 28, 28)), 2051)
         write_idx(raw / "train-labels-idx1-ubyte.gz", np.zeros(0), 2049)
+    elif how == "negative":
+        data = gzip.open(path).read()
+        with gzip.open(path, "wb") as f:
+            f.write(data[:4] + struct.pack(">i", -1) + data[8:])
     elif how == "longer":
         data = gzip.open(path).read()
         with gzip.open(path, "wb") as f:
@@ -93,7 +97,8 @@ def corrupt(raw, how):
     ("shape", "unexpected IDX shapes"),
     ("label200", "train-labels-idx1-ubyte.gz, example 2: label 200 is outside 0..9"),
     ("testlabel10", "t10k-labels-idx1-ubyte.gz, example 1: label 10 is outside 0..9"),
-    ("header", "its header is cut"), ("empty", "holds no images"), ("longer", "longer than its header says")])
+    ("header", "its header is cut"), ("empty", "holds no images"), ("longer", "longer than its header says"),
+    ("negative", r"damaged IDX header in .*: dimensions \(-1, 28, 28\) cannot be negative")])
 def test_idx_errors_are_clear(tmp_path, how, message):
     corrupt(make_idx_root(tmp_path), how)
     with pytest.raises(DpgridError, match=message):
@@ -182,6 +187,13 @@ def test_generic_checks_catch_any_loader(tmp_path):
         check_loaded(cfg, tmp_path, x, y, x, y.clamp(max=2))
     with pytest.raises(DpgridError, match="test split .* holds no examples"):
         check_loaded(cfg, tmp_path, x, y.clamp(max=2), x[:0], y[:0])
+    bad = x.clone()
+    bad[2, 1] = float("nan")
+    with pytest.raises(DpgridError, match="train split .*: example 2 has features that are NaN or infinite"):
+        check_loaded(cfg, tmp_path, bad, y.clamp(max=2), x, y.clamp(max=2))
+    bad[2, 1] = float("inf")
+    with pytest.raises(DpgridError, match="test split .*: example 2 has features that are NaN or infinite"):
+        check_loaded(cfg, tmp_path, x, y.clamp(max=2), bad, y.clamp(max=2))
 
 
 def test_tokenizer_and_padding():

@@ -256,3 +256,54 @@ def test_a_moved_data_directory_resumes_and_a_changed_file_is_named(tmp_path):
     r = dpgrid("run", *mnist, f"data.root={moved}")
     assert r.returncode == 2 and len(errors(r)) == 1, r.stderr
     assert "was run on other data: MNIST/raw/train-labels-idx1-ubyte.gz" in r.stderr
+
+
+@pytest.mark.parametrize("sig, code", [(signal.SIGTERM, 143), (signal.SIGINT, 130)])
+def test_a_signal_at_start_up_is_one_line(sig, code, tmp_path):
+    out = tmp_path / "grid"
+    proc, _ = start_paused(["run", *GRID, f"hydra.run.dir={out}"], after=-1, folder=tmp_path)
+    proc.send_signal(sig)
+    stderr = proc.stderr.read()
+    assert proc.wait() == code and stderr.count("\n") == 1 and "stopped before it finished" in stderr, stderr
+    assert not out.exists()
+
+
+def test_exhausted_inodes_are_a_full_disk(tmp_path, monkeypatch):
+    real = os.statvfs
+
+    def statvfs(path):
+        found = real(path)
+        return os.statvfs_result((*found[:6], 3, 3, *found[8:]))  # f_files kept, f_ffree = f_favail = 3
+
+    monkeypatch.setattr(os, "statvfs", statvfs)
+    r = dpgrid("run", *GRID, f"hydra.run.dir={tmp_path / 'grid'}")
+    assert r.returncode == 1 and len(errors(r)) == 1 and "free inodes" in r.stderr, r.stderr
+    assert not (tmp_path / "grid").exists()
+
+
+@pytest.mark.parametrize("make, message", [
+    (lambda out: (out / ".hydra").write_text("x"), ".hydra: dpgrid needs a folder there"),
+    (lambda out: (out / "cli.log").mkdir(), "cli.log: dpgrid needs a file there"),
+    (lambda out: (out / "runs.csv").mkdir(), "runs.csv: dpgrid needs a file there"),
+])
+def test_a_run_directory_with_entries_of_the_wrong_kind_is_one_line(make, message, tmp_path):
+    out = tmp_path / "grid"
+    out.mkdir()
+    make(out)
+    r = dpgrid("run", *GRID, f"hydra.run.dir={out}")
+    assert r.returncode == 1 and len(errors(r)) == 1 and message in r.stderr, r.stderr
+
+
+def test_a_path_component_too_long_is_one_line(tmp_path):
+    r = dpgrid("run", *GRID, f"hydra.run.dir={tmp_path / ('x' * 300) / 'grid'}")
+    assert r.returncode == 1 and len(errors(r)) == 1 and "a name in the path is too long" in r.stderr, r.stderr
+
+
+@pytest.mark.parametrize("damage", ["empty", "missing"])
+def test_tables_without_curves_are_written_and_say_which_figure_is_missing(damage, tmp_path):
+    out = tmp_path / "outputs" / "grid"
+    assert dpgrid("run", *GRID, f"hydra.run.dir={out}").returncode == 0
+    (out / "curves.csv").write_text("") if damage == "empty" else (out / "curves.csv").unlink()
+    r = dpgrid("tables", tmp_path / "outputs")
+    assert r.returncode == 0 and len(warnings_of(r)) == 1 and "its learning-curve figure is not drawn" in r.stderr, r.stderr
+    assert (tmp_path / "outputs" / "tables" / "results.csv").exists()

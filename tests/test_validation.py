@@ -149,6 +149,10 @@ def test_each_value_is_refused_with_one_line_or_accepted(key, value):
     (["grid.k=-3"], "grid.k must be a whole number >= 2"),
     (["grid.k=2.5"], "grid.k must be a whole number, got '2.5'"),
     (["train.epoch=3"], "no setting 'train.epoch'; did you mean train.epochs?"),
+    (["+train.epoch=3"], "no setting 'train.epoch' (+ adds keys only to a dataset, strategy or model); did you mean "
+                         "train.epochs?"),
+    (["+grid.kk=3"], "no setting 'grid.kk' (+ adds keys only to a dataset, strategy or model); did you mean grid.k?"),
+    (["+foo=bar"], "no setting 'foo' (+ adds keys only"),
     (["privacy.secure_rng=maybe"], "privacy.secure_rng must be true or false, got 'maybe'"),
     (["strategy.grad_noise_ratio=1"], "strategy.grad_noise_ratio must be a finite number > 1"),
     (["train.momentum=1.5"], "train.momentum must be in [0, 1)"),

@@ -98,6 +98,52 @@ def refuse_added_settings(overrides: list) -> None:
             raise DpgridError(f"no setting {name!r} (+ adds keys only to a dataset, strategy or model){hint}")
 
 
+def sweep_jobs(overrides: list) -> list:
+    """The override list of every job of a sweep, as Hydra's basic sweeper expands it (the product of
+    every swept key's values)."""
+    import itertools
+
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+    from hydra.errors import HydraException
+
+    try:
+        parsed = OverridesParser.create().parse_overrides(overrides)
+    except HydraException:
+        raise DpgridError(unparsable(overrides)) from None
+    choices = [[f"{o.get_key_element()}={v}" for v in o.sweep_string_iterator()] if o.is_sweep_override()
+               else [f"{o.get_key_element()}={o.get_value_element_as_str()}"] for o in parsed]
+    return [list(job) for job in itertools.product(*choices)]
+
+
+def check_sweep(overrides: list) -> list:
+    """Every job of a sweep composed and checked in this process, before any is launched or queued; jobs
+    of different configs that would write into one directory are refused, naming their overrides.
+    Returns the jobs' directories."""
+    from .checks import check_config
+    from .files import check_writable
+    from .results import config_hash
+    from .strategies import resolve
+
+    by_dir = {}
+    for job in sweep_jobs(overrides):
+        try:
+            cfg = compose(job, with_hydra=True)
+            check_config(cfg, warn=False)
+            out = (Path(str(cfg.hydra.sweep.dir)) / str(cfg.hydra.sweep.subdir)).absolute()
+            check_writable(out)
+        except DpgridError as e:
+            raise type(e)(f"sweep job {' '.join(job)}: {e}") from None
+        by_dir.setdefault(out, {}).setdefault(config_hash(cfg, resolve(cfg.strategy).private), job)
+    for out, jobs in by_dir.items():
+        if len(jobs) > 1:
+            first, second = list(jobs.values())[:2]
+            differ = [o for o in second if o not in first]
+            raise DpgridError(f"the sweep's jobs '{' '.join(first)}' and '{' '.join(second)}' would both write into "
+                              f"{out} ({', '.join(differ)} is not part of its name); give them different "
+                              "directories, e.g. add that key to hydra.sweep.subdir")
+    return list(by_dir)
+
+
 def readable(message: str, overrides: list) -> str:
     """Hydra's message in one line, keeping what helps: the available options, the closest key."""
     lines = [line.strip() for line in message.strip().splitlines() if line.strip()]

@@ -48,3 +48,15 @@ def fmt_value(v, metric) -> str:
     return f"{v * tasks.get(metric).table_scale:.2f}"
 
 
+def to_latex(table: pd.DataFrame, title: str, footnotes: list) -> str:
+    """booktabs tabular; the paper's symbols as math."""
+    def tex(s):
+        s = str(s).replace("×10²", r"$\times 10^2$").replace("–", "--").replace("±", r"$\pm$")
+        for greek, cmd in (("ρ", r"$\rho$"), ("γ", r"$\gamma$"), ("ε", r"$\varepsilon$")):
+            s = s.replace(greek, cmd)
+        return s.replace("_", r"\_")
+    lines = [f"% {title}", r"\begin{tabular}{" + "l" * len(table.columns) + "}", r"\toprule",
+             " & ".join(tex(c) for c in table.columns) + r" \\", r"\midrule"]
+    lines += [" & ".join(tex(v) for v in row) + r" \\" for row in table.itertuples(index=False)]
+    lines += [r"\bottomrule", r"\end{tabular}"] + [f"% {tex(n)}" for n in footnotes]
+    return "\n".join(lines) + "\n"

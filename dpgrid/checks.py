@@ -114,7 +114,6 @@ def log_range(cfg, key: str) -> list:
     return [low, high]
 
 
-ACCOUNTANTS = ("rdp", "pld", "prv", "zcdp")  # dpgrid.privacy's and zcdp (noise schedules, dpgrid.zcdp)
 BUDGETS = ("per_grid", "per_run")
 
 
@@ -131,7 +130,8 @@ def check_config(cfg, n_train: int = None, warn: bool = True) -> None:
     for key in ("privacy.account_seeds", "privacy.secure_rng", "overwrite", "grid.allow_large"):
         flag(cfg, key)
     choice(cfg, "privacy.budget", BUDGETS)
-    choice(cfg, "privacy.accountant", ACCOUNTANTS)
+    from .privacy import all_accountants
+    choice(cfg, "privacy.accountant", all_accountants())
     if choice(cfg, "privacy.selection", ("composition", "random_stopping")) == "random_stopping":
         check_selection(cfg)
     whole(cfg, "grid.k", low=2)
@@ -173,7 +173,7 @@ def check_config(cfg, n_train: int = None, warn: bool = True) -> None:
 
 def check_selection(cfg) -> None:
     """Random stopping's keys, and the settings a selection cannot be combined with."""
-    from .selection import RULES
+    from .privacy.random_stopping import RULES
 
     choice(cfg, "privacy.stopping", RULES)
     real(cfg, "privacy.stopping_eta", "a number in (-1, 100]", lambda v: -1 < v <= 100)

@@ -185,13 +185,13 @@ def run_command(args: list) -> None:
     a job. A sweep (-m) is Hydra's own, so that launchers work; every job's config is checked first."""
     import hydra
 
-    from .api import launch
+    from .api import check_sweep, launch
     from .config import register
     from .files import outermost_missing
 
     if {"-m", "--multirun"} & set(args):
         overrides = [a for a in args if a not in ("-m", "--multirun")]
-        created = {out: outermost_missing(out) for out in check_sweep(overrides)}
+        created = {out: outermost_missing(out) for out in check_sweep(overrides)}  # every job checked first
         register()  # the schema and resolvers Hydra's own composition needs
         sys.argv = ["dpgrid run", *args]
         hydra.main(version_base="1.3", config_path=config_dir(), config_name="config")(grid_job(created))()
@@ -202,54 +202,6 @@ def run_command(args: list) -> None:
     check_run(cfg, cfg.hydra.run.dir)
     out = Path(cfg.hydra.run.dir).absolute()
     launch(cfg, grid_job({out: outermost_missing(out)}))
-
-
-def sweep_jobs(overrides: list) -> list:
-    """The override list of every job of a sweep, as Hydra's basic sweeper expands it (the product of
-    every swept key's values)."""
-    import itertools
-
-    from hydra.core.override_parser.overrides_parser import OverridesParser
-    from hydra.errors import HydraException
-
-    from . import DpgridError
-    from .api import unparsable
-
-    try:
-        parsed = OverridesParser.create().parse_overrides(overrides)
-    except HydraException:
-        raise DpgridError(unparsable(overrides)) from None
-    choices = [[f"{o.get_key_element()}={v}" for v in o.sweep_string_iterator()] if o.is_sweep_override()
-               else [f"{o.get_key_element()}={o.get_value_element_as_str()}"] for o in parsed]
-    return [list(job) for job in itertools.product(*choices)]
-
-
-def check_sweep(overrides: list) -> list:
-    """Every job of a sweep composed and checked in this process, before any is launched or queued; jobs
-    of different configs that would write into one directory are refused, naming their overrides.
-    Returns the jobs' directories."""
-    from . import DpgridError
-    from .files import check_writable
-    from .results import config_hash
-    from .strategies import resolve
-
-    by_dir = {}
-    for job in sweep_jobs(overrides):
-        try:
-            cfg = compose_checked(job, with_hydra=True)
-            out = (Path(str(cfg.hydra.sweep.dir)) / str(cfg.hydra.sweep.subdir)).absolute()
-            check_writable(out)
-        except DpgridError as e:
-            raise type(e)(f"sweep job {' '.join(job)}: {e}") from None
-        by_dir.setdefault(out, {}).setdefault(config_hash(cfg, resolve(cfg.strategy).private), job)
-    for out, jobs in by_dir.items():
-        if len(jobs) > 1:
-            first, second = list(jobs.values())[:2]
-            differ = [o for o in second if o not in first]
-            raise DpgridError(f"the sweep's jobs '{' '.join(first)}' and '{' '.join(second)}' would both write into "
-                              f"{out} ({', '.join(differ)} is not part of its name); give them different "
-                              "directories, e.g. add that key to hydra.sweep.subdir")
-    return list(by_dir)
 
 
 def grid_job(created: dict):

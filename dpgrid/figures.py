@@ -54,7 +54,7 @@ def plot_metric_vs_epsilon(grids, dataset, k, metric, out_base: Path) -> list:
 def plot_learning_curve(grid_row, out_path: Path) -> None:
     plt = pyplot()
     from . import DpgridError
-    from .results import read_curves
+    from .curves import read_curves
 
     path = Path(grid_row.path) / "curves.csv"
     curves, _ = read_curves(path)

@@ -19,7 +19,7 @@ import pandas as pd
 
 from . import DpgridError, tasks
 from .files import check_writable, environment, read_json, write_atomic, write_csv
-from .cells import MISSING, NOT_RUN, budget_note, fmt_hp, fmt_value, private_strategies
+from .cells import MISSING, NOT_RUN, budget_note, fmt_hp, fmt_value, private_strategies, to_latex
 from .grid import AXIS_SYMBOL
 from .paper import claims, claims_markdown, comparison, comparison_markdown, paper_results
 from .privacy import NOT_DP_SAMPLING
@@ -214,20 +214,6 @@ def to_markdown(table: pd.DataFrame, title: str, footnotes: list) -> str:
     lines = [f"### {title}", "", "| " + " | ".join(table.columns) + " |", "|" + "---|" * len(table.columns)]
     lines += ["| " + " | ".join(str(v) for v in row) + " |" for row in table.itertuples(index=False)]
     return "\n".join(lines + [""] + [f"- {n}" for n in footnotes]) + "\n"
-
-
-def to_latex(table: pd.DataFrame, title: str, footnotes: list) -> str:
-    """booktabs tabular; the paper's symbols as math."""
-    def tex(s):
-        s = str(s).replace("×10²", r"$\times 10^2$").replace("–", "--").replace("±", r"$\pm$")
-        for greek, cmd in (("ρ", r"$\rho$"), ("γ", r"$\gamma$"), ("ε", r"$\varepsilon$")):
-            s = s.replace(greek, cmd)
-        return s.replace("_", r"\_")
-    lines = [f"% {title}", r"\begin{tabular}{" + "l" * len(table.columns) + "}", r"\toprule",
-             " & ".join(tex(c) for c in table.columns) + r" \\", r"\midrule"]
-    lines += [" & ".join(tex(v) for v in row) + r" \\" for row in table.itertuples(index=False)]
-    lines += [r"\bottomrule", r"\end{tabular}"] + [f"% {tex(n)}" for n in footnotes]
-    return "\n".join(lines) + "\n"
 
 
 # --- the command -----------------------------------------------------------------------------------

@@ -23,9 +23,10 @@ from .files import check_writable, environment, locked, outermost_missing, remov
 from .models import build_model, count_parameters
 from .persample import check_model, make_engine
 from .plugins import arguments
-from .privacy import make_plan
+from .privacy import accounting_for, make_plan
 from .randomness import SecureRandom
-from .results import (append_curves, claim, commit_run, config_hash, finished_runs, summarize, summarize_selection,
+from .curves import append_curves
+from .results import (claim, commit_run, config_hash, finished_runs, summarize, summarize_selection,
                       write_header)
 from .train import train_run
 
@@ -56,10 +57,10 @@ def validate(cfg, n_train: int):
     strategy_cls = strategies.resolve(cfg.strategy)
     strategy_cls.check_config(cfg)
     accountant = str(cfg.privacy.accountant)
-    valid = ("zcdp", "rdp") if hasattr(strategy_cls, "plan_privacy") else ("rdp", "pld", "prv")  # own accounting or not
-    if accountant not in valid:
-        raise DpgridError(f"privacy.accountant={accountant} does not apply to strategy={cfg.strategy.name}; valid: "
-                          f"{', '.join(valid)}")
+    method = accounting_for(strategy_cls, str(cfg.privacy.selection))
+    if strategy_cls.private and accountant not in method.accountants:
+        raise DpgridError(f"privacy.accountant={accountant} does not apply to strategy={cfg.strategy.name} "
+                          f"(accounted by {method.name}); valid: {', '.join(method.accountants)}")
     n_configs = grid.size(cfg.strategy, cfg.grid)
     steps = math.ceil(int(cfg.train.epochs) * n_train / int(cfg.train.batch_size))
     check_size(n_configs, n_configs * int(cfg.train.seeds), steps, cfg.dataset.get("seconds_per_step"),

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 import dpgrid
-from dpgrid import zcdp
+from dpgrid.privacy import noise_schedule as zcdp
 from dpgrid.binary import load_breast_cancer, load_iris, load_kddcup99, load_synthetic
 from dpgrid.strategies import PUR, ConstantNoise, PUROracle
 

@@ -12,6 +12,7 @@ import pytest
 import torch
 
 from dpgrid import DpgridError, selection
+from dpgrid.privacy import random_stopping
 from dpgrid.runner import plan_grid
 
 from . import selection_transcription as paper
@@ -66,14 +67,14 @@ def test_renyi_curves_agree_with_the_transcription_within_one_percent(q, nu, ste
         expected = paper.monotone(paper.theorem_6(orders, base, gamma_or_mu))
     else:
         expected = paper.monotone(paper.theorem_2(orders, base, eta, gamma_or_mu))
-    ours = selection.selection_rdp(orders, selection.candidate_rdp(q, nu, steps, orders), stopping_of(eta, gamma_or_mu))
+    ours = random_stopping.selection_rdp(orders, random_stopping.candidate_rdp(q, nu, steps, orders), stopping_of(eta, gamma_or_mu))
     np.testing.assert_allclose(ours, expected, rtol=0.01)
     assert not np.allclose(ours, base, rtol=0.01)  # the selection does cost something
 
 
 @pytest.mark.parametrize("eta, mean", [(0.0, 7), (1.0, 25), (2.5, 49), (-0.5, 5), (0.3, 1.5)])
 def test_gamma_for_a_mean_inverts_the_mean(eta, mean):
-    gamma = selection.tnb_gamma(eta, mean)
+    gamma = random_stopping.tnb_gamma(eta, mean)
     assert paper.expected_count(eta, gamma) == pytest.approx(mean, rel=1e-9)
 
 
@@ -81,13 +82,13 @@ def test_gamma_for_a_mean_inverts_the_mean(eta, mean):
 def test_renyi_curves_agree_with_dp_accounting(shape, mean):
     from dp_accounting.rdp import rdp_privacy_accountant as accountant
 
-    base = selection.candidate_rdp(0.01, 1.5, 5000)
-    stopping = (selection.parameters("poisson", 0, mean, 1e-5) if shape == "poisson"
-                else selection.parameters("truncated_negative_binomial", shape, mean, 1e-5))
-    theirs = accountant._compute_rdp_repeat_and_select(selection.ORDERS, list(base), mean,
+    base = random_stopping.candidate_rdp(0.01, 1.5, 5000)
+    stopping = (random_stopping.parameters("poisson", 0, mean, 1e-5) if shape == "poisson"
+                else random_stopping.parameters("truncated_negative_binomial", shape, mean, 1e-5))
+    theirs = accountant._compute_rdp_repeat_and_select(random_stopping.ORDERS, list(base), mean,
                                                       math.inf if shape == "poisson" else shape)
     theirs = np.minimum.accumulate(np.asarray(theirs)[::-1])[::-1]  # their Poisson branch skips this step
-    np.testing.assert_allclose(selection.selection_rdp(selection.ORDERS, base, stopping), theirs, rtol=1e-6)
+    np.testing.assert_allclose(random_stopping.selection_rdp(random_stopping.ORDERS, base, stopping), theirs, rtol=1e-6)
 
 
 # --- the stopping distributions -----------------------------------------------------------------------
@@ -96,7 +97,7 @@ def test_renyi_curves_agree_with_dp_accounting(shape, mean):
                                              ("truncated_negative_binomial", -0.5, 4), ("poisson", 0, 7),
                                              ("liu_talwar", 0, 7)])
 def test_the_number_of_candidates_has_the_stated_mean(rule, eta, mean):
-    stopping = selection.parameters(rule, eta, mean, 1e-5)
+    stopping = random_stopping.parameters(rule, eta, mean, 1e-5)
     counts = np.array([selection.draw_count(stopping, u) for u in selection.uniforms(40000, torch.Generator().manual_seed(1))])
     assert counts.min() >= (0 if rule == "poisson" else 1)
     assert counts.mean() == pytest.approx(mean, abs=5 * counts.std() / math.sqrt(len(counts)))
@@ -104,7 +105,7 @@ def test_the_number_of_candidates_has_the_stated_mean(rule, eta, mean):
 
 def test_a_geometric_draw_by_hand():
     """eta = 1, mean 4: gamma = 1/4, P[K = 1] = 1/4, P[K = 2] = 3/16, so u = 0.2 gives 1, u = 0.3 gives 2."""
-    stopping = selection.parameters("truncated_negative_binomial", 1.0, 4, 1e-5)
+    stopping = random_stopping.parameters("truncated_negative_binomial", 1.0, 4, 1e-5)
     assert stopping["gamma"] == pytest.approx(0.25)
     assert [selection.draw_count(stopping, u) for u in (0.2, 0.3, 0.4374, 0.4376)] == [1, 2, 2, 3]
 
@@ -115,10 +116,10 @@ def test_the_plan_calibrates_the_whole_selection_to_the_target():
     cfg = load_cfg("digits", "fixed_threshold", **{"grid.k": 3, "privacy.selection": "random_stopping"})
     plan = plan_grid(cfg, 1437)[1]
     assert plan.stopping["mean"] == 9 and plan.composed_runs == plan.seeds and plan.account_seeds
-    spent = selection.selection_epsilon(plan.sample_rate, plan.noise_multiplier, plan.seeds * plan.steps, 1e-5,
+    spent = random_stopping.selection_epsilon(plan.sample_rate, plan.noise_multiplier, plan.seeds * plan.steps, 1e-5,
                                         plan.stopping)
     assert spent == pytest.approx(plan.epsilon_spent) and 2.99 < spent <= 3
-    less = selection.selection_epsilon(plan.sample_rate, plan.noise_multiplier * 0.99, plan.seeds * plan.steps, 1e-5,
+    less = random_stopping.selection_epsilon(plan.sample_rate, plan.noise_multiplier * 0.99, plan.seeds * plan.steps, 1e-5,
                                        plan.stopping)
     assert less > 3  # the smallest such noise
 

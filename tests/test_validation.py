@@ -200,9 +200,9 @@ def test_checks_hold_under_python_O(tmp_path):
 
 def test_a_plan_that_would_overspend_is_refused(monkeypatch):
     """The guard that the calibrated noise spends at most the target (an assert before, gone under -O)."""
-    import dpgrid.privacy as privacy
+    from dpgrid.privacy import composition
 
-    monkeypatch.setattr(privacy, "calibrate", lambda *a, **k: 0.5)  # far too little noise for K = 7
+    monkeypatch.setattr(composition, "calibrate", lambda *a, **k: 0.5)  # far too little noise for K = 7
     with pytest.raises(DpgridError, match="spends epsilon = .* > the target 3"):
         validate_and_plan(load_cfg("mnist", "online"))
 

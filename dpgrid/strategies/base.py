@@ -18,10 +18,16 @@ class Strategy:
     private = True   # False: no clipping, no noise, no epsilon (the non-private baseline)
     adapts = ()      # which of "clip", "lr" change during a run (reported as final_clip / final_lr)
     uses_momentum = True  # False: its update has its own moments (Adam) or none; train.momentum is not applied
+    accounting = "composition"  # how its grid is accounted: a key of dpgrid.privacy.ACCOUNTING
 
     @classmethod
     def check_config(cls, cfg) -> None:
         """Refuse this strategy's own keys (cfg.strategy.*) when out of range: DpgridError naming the key."""
+
+    @staticmethod
+    def problem(cfg, n_train: int) -> dict:
+        """Public constants of the problem that its accounting needs (a noise schedule's L, M, ...); none here."""
+        return {}
 
     @staticmethod
     def split_noise(noise_multiplier: float, options: dict, batch_size: int) -> dict:

@@ -4,10 +4,9 @@ import math
 
 import torch
 
-from .. import DpgridError, zcdp
+from .. import DpgridError
+from ..privacy import noise_schedule as zcdp
 from .base import Strategy
-
-ORACLE = "full batch; not private (oracle)"  # how plans, rows and tables mark the data-dependent schedule
 
 
 class NoisyGD(Strategy):
@@ -18,7 +17,8 @@ class NoisyGD(Strategy):
     with F the regularised empirical risk: grad F = the mean of the examples' loss gradients + lambda theta.
     Each example's loss gradient is clipped to Z, a no-op when ||z|| <= Z as the loaders ensure, so that the
     sensitivity 2L/N holds whatever the iterates do. Subclasses give the schedule sigma_t (`sigmas`); the
-    plan (`plan_privacy`) fits the schedule into the budget, and a run stops at the last step within it.
+    plan (dpgrid.privacy.noise_schedule) fits the schedule into the budget, and a run stops at the last step
+    within it.
 
     Problem constants (from the dataset config, all public): N, d, lambda (`l2`), Z (`feature_bound`),
     R (`radius`; for lambda > 0 it is sqrt(2 log 2 / lambda), which bounds ||theta_0 - theta*|| since
@@ -28,6 +28,7 @@ class NoisyGD(Strategy):
     label = "NoisyGD"
     uses_momentum = False  # the paper's noisy gradient descent: theta <- theta - eta (grad F + z)
     oracle = False  # True: the schedule reads the data (not private); no epsilon is claimed
+    accounting = "noise_schedule"  # each run's schedule is fitted into the budget (dpgrid.privacy)
 
     @classmethod
     def check_config(cls, cfg) -> None:
@@ -40,6 +41,7 @@ class NoisyGD(Strategy):
 
     @staticmethod
     def problem(cfg, n_train: int) -> dict:
+        """The public problem constants its accounting and its steps use."""
         d, l2, z = int(cfg.dataset.features), float(cfg.dataset.l2), float(cfg.dataset.feature_bound)
         radius = math.sqrt(2 * math.log(2) / l2) if l2 > 0 else float(cfg.dataset.radius)
         return {"n": n_train, "d": d, "l2": l2, "feature_bound": z, "radius": radius,
@@ -49,37 +51,6 @@ class NoisyGD(Strategy):
     def sigmas(cls, hp: dict, problem: dict):
         """sigma_1, sigma_2, ...: the data-independent schedule of configuration `hp`."""
         raise NotImplementedError
-
-    @classmethod
-    def plan_privacy(cls, plan, problem: dict, conversion: str) -> None:
-        """Per configuration: T, the steps of its schedule that fit the budget, and the epsilon they spend under
-        both conversions (the budget is met under `conversion`, privacy.accountant). Each run spends its epsilon
-        on its own (per_run): the best constant of a grid is chosen in hindsight, as in the paper."""
-        budget = zcdp.rho_budget(plan.epsilon, plan.delta, conversion)
-        plan.budget, plan.accountant = "per_run", conversion
-        plan.noise_multiplier = math.nan  # sigma_t varies: each run's schedule is in its config and the problem constants
-        plan.per_query = {**problem, "rho_budget": budget, "eta": 1 / (2 * problem["smoothness"])}
-        total = 0.0
-        for c in plan.configurations:
-            steps, rho = plan.steps, math.nan  # the oracle stops where its own sigma_t exhaust the budget
-            if not cls.oracle:
-                hp = {k: v for k, v in c.items() if k != "config_id"}
-                steps, rho = zcdp.steps_within(cls.sigmas(hp, problem), problem["lipschitz"], problem["n"], budget,
-                                               plan.steps)
-                total += rho
-            spent = {name: zcdp.epsilon(rho, plan.delta, name) for name in zcdp.CONVERSIONS}
-            if not cls.oracle and not spent[conversion] <= plan.epsilon:  # explicit, also under python -O
-                raise DpgridError(f"configuration {c['config_id']} would spend epsilon = {spent[conversion]:.6g} "
-                                  f"> {plan.epsilon:g}; refusing to run (please report this)")
-            plan.schedule[c["config_id"]] = {"steps": steps, **{f"epsilon_{k}": v for k, v in spent.items()}}
-        if cls.oracle:
-            plan.epsilon_spent = plan.epsilon_grid = plan.epsilon_per_run = None
-            plan.sampling = ORACLE
-        else:
-            plan.epsilon_spent = plan.epsilon_per_run = max(v[f"epsilon_{conversion}"] for v in plan.schedule.values())
-            plan.epsilon_grid = zcdp.epsilon(total, plan.delta, conversion)
-            plan.epsilon_with_seeds = zcdp.epsilon(total * plan.seeds, plan.delta, conversion)  # rho adds over seeds
-            plan.sampling = "full batch"
 
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)

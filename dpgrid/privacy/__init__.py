@@ -1,0 +1,148 @@
+"""A grid's privacy: its plan (how much noise, what it spends) and the accounting methods behind it.
+
+An accounting method is one module here with one class in ACCOUNTING: it is told the plan's public
+figures (N, B, q, T, K, seeds, the target (epsilon, delta), privacy.accountant) and fills in the noise
+and what it spends. A strategy declares the method it needs (`Strategy.accounting`); a composition grid
+becomes a random-stopping selection with privacy.selection=random_stopping.
+
+- composition (composition.py): the K runs compose (privacy.accountant: rdp, pld or prv, accountants.py);
+- random_stopping (random_stopping.py): only the best of a random number of candidates is released;
+- noise_schedule (noise_schedule.py): each run's sigma_t schedule is fitted into a zCDP budget.
+"""
+
+import math
+from dataclasses import asdict, dataclass, field
+
+from .. import DpgridError
+from .accountants import ACCOUNTANTS, calibrate, epsilon_of, pld_epsilon, prv_epsilon, rdp_epsilon, smallest_noise
+from .composition import Composition
+from .noise_schedule import NoiseSchedule
+from .random_stopping import RandomStopping, liu_talwar_parameters
+
+__all__ = ["Plan", "make_plan", "ACCOUNTING", "accounting_for", "alternatives", "NOT_DP_SAMPLING", "ACCOUNTANTS",
+           "calibrate", "epsilon_of", "pld_epsilon", "prv_epsilon", "rdp_epsilon", "smallest_noise", "liu_talwar_parameters"]
+
+ACCOUNTING = {method.name: method for method in (Composition, RandomStopping, NoiseSchedule)}
+NOT_DP_SAMPLING = "shuffle (not DP)"  # how plans, rows and tables mark runs no epsilon covers
+
+
+def accounting_for(strategy_cls, selection: str = "composition"):
+    """The accounting method of a strategy's grid: the one it declares, or random stopping in place of
+    composition. DpgridError when the two cannot go together."""
+    declared = ACCOUNTING.get(strategy_cls.accounting)
+    if declared is None:
+        raise DpgridError(f"{strategy_cls.__name__}.accounting = {strategy_cls.accounting!r} is no accounting "
+                          f"method; valid: {', '.join(ACCOUNTING)}")
+    if selection == "random_stopping":
+        if declared is not Composition:
+            raise DpgridError(f"privacy.selection=random_stopping selects among grids accounted by composition; this "
+                              f"strategy's grid is accounted by {declared.name}")
+        return RandomStopping
+    return declared
+
+
+def all_accountants() -> tuple:
+    """Every privacy.accountant value some accounting method takes."""
+    return tuple(dict.fromkeys(a for method in ACCOUNTING.values() for a in method.accountants))
+
+
+@dataclass
+class Plan:
+    dataset: str
+    strategy: str
+    k: int
+    n_configs: int
+    n_train: int
+    batch_size: int
+    epochs: int
+    steps: int                # T, per run
+    sample_rate: float        # q = B / N
+    epsilon: float            # the grid's target
+    delta: float
+    seeds: int
+    account_seeds: bool
+    composed_runs: int        # K, or K * seeds when seeds are accounted
+    noise_multiplier: float   # nu of one step's (joint) Gaussian mechanism; 0 for nodp
+    budget: str = "per_grid"  # per_grid: epsilon covers the K runs; per_run: each run on its own
+    sampling: str = "poisson"  # or NOT_DP_SAMPLING: fixed-size batches, no epsilon claimed
+    accountant: str = "rdp"
+    per_query: dict = field(default_factory=dict)  # the strategy's split of nu (online, fixed_quantile)
+    epsilon_spent: float = None  # what the budget covers, recomputed with the final nu (<= epsilon); None for nodp
+    epsilon_grid: float = None   # the whole grid's true cost with this nu (= epsilon_spent when per_grid)
+    epsilon_per_run: float = None  # one configuration's cost (its seeds too when they are accounted)
+    epsilon_with_seeds: float = None  # what tables publish (means over seeds): K x seeds runs with this nu
+    liu_talwar: dict = field(default_factory=dict)  # the cost of Liu-Talwar selection, for comparison
+    selection: str = "composition"  # or random_stopping: only the best candidate is released (dpgrid.selection)
+    stopping: dict = field(default_factory=dict)    # random stopping's rule and parameters
+    schedule: dict = field(default_factory=dict)    # noise schedules: per configuration, its steps and epsilons
+    model_parameters: int = 0
+    label: str = ""           # the strategy's name in tables and figures
+    private: bool = True      # False for a non-private baseline
+    adapts: list = field(default_factory=list)  # quantities the strategy adapts (final_* columns)
+    axes: list = field(default_factory=list)    # the grid's axes, e.g. ["lr", "clip"]
+    dataset_epsilons: list = field(default_factory=list)  # the dataset's privacy levels (table rows)
+    configurations: list = field(default_factory=list)
+
+    def to_dict(self) -> dict:
+        d = asdict(self)
+        d.update(d.pop("per_query"))
+        return d
+
+
+def make_plan(cfg, n_train: int, strategy_cls, configs: list, model_parameters: int) -> Plan:
+    """The grid's plan: its public figures, then the noise and what it spends from its accounting method."""
+    from ..plugins import arguments
+
+    p, t = cfg.privacy, cfg.train
+    batch_size, epochs = int(t.batch_size), int(t.epochs)
+    steps = math.ceil(epochs * n_train / batch_size)
+    per_config = int(t.seeds) if p.account_seeds else 1  # runs of one configuration that are accounted
+    plan = Plan(dataset=cfg.dataset.name, strategy=cfg.strategy.name, k=int(cfg.grid.k), n_configs=len(configs),
+                label=str(cfg.strategy.get("label") or strategy_cls.label or cfg.strategy.name),
+                private=bool(strategy_cls.private), adapts=list(strategy_cls.adapts), axes=list(cfg.strategy.grid),
+                dataset_epsilons=[float(e) for e in cfg.dataset.get("epsilons", [p.epsilon])],
+                n_train=n_train, batch_size=batch_size, epochs=epochs, steps=steps, sample_rate=batch_size / n_train,
+                epsilon=float(p.epsilon), delta=float(p.delta), seeds=int(t.seeds),
+                account_seeds=bool(p.account_seeds), composed_runs=len(configs) * per_config, noise_multiplier=0.0,
+                budget=str(p.get("budget", "per_grid")), accountant=str(p.get("accountant", "rdp")),
+                sampling=str(t.get("sampling", "poisson")), model_parameters=model_parameters, configurations=configs)
+    if strategy_cls.private:
+        method = accounting_for(strategy_cls, str(p.get("selection", "composition")))
+        privacy = {key: p.get(key) for key in p}
+        method().plan(plan, strategy_cls, arguments(cfg.strategy), privacy, strategy_cls.problem(cfg, n_train))
+        if plan.epsilon_spent is not None:
+            check_spent(plan)
+    if plan.sampling == "shuffle":  # the noise is the Poisson plan's, but no analysis covers shuffled batches
+        plan.epsilon_spent = plan.epsilon_grid = plan.epsilon_per_run = plan.epsilon_with_seeds = None
+        plan.liu_talwar = {}
+        plan.sampling = NOT_DP_SAMPLING
+    return plan
+
+
+def check_spent(plan: Plan) -> None:
+    if not plan.epsilon_spent <= plan.epsilon:  # explicit: must hold under python -O too
+        raise DpgridError(f"the calibrated noise spends epsilon = {plan.epsilon_spent:.6g} > the target "
+                          f"{plan.epsilon:g}; refusing to run (please report this)")
+
+
+def alternatives(plan, eta: float, mean: float) -> dict:
+    """nu for this plan's (epsilon, delta) under composition and under each stopping rule, side by side
+    (None where unreachable): `dpgrid plan` prints them."""
+    from .random_stopping import RULES, parameters, selection_epsilon
+
+    q, steps, seeds, k = plan.sample_rate, plan.steps, plan.seeds, plan.n_configs
+    found = {}
+    for name, runs in ((f"composition, {k} runs (seeds not accounted)", k),
+                       (f"composition, {k * seeds} runs (seeds accounted)", k * seeds)):
+        try:
+            found[name] = calibrate(plan.epsilon, q, runs * steps, plan.delta)  # the plan's own precision
+        except DpgridError:
+            found[name] = None
+    for rule in RULES:
+        stopping = parameters(rule, eta, mean, plan.delta)
+        spent = lambda nu: selection_epsilon(q, nu, seeds * steps, plan.delta, stopping)  # noqa: E731
+        try:
+            found[f"{rule}, mean {mean:g} candidates of {seeds} runs"] = smallest_noise(spent, plan.epsilon, 1e-4, "")
+        except DpgridError:
+            found[f"{rule}, mean {mean:g} candidates of {seeds} runs"] = None
+    return found

@@ -1,0 +1,45 @@
+"""Composition (docs/protocol.md section 3): every configuration of the grid is trained, and its K runs of
+T Poisson-subsampled Gaussian steps (K x seeds with privacy.account_seeds) compose. nu is the smallest
+multiplier whose epsilon at delta is at most the target, under privacy.accountant.
+
+privacy.budget=per_grid (the default, honest: the K runs share epsilon) or per_run (each configuration gets
+epsilon on its own, as most papers report; the grid's true cost is recorded beside it). The cost of the
+Liu-Talwar random-stopping selection (Mohapatra et al. 2022, Theorem 1) is recorded for comparison.
+"""
+
+import math
+
+from .accountants import ACCOUNTANTS, calibrate, epsilon_of, rdp_epsilon
+from .random_stopping import liu_talwar_parameters
+
+
+class Composition:
+    name = "composition"
+    accountants = tuple(ACCOUNTANTS)
+
+    def plan(self, plan, strategy_cls, options: dict, privacy: dict, problem: dict) -> None:
+        q, steps, accountant = plan.sample_rate, plan.steps, plan.accountant
+        per_config = plan.seeds if plan.account_seeds else 1  # runs of one configuration that are accounted
+        budget_runs = plan.composed_runs if plan.budget == "per_grid" else per_config
+        nu = calibrate(plan.epsilon, q, budget_runs * steps, plan.delta, accountant=accountant)
+        plan.noise_multiplier = nu
+        plan.per_query = strategy_cls.split_noise(nu, options, plan.batch_size)
+        plan.epsilon_spent = epsilon_of(accountant, q, nu, budget_runs * steps, plan.delta)
+        plan.epsilon_grid = (plan.epsilon_spent if plan.budget == "per_grid"
+                             else epsilon_of(accountant, q, nu, plan.composed_runs * steps, plan.delta))
+        plan.epsilon_per_run = (plan.epsilon_spent if plan.budget == "per_run"
+                                else epsilon_of(accountant, q, nu, per_config * steps, plan.delta))
+        plan.liu_talwar = liu_talwar_cost(plan.epsilon, plan.delta, plan.n_configs, q, per_config * steps, nu)
+        plan.epsilon_with_seeds = (plan.epsilon_grid if plan.account_seeds or plan.seeds == 1 else
+                                   epsilon_of(accountant, q, nu, plan.n_configs * plan.seeds * steps, plan.delta))
+
+
+def liu_talwar_cost(epsilon: float, delta: float, n_candidates: int, sample_rate: float, run_steps: int,
+                    noise_multiplier: float) -> dict:
+    """Both directions of the comparison: the nu LT needs for this (epsilon, delta), and the epsilon
+    LT would spend with the composition's nu (RDP for the candidate, as Mohapatra et al.)."""
+    eps1, delta1, upsilon = liu_talwar_parameters(epsilon, delta, n_candidates)
+    nu = (calibrate(eps1, sample_rate, run_steps, delta1, rtol=1e-3) if eps1 > 0 else None)
+    eps_candidate = rdp_epsilon(sample_rate, noise_multiplier, run_steps, delta1)
+    return {"noise_multiplier": nu, "candidate_epsilon": eps1, "candidate_delta": delta1, "max_iterations": upsilon,
+            "epsilon_with_composition_nu": 3 * eps_candidate + 3 * math.sqrt(2 * delta1)}

@@ -1,0 +1,132 @@
+"""Private selection by random stopping, instead of composing the grid's runs (`privacy.selection=random_stopping`):
+its accounting. Drawing the candidates and keeping the draw is dpgrid.selection's.
+
+A candidate is one configuration drawn uniformly from the grid (with replacement) and trained
+`train.seeds` times; its score is the mean of its runs, and the mechanism the accountant sees is those
+runs composed (seeds x T subsampled Gaussian steps). The number of candidates K is drawn once, before any
+training, and only the best candidate and its score are released (selection.json):
+
+- truncated_negative_binomial (Papernot & Steinke 2022, Definition 1 and Theorem 2), shape eta > -1:
+      P[K = k] = (1 - gamma)^k / (gamma^-eta - 1) * prod_{l<k} (l + eta) / (l + 1),  k >= 1
+  (eta = 0: the logarithmic distribution P[K = k] = (1 - gamma)^k / (k log 1/gamma); eta = 1: geometric).
+  If one candidate is (lambda, eps(lambda))-RDP at every order, the selection is (lambda, eps')-RDP with
+      eps' = eps(lambda) + (1 + eta) min_lh [(1 - 1/lh) eps(lh) + log(1/gamma) / lh] + log(E[K]) / (lambda - 1).
+- poisson (their Theorem 6): K ~ Poisson(mu) (K = 0 releases nothing); with eps_hat = log(1 + 1/(lambda - 1))
+  and delta_hat the candidate's delta at eps_hat,   eps' = eps(lambda) + mu delta_hat + log(mu) / (lambda - 1).
+- liu_talwar (Liu & Talwar 2019, Theorem 3.4): stop with probability gamma = 1/mean after each candidate,
+  at most Upsilon = log(1/delta_2) / gamma candidates; (eps_1, delta_1) per candidate below.
+
+The RDP curves are converted to (epsilon, delta) as every dpgrid plan is (Opacus's conversion).
+"""
+
+import math
+
+import numpy as np
+
+from .accountants import rdp_epsilon, smallest_noise
+
+RULES = ("truncated_negative_binomial", "poisson", "liu_talwar")
+# orders lambda (and lambda-hat): fine near 1, where the log(E[K]) / (lambda - 1) term is steep
+ORDERS = [1 + x / 20 for x in range(1, 80)] + [5 + x / 2 for x in range(0, 30)] + list(range(20, 64)) + \
+         [64, 80, 96, 128, 192, 256, 384, 512, 1024]
+
+
+def tnb_mean(eta: float, gamma: float) -> float:
+    """E[K] of the truncated negative binomial (Papernot & Steinke, after Definition 1)."""
+    if gamma >= 1:
+        return 1.0
+    if eta == 0:
+        return (1 / gamma - 1) / math.log(1 / gamma)
+    return eta * (1 - gamma) / (gamma * (1 - gamma ** eta))
+
+
+def tnb_gamma(eta: float, mean: float) -> float:
+    """gamma such that E[K] = mean (E[K] falls as gamma grows), to relative precision 1e-12."""
+    low, high = 1e-300, 1.0
+    for _ in range(2000):
+        mid = math.sqrt(low * high) if high / low > 2 else (low + high) / 2
+        low, high = (mid, high) if tnb_mean(eta, mid) > mean else (low, mid)
+        if high - low <= 1e-12 * high:
+            break
+    return high
+
+
+def liu_talwar_parameters(epsilon_f: float, delta_f: float, n_candidates: int, delta_2: float = 1e-20):
+    """Per-candidate (epsilon_1, delta_1) so that LT selection is (epsilon_f, delta_f)-DP.
+
+    Liu & Talwar 2019, Theorem 3.4 (Mohapatra et al. 2022, Theorem 1): with stopping probability
+    gamma = 1/K and Upsilon = log(1/delta_2) / gamma, LT is (3 e1 + 3 sqrt(2 d1), sqrt(2 d1) Upsilon + d2)-DP.
+    Returns (epsilon_1, delta_1, Upsilon); epsilon_1 <= 0 means the target is out of LT's reach."""
+    gamma = 1.0 / n_candidates
+    upsilon = math.log(1 / delta_2) / gamma
+    root = (delta_f - delta_2) / upsilon  # sqrt(2 delta_1)
+    return (epsilon_f - 3 * root) / 3, root ** 2 / 2, upsilon
+
+
+def parameters(rule: str, eta: float, mean: float, delta: float) -> dict:
+    """The stopping rule's parameters as plan.json records them."""
+    if rule == "truncated_negative_binomial":
+        return {"rule": rule, "eta": eta, "mean": mean, "gamma": tnb_gamma(eta, mean)}
+    if rule == "poisson":
+        return {"rule": rule, "mean": mean, "mu": mean}
+    eps1, delta1, upsilon = liu_talwar_parameters(1.0, delta, mean)
+    return {"rule": rule, "mean": mean, "gamma": 1 / mean, "max_candidates": math.ceil(upsilon), "delta_2": 1e-20,
+            "candidate_delta": delta1}
+
+
+def candidate_rdp(sample_rate: float, noise_multiplier: float, steps: int, orders=ORDERS) -> np.ndarray:
+    from opacus.accountants.analysis.rdp import compute_rdp
+
+    return np.asarray(compute_rdp(q=sample_rate, noise_multiplier=noise_multiplier, steps=steps, orders=orders))
+
+
+def rdp_delta(orders, rdp, epsilon: float) -> float:
+    """delta of an (orders, rdp) curve at epsilon (Canonne, Kamath & Steinke 2020, Proposition 12):
+    delta = min_lambda exp((lambda - 1)(rdp - epsilon)) / lambda * (1 - 1/lambda)^(lambda - 1)."""
+    bounds = [(a - 1) * (r - epsilon + math.log1p(-1 / a)) - math.log(a) for a, r in zip(orders, rdp) if a > 1]
+    return math.exp(min(0.0, min(bounds)))  # every mechanism is (epsilon, 1)-DP
+
+
+def selection_rdp(orders, rdp, stopping: dict) -> np.ndarray:
+    """The selection's RDP curve from one candidate's (Theorem 2 or Theorem 6 above), at the same orders."""
+    orders, rdp = np.asarray(orders, dtype=float), np.asarray(rdp, dtype=float)
+    mean = stopping["mean"]
+    if stopping["rule"] == "poisson":
+        out = np.array([r + mean * rdp_delta(orders, rdp, math.log1p(1 / (a - 1))) + math.log(mean) / (a - 1)
+                        for a, r in zip(orders, rdp)])
+    else:
+        eta, gamma = stopping["eta"], stopping["gamma"]
+        c = (1 + eta) * np.min((1 - 1 / orders) * rdp + math.log(1 / gamma) / orders)
+        out = rdp + c + math.log(mean) / (orders - 1)
+    # RDP grows with the order: a bound at a higher order holds at every lower one
+    return np.minimum.accumulate(out[::-1])[::-1]
+
+
+def selection_epsilon(sample_rate: float, noise_multiplier: float, steps: int, delta: float, stopping: dict) -> float:
+    """epsilon at delta of the whole selection; `steps` = one candidate's steps (seeds x T)."""
+    from opacus.accountants.analysis.rdp import get_privacy_spent
+
+    candidate = candidate_rdp(sample_rate, noise_multiplier, steps)
+    if stopping["rule"] == "liu_talwar":  # Theorem 3.4: eps_f = 3 eps_1 + 3 sqrt(2 delta_1)
+        delta1 = stopping["candidate_delta"]
+        return 3 * float(get_privacy_spent(orders=ORDERS, rdp=candidate, delta=delta1)[0]) + 3 * math.sqrt(2 * delta1)
+    return float(get_privacy_spent(orders=ORDERS, rdp=selection_rdp(ORDERS, candidate, stopping), delta=delta)[0])
+
+
+class RandomStopping:
+    """nu at which the whole random-stopping selection spends (epsilon, delta): the candidate's RDP curve (its
+    seeds x T subsampled Gaussian steps, Opacus), the stopping rule's theorem on top, then RDP -> (epsilon, delta)."""
+    name = "random_stopping"
+    accountants = ("rdp",)
+
+    def plan(self, plan, strategy_cls, options: dict, privacy: dict, problem: dict) -> None:
+        mean = float(privacy["stopping_mean"]) if privacy.get("stopping_mean") is not None else float(plan.n_configs)
+        plan.selection, plan.account_seeds, plan.composed_runs = "random_stopping", True, plan.seeds
+        plan.stopping = parameters(str(privacy["stopping"]), float(privacy["stopping_eta"]), mean, plan.delta)
+        steps = plan.seeds * plan.steps  # one candidate: its seeds' runs composed
+        spent = lambda nu: selection_epsilon(plan.sample_rate, nu, steps, plan.delta, plan.stopping)  # noqa: E731
+        plan.noise_multiplier = smallest_noise(spent, plan.epsilon, 1e-4, f"by {plan.stopping['rule']} selection "
+                                               f"among {mean:g} candidates (expected) of {steps} steps each")
+        plan.per_query = strategy_cls.split_noise(plan.noise_multiplier, options, plan.batch_size)
+        plan.epsilon_spent = plan.epsilon_grid = plan.epsilon_with_seeds = spent(plan.noise_multiplier)  # seeds accounted
+        plan.epsilon_per_run = rdp_epsilon(plan.sample_rate, plan.noise_multiplier, steps, plan.delta)

@@ -68,12 +68,16 @@ def keep_absl_off_captured_streams():
         sys.modules["absl.logging"].get_absl_handler().python_handler.stream = sys.__stderr__
 
 
+STARTED = []  # the paused processes of the running test: tests/conftest.py ends any it leaves behind
+
+
 def start_paused(args, after: int, folder: Path):
     """A real `dpgrid *args` process, returned once it has committed `after` runs (0: once it holds its run
     directory) and waits there (tests/paused.py); touch the returned GO file to let it go on."""
     ready, go = folder / "paused.ready", folder / "paused.go"
     proc = subprocess.Popen([sys.executable, str(Path(__file__).with_name("paused.py")), str(ready), str(go), str(after),
                              "dpgrid", *map(str, args)], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    STARTED.append(proc)
     deadline = time.monotonic() + 900  # only a hung process meets this, however loaded the machine
     while not ready.exists():
         if proc.poll() is not None:

@@ -21,6 +21,19 @@ def strategy_class(name):
     return resolve(OmegaConf.load(ROOT / "conf" / "strategy" / f"{name}.yaml"))
 
 
+@pytest.fixture(autouse=True)
+def no_paused_process_outlives_its_test():
+    """A test that fails while a paused dpgrid waits would leave it waiting for good: end it."""
+    from .command import STARTED
+
+    yield
+    while STARTED:
+        proc = STARTED.pop()
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+
+
 @pytest.fixture
 def shared_data():
     if not (SHARED_DATA / "MNIST" / "raw").is_dir():

@@ -65,7 +65,8 @@ def grid_row(folder: Path) -> dict:
                      repair="fix or delete that line, then run the grid's command again")
     if not len(runs):
         raise DpgridError(f"{folder / 'runs.csv'} holds no finished run yet")
-    for key in ("dataset", "strategy", "k", "epsilon", "config_hash"):  # the grid's identity: rows and plan agree
+    identity = ("dataset", "strategy", "k", "config_hash") + (("epsilon",) if plan.get("private", True) else ())
+    for key in identity:  # rows and plan agree (a non-private grid's runs do not depend on epsilon)
         found = set(runs[key].dropna()) if key in runs else set()
         if found and (len(found) > 1 or not same(found.pop(), plan.get(key))):
             raise DpgridError(f"plan.json says {key} = {plan.get(key)} but runs.csv says "

@@ -138,3 +138,5 @@ def test_the_non_private_baseline_does_not_depend_on_epsilon(tmp_path):
     folders = [p.parent for p in tmp_path.rglob("runs.csv")]
     assert [f.relative_to(tmp_path).as_posix() for f in folders] == ["digits/nodp/nonprivate/k2"]
     assert len([line for line in r.stderr.splitlines() if ": run " in line]) == 2  # 2 runs, trained once
+    tables = dpgrid("tables", tmp_path)  # plan.json says the last epsilon, the rows the first: one grid all the same
+    assert tables.returncode == 0 and "skipped" not in tables.stderr, tables.stderr

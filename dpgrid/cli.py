@@ -163,7 +163,7 @@ def print_alternatives(cfg, plan) -> None:
 
     mean = cfg.privacy.get("stopping_mean")
     found = alternatives(plan, float(cfg.privacy.stopping_eta), float(mean) if mean is not None else plan.n_configs)
-    print(f"  nu for the same (eps, delta):")
+    print("  nu for the same (eps, delta):")
     for name, nu in found.items():
         print(f"    {name:<62} {f'{nu:.4f}' if nu else 'unreachable'}")
 
@@ -260,9 +260,28 @@ def tables_command(args: list) -> None:
 
 
 def main(argv=None) -> None:
-    argv = sys.argv[1:] if argv is None else list(argv)
-    warnings.filterwarnings("ignore", module="opacus")  # opacus warns about secure RNG at import time
-    warnings.formatwarning = lambda message, *args, **kwargs: f"dpgrid: warning: {message}\n"
+    """The command line. It leaves the process as it found it (warning filters and format, the SIGTERM
+    handler, sys.argv, the log handlers a Hydra job adds), so that it can be called again from Python or a test."""
+    import logging
+
+    root = logging.getLogger()
+    saved = warnings.formatwarning, signal.getsignal(signal.SIGTERM), sys.argv[:], root.handlers[:], root.level
+    try:
+        with warnings.catch_warnings():
+            warnings.filterwarnings("ignore", module="opacus")  # opacus warns about secure RNG at import time
+            warnings.formatwarning = lambda message, *args, **kwargs: f"dpgrid: warning: {message}\n"
+            signal.signal(signal.SIGTERM, on_sigterm)
+            dispatch(sys.argv[1:] if argv is None else list(argv))
+    finally:
+        warnings.formatwarning = saved[0]
+        signal.signal(signal.SIGTERM, saved[1])
+        sys.argv[:] = saved[2]
+        for handler in [h for h in root.handlers if h not in saved[3]]:  # cli.log's: Hydra's job replaced them
+            handler.close()
+        root.handlers[:], root.level = saved[3], saved[4]
+
+
+def dispatch(argv: list) -> None:
     if not argv or argv[0] in ("-h", "--help", "help"):
         print(usage())
         return
@@ -270,7 +289,6 @@ def main(argv=None) -> None:
         print(f"{usage()}\n\nsettings (key = default: meaning), each a Hydra override key=value:\n{settings()}")
         return
     command, args = argv[0], argv[1:]
-    signal.signal(signal.SIGTERM, on_sigterm)
     commands = {"run": run_command, "plan": plan_command, "tables": tables_command}
     if command not in commands:
         fail(f"unknown command {command!r}; valid: {', '.join(commands)}")

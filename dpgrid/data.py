@@ -89,6 +89,7 @@ def fingerprint(files: dict) -> dict:
         cache = {}
     result, changed = {}, False
     for name, path in sorted(files.items()):
+        path = Path(path)  # any path-like a loader returns
         stat = path.stat()
         key = f"{path.resolve()}|{stat.st_size}|{stat.st_mtime_ns}"
         if key not in cache:

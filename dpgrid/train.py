@@ -79,7 +79,7 @@ def train_run(model, engine, strategy, data, steps: int, sample_rate: float, eva
             idx = idx.pin_memory().to(device, non_blocking=True)
         grads = engine(data.x_train[idx], data.y_train[idx])
         strategy.step(grads)
-        if getattr(strategy, "finished", False):
+        if strategy.finished:
             break
         result.steps = step
         if step % eval_every and step != steps:
@@ -100,7 +100,7 @@ def validate(model, strategy, data, step: int, result: RunResult) -> bool:
     finite = all(bool(torch.isfinite(p).all()) for p in strategy.params)
     value, test_loss = evaluate(model, data.x_test, data.y_test, data.task) if finite else (math.nan, math.nan)
     clip, lr = float(strategy.clip), float(strategy.lr)
-    extra = strategy.curve_values() if hasattr(strategy, "curve_values") else {}
+    extra = strategy.curve_values()
     result.curve.append(dict(step=step, value=value, clip=clip, lr=lr, test_loss=test_loss, **extra))
     result.eval_seconds += time.perf_counter() - eval_start
     if not math.isfinite(value) or math.isinf(clip) or not math.isfinite(lr):  # nodp's clip is nan

@@ -5,9 +5,7 @@ is tested with real processes."""
 
 import contextlib
 import io
-import logging
 import os
-import signal
 import subprocess
 import sys
 import time
@@ -32,7 +30,7 @@ def dpgrid(*args, cwd=None, path=()) -> Completed:
     checks._warned.clear()  # what a fresh process would not remember
     runner._planned.clear()
     out, err, code = io.StringIO(), io.StringIO(), 0
-    saved = os.getcwd(), sys.argv[:], sys.path[:], signal.getsignal(signal.SIGTERM), warnings.formatwarning
+    saved = os.getcwd(), sys.path[:]
     try:
         os.chdir(cwd or saved[0])
         sys.path[:0] = [str(p) for p in path]
@@ -46,13 +44,7 @@ def dpgrid(*args, cwd=None, path=()) -> Completed:
     finally:
         keep_absl_off_captured_streams()
         os.chdir(saved[0])
-        sys.argv[:], sys.path[:] = saved[1], saved[2]
-        signal.signal(signal.SIGTERM, saved[3])
-        warnings.formatwarning = saved[4]
-        for handler in logging.getLogger().handlers[:]:  # Hydra's cli.log handler of this run
-            if isinstance(handler, logging.FileHandler):
-                logging.getLogger().removeHandler(handler)
-                handler.close()
+        sys.path[:] = saved[1]
     return Completed(code, out.getvalue(), err.getvalue())
 
 

@@ -74,3 +74,28 @@ def test_a_users_own_protocol_joins_from_the_search_path(tmp_path):
     assert (cfg.protocol, cfg.train.momentum) == ("nesterov_free", 0.5)
     with pytest.raises(DpgridError, match=r"available: literal, nesterov_free, paper"):
         dpgrid.compose(["protocol=nope", search])
+
+
+def test_the_command_line_leaves_the_process_as_it_found_it(tmp_path, capsys):
+    """main() may be called again from Python: warning filters and format, the SIGTERM handler, sys.argv and
+    the root logger's handlers are as before, after a refusal and after a grid."""
+    import logging
+    import signal
+    import sys
+    import warnings
+
+    from dpgrid.cli import main
+
+    def state():
+        return (warnings.formatwarning, list(warnings.filters), signal.getsignal(signal.SIGTERM), sys.argv[:],
+                logging.getLogger().handlers[:])
+
+    before = state()
+    for args in (["run", "grid.k=abc"], ["run", "grid.k=2", "train.seeds=1", "train.epochs=1",
+                                         f"hydra.run.dir={tmp_path / 'grid'}"]):
+        try:
+            main(args)
+        except SystemExit:
+            pass
+        assert state() == before
+    assert (tmp_path / "grid" / "cli.log").exists()

@@ -19,6 +19,7 @@ class Strategy:
     adapts = ()      # which of "clip", "lr" change during a run (reported as final_clip / final_lr)
     uses_momentum = True  # False: its update has its own moments (Adam) or none; train.momentum is not applied
     accounting = "composition"  # how its grid is accounted: a key of dpgrid.privacy.ACCOUNTING
+    finished = False  # set True in `step` to end the run before that step (e.g. its budget is spent)
 
     @classmethod
     def check_config(cls, cfg) -> None:
@@ -77,6 +78,10 @@ class Strategy:
 
     def step(self, grads) -> None:
         raise NotImplementedError
+
+    def curve_values(self) -> dict:
+        """Extra columns recorded with every validation in curves.csv (e.g. {"grad_norm": ...}); none here."""
+        return {}
 
 
 def flat_like(tensors: list):

@@ -159,7 +159,10 @@ def readable(message: str, overrides: list) -> str:
             options.append(line)
         close = difflib.get_close_matches(name, options, n=1)
         hint = f" (did you mean {group}={close[0]}?)" if close else ""
-        return f"no {group} named {name!r}{hint}; available: {', '.join(options) or 'none'}"
+        plugin = ("" if close or not name.isidentifier() else
+                  f"; a plugin's {group} joins with hydra.searchpath=[pkg://its_package.conf] (its YAML files "
+                  "installed as package data) or [file:///abs/path/to/its/conf]")
+        return f"no {group} named {name!r}{hint}; available: {', '.join(options) or 'none'}{plugin}"
     bad_key = re.search(r"Could not override '([\w.]+)'", first) or re.search(r"Key '(\w+)' is not in struct", message)
     if bad_key:
         key = bad_key.group(1)

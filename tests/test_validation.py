@@ -153,6 +153,7 @@ def test_each_value_is_refused_with_one_line_or_accepted(key, value):
                          "train.epochs?"),
     (["+grid.kk=3"], "no setting 'grid.kk' (+ adds keys only to a dataset, strategy or model); did you mean grid.k?"),
     (["+foo=bar"], "no setting 'foo' (+ adds keys only"),
+    (["strategy=automatic"], "a plugin's strategy joins with hydra.searchpath=[pkg://its_package.conf]"),
     (["privacy.secure_rng=maybe"], "privacy.secure_rng must be true or false, got 'maybe'"),
     (["strategy.grad_noise_ratio=1"], "strategy.grad_noise_ratio must be a finite number > 1"),
     (["train.momentum=1.5"], "train.momentum must be in [0, 1)"),

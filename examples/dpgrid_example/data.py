@@ -5,10 +5,13 @@ data is computed. A fixed stratified 80/20 split."""
 import numpy as np
 import torch
 
+from dpgrid import DpgridError
 from dpgrid.data import Data
 
 
 def load_breast_cancer(root=None, test_fraction: float = 0.2, split_seed: int = 0) -> Data:
+    if not 0 < float(test_fraction) < 1:  # a plugin refuses bad input in one line: dpgrid prints it, exit 2
+        raise DpgridError(f"dataset.load.test_fraction must be in (0, 1), got {test_fraction}")
     from sklearn.datasets import load_breast_cancer as sk_load
     from sklearn.model_selection import train_test_split
 

@@ -78,7 +78,8 @@ def launch(cfg, task):
         callbacks = Callbacks(cfg)
         callbacks.on_run_start(config=cfg, config_name="config")
         context = HydraContext(config_loader=GlobalHydra.instance().config_loader(), callbacks=callbacks)
-        job = run_job(task, cfg, job_dir_key="hydra.run.dir", job_subdir_key=None, hydra_context=context)
+        job = run_job(task, cfg, job_dir_key="hydra.run.dir", job_subdir_key=None, hydra_context=context,
+                      configure_logging=False)  # the task logs into cli.log itself; the process's logging is left alone
         callbacks.on_run_end(config=cfg, config_name="config", job_return=job)
     return job.return_value  # raises what the task raised
 

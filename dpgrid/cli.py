@@ -199,23 +199,26 @@ def run_command(args: list) -> None:
     cfg = compose_checked(args, with_hydra=True)  # bad names, syntax and values refused here
     from .runner import check_run
 
-    check_run(cfg, cfg.hydra.run.dir)
+    planned = check_run(cfg, cfg.hydra.run.dir)
     out = Path(cfg.hydra.run.dir).absolute()
-    launch(cfg, grid_job({out: outermost_missing(out)}))
+    launch(cfg, grid_job({out: outermost_missing(out)}, planned))
 
 
-def grid_job(created: dict):
+def grid_job(created: dict, planned=None):
     """Hydra's task: train the grid into the job's output directory and say where the results are.
-    `created`: per run directory, the outermost folder this command creates for it (None: none)."""
+    `created`: per run directory, the outermost folder this command creates for it (None: none);
+    `planned`: the grid this command planned and checked already (one run; a sweep's jobs plan their own)."""
     def task(cfg) -> None:
         from hydra.core.hydra_config import HydraConfig
 
         from . import DpgridError
+        from .jobs import hydra_record, run_log
         from .runner import describe_best, run_grid
 
         out = Path(HydraConfig.get().runtime.output_dir).absolute()
         try:
-            summary = run_grid(cfg, out, on_lock=hydra_record(cfg), created=created.get(out))
+            with run_log(out / "cli.log"):
+                summary = run_grid(cfg, out, on_lock=hydra_record(cfg), created=created.get(out), planned=planned)
         except DpgridError as e:  # refused: nothing written into another grid's directory (files.Busy)
             fail(e)
         except KeyboardInterrupt as e:
@@ -224,24 +227,6 @@ def grid_job(created: dict):
         print(describe_best(summary, cfg.dataset.task))
         print(f"results: {out}")
     return task
-
-
-def hydra_record(cfg):
-    """Hydra's record of the job (.hydra/config.yaml, hydra.yaml, overrides.yaml), written by dpgrid once it
-    holds the run directory's lock: Hydra itself writes nothing there (conf: hydra.output_subdir is null)."""
-    def write(out: Path) -> None:
-        from hydra.core.hydra_config import HydraConfig
-        from omegaconf import OmegaConf
-
-        from .files import environment, write_atomic
-
-        hydra_cfg, folder = HydraConfig.get(), out / ".hydra"
-        with environment(folder):
-            folder.mkdir(exist_ok=True)
-        write_atomic(folder / "config.yaml", OmegaConf.to_yaml(cfg))
-        write_atomic(folder / "hydra.yaml", OmegaConf.to_yaml(OmegaConf.create({"hydra": hydra_cfg})))
-        write_atomic(folder / "overrides.yaml", OmegaConf.to_yaml(hydra_cfg.overrides.task))
-    return write
 
 
 def tables_command(args: list) -> None:

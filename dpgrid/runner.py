@@ -14,7 +14,6 @@ from pathlib import Path
 
 import pandas as pd
 import torch
-from omegaconf import OmegaConf
 from tqdm.auto import tqdm
 
 from . import DpgridError, data as data_mod, grid, selection, strategies, tasks
@@ -70,19 +69,9 @@ def validate(cfg, n_train: int):
     return strategy_cls, model
 
 
-_planned = {}  # (resolved config, N) -> plan_grid's answer: `dpgrid run` checks before Hydra, then runs
-
-
 def plan_grid(cfg, n_train: int):
-    """The validated grid: (strategy class, plan, selected configurations). Raises DpgridError.
-    Planned once per config and N in a process (calibrating the noise is the slow part)."""
-    key = (OmegaConf.to_yaml(OmegaConf.masked_copy(cfg, [k for k in cfg if k != "hydra"]), resolve=True), n_train)
-    if key not in _planned:
-        _planned[key] = plan_uncached(cfg, n_train)
-    return _planned[key]
-
-
-def plan_uncached(cfg, n_train: int):
+    """The validated grid: (strategy class, plan, selected configurations). Raises DpgridError. Planned once
+    per command: `dpgrid run` hands the plan it checked before Hydra to the job that trains it."""
     strategy_cls, model = validate(cfg, n_train)
     configs = grid.configurations(cfg.strategy, cfg.grid)
     selected = grid.select(configs, cfg.grid.only)
@@ -96,14 +85,16 @@ def config_n_train(cfg) -> int:
     return int(stated) if stated is not None else data_mod.load(cfg.dataset, cfg.data.root).n_train
 
 
-def check_run(cfg, out_dir) -> None:
-    """Everything about a run that can be refused before any file is written."""
-    _, plan, _ = plan_grid(cfg, config_n_train(cfg))
+def check_run(cfg, out_dir) -> tuple:
+    """Everything about a run that can be refused before any file is written; returns the planned grid
+    (plan_grid's answer), for run_grid to train."""
+    planned = plan_grid(cfg, config_n_train(cfg))
     out = Path(out_dir)
     check_writable(out)
     if out.is_dir():
         with locked(out):
-            claim(out, config_hash(cfg, plan.private), None, plan, bool(cfg.overwrite))  # the data is compared once loaded
+            claim(out, config_hash(cfg, planned[1].private), None, planned[1], bool(cfg.overwrite))  # data: once loaded
+    return planned
 
 
 def grid_key(cfg, plan) -> tuple:
@@ -188,11 +179,12 @@ def run_row(cfg, plan, strategy_cls, config, seed, result, draw=None, digest=Non
     return row
 
 
-def run_grid(cfg, out_dir, progress: bool = True, on_lock=None, created="unknown") -> pd.DataFrame:
+def run_grid(cfg, out_dir, progress: bool = True, on_lock=None, created="unknown", planned=None) -> pd.DataFrame:
     """Train the grid into out_dir, resuming what is there. The directory's lock is taken before anything
     is written into it and held to the end; `on_lock(out)` writes what the caller records beside the grid
     (the command line: Hydra's record). A grid refused after taking the lock removes the folders it created
-    (`created`: the outermost one, None for none; by default what did not exist when it was called)."""
+    (`created`: the outermost one, None for none; by default what did not exist when it was called).
+    `planned`: plan_grid's answer for this config, when the caller has it (it is used if its N is the data's)."""
     out = Path(out_dir)
     created = outermost_missing(out) if created == "unknown" else created
     check_writable(out)
@@ -202,18 +194,20 @@ def run_grid(cfg, out_dir, progress: bool = True, on_lock=None, created="unknown
         try:
             if on_lock:
                 on_lock(out)
-            return train_grid(cfg, out, progress)
+            return train_grid(cfg, out, progress, planned)
         except DpgridError:
             remove_created(out, created)
             raise
 
 
-def train_grid(cfg, out: Path, progress: bool) -> pd.DataFrame:
+def train_grid(cfg, out: Path, progress: bool, planned=None) -> pd.DataFrame:
     """run_grid's work, with the directory's lock held."""
     data = data_mod.load(cfg.dataset, cfg.data.root, resolve_device(str(cfg.train.device)))
     if cfg.train.float64:
         data = data.in_float64()
-    strategy_cls, plan, selected = plan_grid(cfg, data.n_train)
+    if planned is None or planned[1].n_train != data.n_train:
+        planned = plan_grid(cfg, data.n_train)
+    strategy_cls, plan, selected = planned
     digest, data_files = config_hash(cfg, plan.private), data_mod.fingerprint(data.files)
     claim(out, digest, data_files, plan, bool(cfg.overwrite))
     write_header(out, cfg, plan, digest, data_files)

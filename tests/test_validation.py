@@ -209,5 +209,5 @@ def test_a_plan_that_would_overspend_is_refused(monkeypatch):
 
 
 def validate_and_plan(cfg):
-    from dpgrid.runner import plan_uncached  # not plan_grid: its per-process memo may hold this plan already
-    return plan_uncached(cfg, 60000)
+    from dpgrid.runner import plan_grid
+    return plan_grid(cfg, 60000)

@@ -92,7 +92,7 @@ def plot_learning_curve(grid_row, out_path: Path) -> None:
 
 def selected_seeds(grid_row) -> list:
     """The seeds of the candidate a selection released (recomputed from its private runs.csv)."""
-    from .results import candidate_summary
+    from .selection import candidate_summary
 
     runs = pd.read_csv(Path(grid_row.path) / "runs.csv", dtype={"config_id": str})
     summary = candidate_summary(runs, [a for a in str(grid_row.axes).split(",") if a], tasks.get(grid_row.metric).name)

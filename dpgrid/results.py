@@ -32,13 +32,14 @@ OPTIONAL = ("best_value", "final_clip", "final_lr", "epsilon_spent", "epsilon_gr
             "epsilon_rdp")
 
 
-def config_hash(cfg, private: bool = True) -> str:
-    """Hash of the resolved config, less the settings that cannot change the results.
+def hashed(cfg, private: bool = True) -> dict:
+    """The resolved config, less the settings that cannot change the results.
 
     train.seeds is left out unless the seeds are accounted: seed s's run does not depend on how many
     seeds there are, so a grid can be extended with more seeds in place (its resume runs only the new ones).
     A non-private strategy's runs do not depend on the privacy settings, which are then left out too."""
-    plain = OmegaConf.to_container(OmegaConf.masked_copy(cfg, [k for k in cfg if k != "hydra"]), resolve=True)
+    plain = cfg if isinstance(cfg, dict) else OmegaConf.to_container(
+        OmegaConf.masked_copy(cfg, [k for k in cfg if k != "hydra"]), resolve=True)
     seeds_matter = plain["privacy"]["account_seeds"] or plain["privacy"].get("selection") == "random_stopping"
     unhashed = NOT_HASHED if seeds_matter else (*NOT_HASHED, "train.seeds")
     if not private:
@@ -48,10 +49,38 @@ def config_hash(cfg, private: bool = True) -> str:
         (plain.get(section, {}) if section else plain).pop(name, None)
     if not plain["train"].get("float64"):  # a key added later is hashed only when set: older grids keep their hash
         plain["train"].pop("float64", None)
-    return hashlib.sha256(json.dumps(plain, sort_keys=True).encode()).hexdigest()[:16]
+    return plain
 
 
-def claim(out: Path, digest: str, data_files: dict, plan, overwrite: bool) -> None:
+def config_hash(cfg, private: bool = True) -> str:
+    return hashlib.sha256(json.dumps(hashed(cfg, private), sort_keys=True).encode()).hexdigest()[:16]
+
+
+def config_difference(out: Path, cfg, private: bool = True) -> str:
+    """The first hashed setting whose value differs between the config recorded in out/config.yaml and `cfg`,
+    e.g. "train.epochs is 1 there, 2 here"; '' when it cannot be told."""
+    try:
+        there = flat(hashed(OmegaConf.to_container(OmegaConf.load(out / "config.yaml"), resolve=False), private))
+    except Exception:  # a missing or damaged record: the hashes are named instead
+        return ""
+    here = flat(hashed(cfg, private))
+    for key in sorted(set(there) | set(here)):
+        if there.get(key) != here.get(key):
+            return f"{key} is {there.get(key, '(absent)')} there, {here.get(key, '(absent)')} here"
+    return ""
+
+
+def flat(tree: dict, prefix: str = "") -> dict:
+    out = {}
+    for key, value in tree.items():
+        if isinstance(value, dict):
+            out.update(flat(value, f"{prefix}{key}."))
+        else:
+            out[f"{prefix}{key}"] = value
+    return out
+
+
+def claim(out: Path, digest: str, data_files: dict, plan, overwrite: bool, cfg=None) -> None:
     """Refuse to mix results of different configs or data in one directory (overwrite=true starts afresh).
 
     A damaged plan.json (or one without a config hash) is judged by the runs themselves: when runs.csv
@@ -72,7 +101,9 @@ def claim(out: Path, digest: str, data_files: dict, plan, overwrite: bool) -> No
         problem = (f"{out} was run on other data: {changed[0]} is not the file its results were made with (size "
                    "or checksum differ); restore that file, or pass overwrite=true to delete the results")
     elif recorded:
-        problem = (f"{out} holds results of a different config (hash {recorded} != {digest}); choose another "
+        difference = (config_difference(out, cfg, plan.private) if cfg is not None else "") or \
+            f"hash {recorded} != {digest}"
+        problem = (f"{out} holds results of a different config ({difference}); choose another "
                    "hydra.run.dir, or pass overwrite=true to delete them")
     else:
         why = "has no config hash" if previous else "is damaged or missing"
@@ -247,36 +278,3 @@ def write_header(out: Path, cfg, plan, digest: str, data_files: dict) -> None:
     write_atomic(out / "config.yaml", OmegaConf.to_yaml(cfg, resolve=True))
     only = list(cfg.grid.only) if cfg.grid.only is not None else None  # the configurations this command trains
     write_json(out / "plan.json", {**plan.to_dict(), "config_hash": digest, "data_files": data_files, "grid_only": only})
-
-
-COVERED = ("only this file is covered by (epsilon, delta): runs.csv, curves.csv, summary.csv, candidates.json and "
-           "cli.log show every candidate and are the experimenter's private log")
-
-
-def summarize_selection(runs, plan, axes: list, task: str):
-    """(summary, selection): one summary row per candidate (private), and what the mechanism releases: the
-    best candidate's configuration, hyperparameters and score (the best mean over its seeds, as a grid's
-    best configuration), with the public accounting. Nothing in `selection` depends on how many
-    candidates were drawn or on any other candidate (Papernot & Steinke's theorems cover the best one alone)."""
-    selection = {"selection": "random_stopping", "stopping": plan.stopping, "epsilon": plan.epsilon_spent,
-                 "delta": plan.delta, "noise_multiplier": plan.noise_multiplier, "accountant": plan.accountant,
-                 "covered": COVERED}
-    if runs is None or not len(runs):
-        return pd.DataFrame(), {**selection, "chosen": None}
-    summary = candidate_summary(runs, axes, task)
-    chosen = summary[summary.best]
-    released = None
-    if len(chosen):
-        row = chosen.iloc[0]
-        released = {"config_id": row.config_id, **{a: float(row[a]) for a in axes}, "score": float(row["mean"])}
-    return summary, {**selection, "chosen": released}
-
-
-def candidate_summary(runs, axes: list, task: str) -> pd.DataFrame:
-    """summarize() per candidate (a configuration drawn twice is two candidates), with its index."""
-    labelled = runs.assign(config_id=[f"{int(c)}:{i}" for c, i in zip(runs.candidate, runs.config_id)])
-    summary = summarize(labelled, axes, task)
-    split = summary.config_id.str.split(":", n=1)
-    summary.insert(0, "candidate", split.str[0].astype(int))
-    summary["config_id"] = split.str[1]
-    return summary

@@ -25,8 +25,7 @@ from .plugins import arguments
 from .privacy import accounting_for, make_plan
 from .randomness import SecureRandom
 from .curves import append_curves
-from .results import (claim, commit_run, config_hash, finished_runs, summarize, summarize_selection,
-                      write_header)
+from .results import claim, commit_run, config_hash, finished_runs, summarize, write_header
 from .train import train_run
 
 
@@ -93,7 +92,7 @@ def check_run(cfg, out_dir) -> tuple:
     check_writable(out)
     if out.is_dir():
         with locked(out):
-            claim(out, config_hash(cfg, planned[1].private), None, planned[1], bool(cfg.overwrite))  # data: once loaded
+            claim(out, config_hash(cfg, planned[1].private), None, planned[1], bool(cfg.overwrite), cfg)  # data: once loaded
     return planned
 
 
@@ -209,7 +208,7 @@ def train_grid(cfg, out: Path, progress: bool, planned=None) -> pd.DataFrame:
         planned = plan_grid(cfg, data.n_train)
     strategy_cls, plan, selected = planned
     digest, data_files = config_hash(cfg, plan.private), data_mod.fingerprint(data.files)
-    claim(out, digest, data_files, plan, bool(cfg.overwrite))
+    claim(out, digest, data_files, plan, bool(cfg.overwrite), cfg)
     write_header(out, cfg, plan, digest, data_files)
     done = finished_runs(out, plan, int(cfg.train.eval_every), digest, {c["config_id"] for c in selected})
     work, draw = planned_runs(out, cfg, plan, selected)
@@ -232,7 +231,7 @@ def train_grid(cfg, out: Path, progress: bool, planned=None) -> pd.DataFrame:
     bar.close()
     runs = pd.read_csv(out / "runs.csv", dtype={"config_id": str}) if work else None
     if plan.selection == "random_stopping":
-        summary, released = summarize_selection(runs, plan, list(cfg.strategy.grid), data.task)
+        summary, released = selection.summarize_selection(runs, plan, list(cfg.strategy.grid), data.task)
         write_json(out / "selection.json", released)
     else:
         summary = summarize(runs, list(cfg.strategy.grid), data.task)

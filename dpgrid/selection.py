@@ -1,13 +1,16 @@
-"""Private selection by random stopping: drawing the candidates once, and keeping the draw
-(candidates.json) so that a resumed selection trains the same candidates. Its accounting is
-dpgrid.privacy.random_stopping's.
+"""Private selection by random stopping: drawing the candidates once, keeping the draw (candidates.json) so
+that a resumed selection trains the same candidates, and what the selection releases (selection.json). Its
+accounting is dpgrid.privacy.random_stopping's.
 """
 
 import json
 import math
 import warnings
 
+import pandas as pd
+
 from . import DpgridError
+from .results import summarize
 
 
 def uniforms(count: int, source) -> list:
@@ -125,3 +128,36 @@ def rows_problem(path, runs_path, runs, drawn: list, digest: str) -> str:
         if not (0 <= int(candidate) < len(drawn) and drawn[int(candidate)] == config_id):
             return f"{path} does not hold candidate {int(candidate)} ({config_id}) of {runs_path}"
     return ""
+
+
+COVERED = ("only this file is covered by (epsilon, delta): runs.csv, curves.csv, summary.csv, candidates.json and "
+           "cli.log show every candidate and are the experimenter's private log")
+
+
+def summarize_selection(runs, plan, axes: list, task: str):
+    """(summary, selection): one summary row per candidate (private), and what the mechanism releases: the
+    best candidate's configuration, hyperparameters and score (the best mean over its seeds, as a grid's
+    best configuration), with the public accounting. Nothing in `selection` depends on how many
+    candidates were drawn or on any other candidate (Papernot & Steinke's theorems cover the best one alone)."""
+    selection = {"selection": "random_stopping", "stopping": plan.stopping, "epsilon": plan.epsilon_spent,
+                 "delta": plan.delta, "noise_multiplier": plan.noise_multiplier, "accountant": plan.accountant,
+                 "covered": COVERED}
+    if runs is None or not len(runs):
+        return pd.DataFrame(), {**selection, "chosen": None}
+    summary = candidate_summary(runs, axes, task)
+    chosen = summary[summary.best]
+    released = None
+    if len(chosen):
+        row = chosen.iloc[0]
+        released = {"config_id": row.config_id, **{a: float(row[a]) for a in axes}, "score": float(row["mean"])}
+    return summary, {**selection, "chosen": released}
+
+
+def candidate_summary(runs, axes: list, task: str) -> pd.DataFrame:
+    """summarize() per candidate (a configuration drawn twice is two candidates), with its index."""
+    labelled = runs.assign(config_id=[f"{int(c)}:{i}" for c, i in zip(runs.candidate, runs.config_id)])
+    summary = summarize(labelled, axes, task)
+    split = summary.config_id.str.split(":", n=1)
+    summary.insert(0, "candidate", split.str[0].astype(int))
+    summary["config_id"] = split.str[1]
+    return summary

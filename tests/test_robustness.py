@@ -74,7 +74,8 @@ def test_reusing_a_directory_with_another_config_is_refused(tmp_path):
     run_ok(*small, f"hydra.run.dir={out}")
     before = (out / "runs.csv").read_text()
     r = dpgrid("run", *small, "train.epochs=2", f"hydra.run.dir={out}")
-    assert r.returncode == 2 and "different config" in r.stderr and "overwrite=true" in r.stderr
+    assert r.returncode == 2 and "different config (train.epochs is 1 there, 2 here)" in r.stderr, r.stderr
+    assert "overwrite=true" in r.stderr and r.stderr.count("\n") == 1
     assert (out / "runs.csv").read_text() == before
     r = dpgrid("run", *small, "train.epochs=2", "overwrite=true", f"hydra.run.dir={out}")
     assert r.returncode == 0, r.stderr

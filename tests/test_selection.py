@@ -254,7 +254,7 @@ def test_a_selection_is_drawn_once(tmp_path, monkeypatch):
 
 
 def test_selection_json_holds_no_count_and_no_candidate_index():
-    from dpgrid.results import summarize_selection
+    from dpgrid.selection import summarize_selection
 
     plan = plan_grid(load_cfg("digits", "fixed_threshold", **{"grid.k": 2, "privacy.selection": "random_stopping"}),
                      1437)[1]

@@ -2,6 +2,7 @@
 `hydra.run.dir=...` and launchers work as in any Hydra app); `plan` composes the same config and
 prints the grid's privacy plan without training. User errors: one line on stderr, exit code 2."""
 
+import contextlib
 import json
 import signal
 import sys
@@ -81,6 +82,7 @@ def compose_checked(overrides: list, with_hydra: bool = False):
 def plan_command(args: list) -> None:
     as_json, compare = "--json" in args, "--compare" in args
     cfg = compose_checked([a for a in args if a not in ("--json", "--compare")])
+    from .describe import print_alternatives, print_comparison, print_schedule, print_seeds_cost, print_selection
     from .runner import config_n_train, plan_grid
 
     start = time.perf_counter()
@@ -112,72 +114,10 @@ def plan_command(args: list) -> None:
         print_alternatives(cfg, plan)
         if compare:
             print_comparison(cfg, plan)
+            seconds = time.perf_counter() - start  # the timing line covers the comparison too
     for c in [] if plan.schedule else plan.configurations:  # a schedule's plan lists them with their iterations
         print("   ", c["config_id"], " ".join(f"{k}={v:.4g}" for k, v in c.items() if k != "config_id"))
     print(f"  (planned in {seconds:.2f} s)")
-
-
-def print_schedule(plan) -> None:
-    """A noise schedule's plan: how many iterations of each configuration fit the budget, under both conversions."""
-    p = plan.per_query
-    print(f"  full-batch noisy gradient descent: L = {p['lipschitz']:.4g}, M = {p['smoothness']:.4g}, eta = 1/(2M) = "
-          f"{p['eta']:.4g}, lambda = {p['l2']:g}, Z = {p['feature_bound']:g}, R = {p['radius']:.4g}, d = {p['d']}")
-    claim = ("NOT PRIVATE (oracle): the schedule reads the gradient norm; epsilon below is what it would spend were "
-             "that free" if plan.epsilon_spent is None else f"each run spends at most epsilon = {plan.epsilon:g} on its own")
-    print(f"  budget (eps, delta) = ({plan.epsilon:g}, {plan.delta:g}), zCDP rho <= {p['rho_budget']:.5g} ({plan.accountant} "
-          f"conversion): {claim}")
-    if plan.epsilon_spent is not None:
-        print_seeds_cost(plan)
-    for c in plan.configurations:
-        s, hp = plan.schedule[c["config_id"]], " ".join(f"{k}={v:g}" for k, v in c.items() if k != "config_id")
-        if plan.epsilon_spent is None:
-            print(f"    {c['config_id']} {hp}: stops where its budget ends (at most {s['steps']:,} iterations)")
-        else:
-            print(f"    {c['config_id']} {hp}: {s['steps']:,} iterations fit; eps (zcdp) = {s['epsilon_zcdp']:.4g}, "
-                  f"eps (rdp) = {s['epsilon_rdp']:.4g}")
-
-
-def print_seeds_cost(plan) -> None:
-    """What a table of this grid publishes (means over seeds) costs, where the seeds are not accounted."""
-    if plan.epsilon_with_seeds is not None and plan.epsilon_with_seeds > plan.epsilon_grid * (1 + 1e-9):
-        print(f"  tables publish means over {plan.seeds} seeds: {plan.n_configs} x {plan.seeds} runs with this noise spend "
-              f"eps = {plan.epsilon_with_seeds:.5g} ({plan.accountant}; epsilon_with_seeds)")
-
-
-def print_selection(plan) -> None:
-    stop = plan.stopping
-    shape = {"truncated_negative_binomial": f"eta = {stop.get('eta', 0):g}, gamma = {stop.get('gamma', 0):.4g}",
-             "poisson": f"mu = {stop['mean']:g}",
-             "liu_talwar": f"stop probability {stop.get('gamma', 0):.4g}, at most {stop.get('max_candidates')}"}
-    print(f"  random-stopping selection, {stop['rule']} ({shape[stop['rule']]}): {stop['mean']:g} candidates "
-          f"expected, each a configuration drawn from the grid and trained {plan.seeds} times")
-    print(f"  budget (eps, delta) = ({plan.epsilon:g}, {plan.delta:g}) for the selection: ONLY the chosen "
-          f"configuration and its score (selection.json) are covered; runs.csv is a private log")
-    print(f"  noise multiplier nu = {plan.noise_multiplier:.5g}; eps spent = {plan.epsilon_spent:.5g}; one "
-          f"candidate's eps = {plan.epsilon_per_run:.5g}")
-
-
-def print_alternatives(cfg, plan) -> None:
-    """nu for the same (eps, delta) under composition and each stopping rule."""
-    from .privacy import alternatives
-
-    mean = cfg.privacy.get("stopping_mean")
-    found = alternatives(plan, float(cfg.privacy.stopping_eta), float(mean) if mean is not None else plan.n_configs)
-    print("  nu for the same (eps, delta):")
-    for name, nu in found.items():
-        print(f"    {name:<62} {f'{nu:.4f}' if nu else 'unreachable'}")
-
-
-def print_comparison(cfg, plan) -> None:
-    """nu for this grid under every accountant and budget mode, side by side."""
-    from .privacy import ACCOUNTANTS, calibrate
-
-    per_config = plan.seeds if plan.account_seeds else 1
-    print(f"  {'accountant':<11}{'per_grid nu':>13}{'per_run nu':>13}")
-    for accountant in ACCOUNTANTS:
-        nus = [calibrate(plan.epsilon, plan.sample_rate, runs * plan.steps, plan.delta, accountant=accountant)
-               for runs in (plan.composed_runs, per_config)]
-        print(f"  {accountant:<11}{nus[0]:>13.4f}{nus[1]:>13.4f}")
 
 
 def run_command(args: list) -> None:
@@ -232,6 +172,11 @@ def grid_job(created: dict, planned=None):
 def tables_command(args: list) -> None:
     from .report import write_tables
 
+    if {"-h", "--help"} & set(args):
+        print("usage: dpgrid tables [--mix-budgets] [RESULTS_DIR]\n\npaper-style tables and figures of every grid "
+              "under RESULTS_DIR (default outputs) into RESULTS_DIR/tables/; --mix-budgets puts grids of different "
+              "budgets (per_grid, per_run, selection) in one table")
+        return
     mix = "--mix-budgets" in args
     args = [a for a in args if a != "--mix-budgets"]
     if len(args) > 1 or any(a.startswith("-") for a in args):
@@ -252,7 +197,7 @@ def main(argv=None) -> None:
     root = logging.getLogger()
     saved = warnings.formatwarning, signal.getsignal(signal.SIGTERM), sys.argv[:], root.handlers[:], root.level
     try:
-        with warnings.catch_warnings():
+        with warnings.catch_warnings(), quiet_broken_pipe():
             warnings.filterwarnings("ignore", module="opacus")  # opacus warns about secure RNG at import time
             warnings.formatwarning = lambda message, *args, **kwargs: f"dpgrid: warning: {message}\n"
             signal.signal(signal.SIGTERM, on_sigterm)
@@ -264,6 +209,19 @@ def main(argv=None) -> None:
         for handler in [h for h in root.handlers if h not in saved[3]]:  # cli.log's: Hydra's job replaced them
             handler.close()
         root.handlers[:], root.level = saved[3], saved[4]
+
+
+@contextlib.contextmanager
+def quiet_broken_pipe():
+    """`dpgrid plan | head`: the reader went away; end quietly, as other command-line tools do."""
+    try:
+        yield
+        sys.stdout.flush()
+    except BrokenPipeError:
+        import os
+
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # Python's own flush at exit fails silently
+        raise SystemExit(141) from None  # 128 + SIGPIPE, as a process killed by the broken pipe
 
 
 def dispatch(argv: list) -> None:

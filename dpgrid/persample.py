@@ -16,7 +16,6 @@ How they are computed is this module's business: engines change without touching
   fallback for models with other parametrised layers.
 """
 
-import warnings
 from typing import Callable
 
 import torch
@@ -283,5 +282,6 @@ def make_engine(model: nn.Module, task: str, name: str = "fast"):
     try:
         return FastEngine(model, task)
     except NotImplementedError as e:
-        warnings.warn(f"{e}; falling back to the slower torch.func engine (exact, more memory)")
+        from .checks import warn_once  # once per grid, not once per run
+        warn_once(f"{e}; falling back to the slower torch.func engine (exact, more memory)")
         return FuncEngine(model, task)

@@ -257,6 +257,9 @@ def write_one_table(g, dataset, k, out: Path, paper, figures: bool, report=print
     title = (f"{dataset}, k = {k}" + ("" if with_values else " (best hyperparameters, as Tables 2–4)")
              + f"; {budget_note(g)}")
     table, notes = paper_layout(g, dataset, k, with_values)
+    if not with_values:
+        notes.append("k = 7 shows the best hyperparameters only, as the paper's Tables 2–4; each cell's score (mean "
+                     "and std over seeds) is in results.csv (value, std)")
     base = out / f"{dataset}_k{k}"
     write_csv(base.with_suffix(".csv"), table)
     write_atomic(base.with_suffix(".md"), to_markdown(table, title, notes))

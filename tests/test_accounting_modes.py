@@ -81,7 +81,7 @@ def test_plan_compare_agrees_with_the_plan_it_compares(capsys, monkeypatch):
     test_tighter_accountants_reach_the_target_under_dp_accounting; their calibrations take seconds each,
     so this test answers them with RDP's figure and checks what is asked and printed.)"""
     import dpgrid.privacy as privacy
-    from dpgrid.cli import print_comparison
+    from dpgrid.describe import print_comparison
 
     cfg = load_cfg("digits", "online", **{"grid.k": 2, "train.epochs": 2})
     p = plan_grid(cfg, 1437)[1]  # K = 2, T = 23
@@ -93,7 +93,10 @@ def test_plan_compare_agrees_with_the_plan_it_compares(capsys, monkeypatch):
 
     monkeypatch.setattr(privacy, "calibrate", recording)
     print_comparison(cfg, p)
-    rows = {line.split()[0]: [float(v) for v in line.split()[1:]] for line in capsys.readouterr().out.splitlines()[1:]}
+    out, err = capsys.readouterr()
+    rows = {line.split()[0]: [float(v) for v in line.split()[1:3]] for line in out.splitlines()[1:]}
+    assert err.splitlines() == [f"  ({a}: calibrating...)" for a in ("rdp", "pld", "prv")]  # said while it works
+    assert all(line.endswith(" s)") for line in out.splitlines()[1:])  # each accountant's own time
     assert asked == [(a, runs * p.steps) for a in ("rdp", "pld", "prv") for runs in (p.composed_runs, 1)]
     assert rows["rdp"][0] == pytest.approx(p.noise_multiplier, abs=1e-4)
     assert rows["rdp"][1] == pytest.approx(calibrate(3, p.sample_rate, p.steps, 1e-5), abs=1e-4)

@@ -140,3 +140,34 @@ def test_the_non_private_baseline_does_not_depend_on_epsilon(tmp_path):
     assert len([line for line in r.stderr.splitlines() if ": run " in line]) == 2  # 2 runs, trained once
     tables = dpgrid("tables", tmp_path)  # plan.json says the last epsilon, the rows the first: one grid all the same
     assert tables.returncode == 0 and "skipped" not in tables.stderr, tables.stderr
+
+
+def test_the_engine_fallback_is_announced_once_per_grid(tmp_path, monkeypatch):
+    from dpgrid import persample
+
+    def unsupported(model, task):
+        raise NotImplementedError("model: layer norm1 (GroupNorm) has no fast per-sample rule")
+
+    monkeypatch.setattr(persample, "FastEngine", unsupported)
+    r = dpgrid("run", "strategy=fixed_threshold", "grid.k=2", "train.seeds=2", "train.epochs=1",
+               f"hydra.run.dir={tmp_path / 'grid'}")
+    assert r.returncode == 0, r.stderr
+    assert r.stderr.count("falling back to the slower torch.func engine") == 1, r.stderr
+
+
+def test_plan_into_a_closed_pipe_ends_quietly():
+    """`dpgrid plan ... | head -1`: the plan's 3,600 configuration lines overflow the pipe, its reader leaves."""
+    import subprocess
+    import sys
+
+    proc = subprocess.Popen([sys.executable, "-m", "dpgrid.cli", "plan", "strategy=fixed_threshold", "grid.k=60"],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    assert proc.stdout.readline().startswith("fixed_threshold on digits")
+    proc.stdout.close()
+    stderr = proc.stderr.read()
+    assert proc.wait() == 141 and stderr == "", stderr
+
+
+def test_tables_help_is_usage_and_exit_0():
+    r = dpgrid("tables", "--help")
+    assert r.returncode == 0 and r.stdout.startswith("usage: dpgrid tables") and r.stderr == ""

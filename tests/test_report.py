@@ -377,3 +377,8 @@ def test_tables_publish_only_what_the_runs_produced(tree, damage, message):
     assert len(lines) == 1 and message in lines[0] and str(folder) in lines[0], lines
     results = pd.read_csv(tree / "tables" / "results.csv")
     assert not ((results.dataset == "mnist") & (results.strategy == "online") & results.epsilon.isin([1, 3])).any()
+
+
+def test_the_k7_table_says_where_its_scores_are(tree):
+    write_tables(tree)
+    assert "each cell's score (mean and std over seeds) is in results.csv" in (tree / "tables" / "fashion_mnist_k7.md").read_text()

@@ -1,0 +1,70 @@
+"""How `dpgrid plan` prints a plan: the budget, the noise, what the tables' seeds cost, a selection's or a
+schedule's figures, and the same (epsilon, delta) under the other accountants and accounting methods."""
+
+import sys
+import time
+
+
+def print_schedule(plan) -> None:
+    """A noise schedule's plan: how many iterations of each configuration fit the budget, under both conversions."""
+    p = plan.per_query
+    print(f"  full-batch noisy gradient descent: L = {p['lipschitz']:.4g}, M = {p['smoothness']:.4g}, eta = 1/(2M) = "
+          f"{p['eta']:.4g}, lambda = {p['l2']:g}, Z = {p['feature_bound']:g}, R = {p['radius']:.4g}, d = {p['d']}")
+    claim = ("NOT PRIVATE (oracle): the schedule reads the gradient norm; epsilon below is what it would spend were "
+             "that free" if plan.epsilon_spent is None else f"each run spends at most epsilon = {plan.epsilon:g} on its own")
+    print(f"  budget (eps, delta) = ({plan.epsilon:g}, {plan.delta:g}), zCDP rho <= {p['rho_budget']:.5g} ({plan.accountant} "
+          f"conversion): {claim}")
+    if plan.epsilon_spent is not None:
+        print_seeds_cost(plan)
+    for c in plan.configurations:
+        s, hp = plan.schedule[c["config_id"]], " ".join(f"{k}={v:g}" for k, v in c.items() if k != "config_id")
+        if plan.epsilon_spent is None:
+            print(f"    {c['config_id']} {hp}: stops where its budget ends (at most {s['steps']:,} iterations)")
+        else:
+            print(f"    {c['config_id']} {hp}: {s['steps']:,} iterations fit; eps (zcdp) = {s['epsilon_zcdp']:.4g}, "
+                  f"eps (rdp) = {s['epsilon_rdp']:.4g}")
+
+
+def print_seeds_cost(plan) -> None:
+    """What a table of this grid publishes (means over seeds) costs, where the seeds are not accounted."""
+    if plan.epsilon_with_seeds is not None and plan.epsilon_with_seeds > plan.epsilon_grid * (1 + 1e-9):
+        print(f"  tables publish means over {plan.seeds} seeds: {plan.n_configs} x {plan.seeds} runs with this noise spend "
+              f"eps = {plan.epsilon_with_seeds:.5g} ({plan.accountant}; epsilon_with_seeds)")
+
+
+def print_selection(plan) -> None:
+    stop = plan.stopping
+    shape = {"truncated_negative_binomial": f"eta = {stop.get('eta', 0):g}, gamma = {stop.get('gamma', 0):.4g}",
+             "poisson": f"mu = {stop['mean']:g}",
+             "liu_talwar": f"stop probability {stop.get('gamma', 0):.4g}, at most {stop.get('max_candidates')}"}
+    print(f"  random-stopping selection, {stop['rule']} ({shape[stop['rule']]}): {stop['mean']:g} candidates "
+          f"expected, each a configuration drawn from the grid and trained {plan.seeds} times")
+    print(f"  budget (eps, delta) = ({plan.epsilon:g}, {plan.delta:g}) for the selection: ONLY the chosen "
+          f"configuration and its score (selection.json) are covered; runs.csv is a private log")
+    print(f"  noise multiplier nu = {plan.noise_multiplier:.5g}; eps spent = {plan.epsilon_spent:.5g}; one "
+          f"candidate's eps = {plan.epsilon_per_run:.5g}")
+
+
+def print_alternatives(cfg, plan) -> None:
+    """nu for the same (eps, delta) under composition and each stopping rule."""
+    from .privacy import alternatives
+
+    mean = cfg.privacy.get("stopping_mean")
+    found = alternatives(plan, float(cfg.privacy.stopping_eta), float(mean) if mean is not None else plan.n_configs)
+    print("  nu for the same (eps, delta):")
+    for name, nu in found.items():
+        print(f"    {name:<62} {f'{nu:.4f}' if nu else 'unreachable'}")
+
+
+def print_comparison(cfg, plan) -> None:
+    """nu for this grid under every accountant and budget mode, side by side."""
+    from .privacy import ACCOUNTANTS, calibrate
+
+    per_config = plan.seeds if plan.account_seeds else 1
+    print(f"  {'accountant':<11}{'per_grid nu':>13}{'per_run nu':>13}", flush=True)
+    for accountant in ACCOUNTANTS:
+        start = time.perf_counter()  # PLD and PRV calibrations take seconds to minutes: say what is running
+        print(f"  ({accountant}: calibrating...)", file=sys.stderr, flush=True)
+        nus = [calibrate(plan.epsilon, plan.sample_rate, runs * plan.steps, plan.delta, accountant=accountant)
+               for runs in (plan.composed_runs, per_config)]
+        print(f"  {accountant:<11}{nus[0]:>13.4f}{nus[1]:>13.4f}   ({time.perf_counter() - start:.1f} s)", flush=True)

@@ -48,7 +48,29 @@ def settings() -> str:
             continue
         if section:
             lines.append(f"  {section}.{key} = {value}: {comment or ''}")
-    return "\n".join(lines)
+    return "\n".join(lines + protocol_settings())
+
+
+def protocol_settings() -> list:
+    """The settings a protocol sets (train.momentum), with each protocol's value and the default's comment."""
+    import re
+
+    values, comments = {}, {}
+    default = re.search(r"^  - protocol: (\w+)", (Path(config_dir()) / "config.yaml").read_text(), re.M)
+    first = default.group(1) if default else ""  # the default protocol's comment describes the setting
+    for path in sorted((Path(config_dir()) / "protocol").glob("*.yaml"), key=lambda p: (p.stem != first, p.stem)):
+        section = ""
+        for raw in path.read_text().splitlines():
+            match = re.match(r"^(\s*)(\w+):\s*([^#]*?)\s*(?:#\s*(.*))?$", raw)
+            if not match or raw.lstrip().startswith("#"):
+                continue
+            indent, key, value, comment = match.groups()
+            if not indent:
+                section = key if not value else ""
+            elif section:
+                values.setdefault(f"{section}.{key}", []).append(f"{value} under protocol={path.stem}")
+                comments[f"{section}.{key}"] = comments.get(f"{section}.{key}") or (comment or "").split(":")[0]
+    return [f"  {key} = {', '.join(found)}: {comments[key]}" for key, found in values.items()]
 
 
 def fail(message, code: int = None) -> None:

@@ -25,15 +25,37 @@ def usage() -> str:
 
 
 def settings() -> str:
-    """Every setting of conf/config.yaml with its default and its one-line comment: the comments in conf/
-    are the documentation, read here rather than copied."""
+    """Every setting of conf/config.yaml with its default and its one-line comment, then those a protocol
+    sets: the comments in conf/ are the documentation, read here rather than copied."""
     import re
 
-    lines, section = [], ""
-    for raw in (Path(config_dir()) / "config.yaml").read_text().splitlines():
-        choice = re.match(r"^  - (\w+): (\w+)\s*#\s*(.*)$", raw)  # a documented group of the defaults list
-        if choice:
-            lines.append("  {} = {}: {}".format(*choice.groups()))
+    text = (Path(config_dir()) / "config.yaml").read_text()
+    groups = re.findall(r"^  - (\w+): (\w+)\s*#\s*(.*)$", text, re.M)  # the documented groups of the defaults list
+    lines = ["  {} = {}: {}".format(*group) for group in groups]
+    lines += [f"  {key} = {value}: {comment}" for key, value, comment in documented(text)]
+    return "\n".join(lines + protocol_settings(groups))
+
+
+def protocol_settings(groups: list) -> list:
+    """The settings a protocol sets (train.momentum), with each protocol's value and the default protocol's
+    comment (up to its first colon)."""
+    default = next((option for group, option, _ in groups if group == "protocol"), "")
+    values, comments = {}, {}
+    for path in sorted((Path(config_dir()) / "protocol").glob("*.yaml"), key=lambda p: (p.stem != default, p.stem)):
+        for key, value, comment in documented(path.read_text()):
+            if "." in key:  # a section's setting, not the protocol's own name
+                values.setdefault(key, []).append(f"{value} under protocol={path.stem}")
+                comments.setdefault(key, comment.split(":")[0])
+    return [f"  {key} = {', '.join(found)}: {comments[key]}" for key, found in values.items()]
+
+
+def documented(text: str):
+    """(key, value, comment) of each setting of a config file: top-level keys with a value and section.key
+    ones; the defaults list and Hydra's own section are left out."""
+    import re
+
+    section = ""
+    for raw in text.splitlines():
         if raw.startswith(("defaults", "hydra", "  -")) or not raw.strip() or raw.lstrip().startswith("#"):
             section = "" if raw.startswith("hydra") else section
             continue
@@ -44,33 +66,9 @@ def settings() -> str:
         if not indent:
             section = key if not value else ""
             if value:
-                lines.append(f"  {key} = {value}: {comment or ''}")
-            continue
-        if section:
-            lines.append(f"  {section}.{key} = {value}: {comment or ''}")
-    return "\n".join(lines + protocol_settings())
-
-
-def protocol_settings() -> list:
-    """The settings a protocol sets (train.momentum), with each protocol's value and the default's comment."""
-    import re
-
-    values, comments = {}, {}
-    default = re.search(r"^  - protocol: (\w+)", (Path(config_dir()) / "config.yaml").read_text(), re.M)
-    first = default.group(1) if default else ""  # the default protocol's comment describes the setting
-    for path in sorted((Path(config_dir()) / "protocol").glob("*.yaml"), key=lambda p: (p.stem != first, p.stem)):
-        section = ""
-        for raw in path.read_text().splitlines():
-            match = re.match(r"^(\s*)(\w+):\s*([^#]*?)\s*(?:#\s*(.*))?$", raw)
-            if not match or raw.lstrip().startswith("#"):
-                continue
-            indent, key, value, comment = match.groups()
-            if not indent:
-                section = key if not value else ""
-            elif section:
-                values.setdefault(f"{section}.{key}", []).append(f"{value} under protocol={path.stem}")
-                comments[f"{section}.{key}"] = comments.get(f"{section}.{key}") or (comment or "").split(":")[0]
-    return [f"  {key} = {', '.join(found)}: {comments[key]}" for key, found in values.items()]
+                yield key, value, comment or ""
+        elif section:
+            yield f"{section}.{key}", value, comment or ""
 
 
 def fail(message, code: int = None) -> None:

@@ -51,6 +51,22 @@ def same(a, b) -> bool:
     return str(a) == str(b)
 
 
+def recorded(folder: Path, runs: pd.DataFrame, plan: dict, key: str, combine=None):
+    """The one value runs.csv records for `key` (None where no row does; `combine` folds several into one),
+    refused unless plan.json records the same."""
+    values = set(runs[key].dropna()) if key in runs else set()
+    if combine and values:
+        values = {combine(values)}
+    if len(values) > 1:
+        raise DpgridError(f"{folder / 'runs.csv'} holds several {key} values ({sorted(values, key=str)}); one grid "
+                          "has one")
+    value = values.pop() if values else None
+    if not same(value, plan.get(key)):
+        raise DpgridError(f"plan.json says {key} = {plan.get(key)} but runs.csv says {value}; the results "
+                          "were not made with this plan (remove the wrong file, or run the grid again)")
+    return value
+
+
 def grid_row(folder: Path) -> dict:
     """One grid's best configuration, with the privacy figures its runs record (checked against plan.json)."""
     repair = "run the grid's command again to rewrite it (its results are kept)"
@@ -65,25 +81,12 @@ def grid_row(folder: Path) -> dict:
                      repair="fix or delete that line, then run the grid's command again")
     if not len(runs):
         raise DpgridError(f"{folder / 'runs.csv'} holds no finished run yet")
-    identity = ("dataset", "strategy", "k", "config_hash") + (("epsilon",) if plan.get("private", True) else ())
-    for key in identity:  # rows and plan agree (a non-private grid's runs do not depend on epsilon)
-        found = set(runs[key].dropna()) if key in runs else set()
-        if found and (len(found) > 1 or not same(found.pop(), plan.get(key))):
-            raise DpgridError(f"plan.json says {key} = {plan.get(key)} but runs.csv says "
-                              f"{', '.join(map(str, sorted(set(runs[key].dropna()), key=str)))}; the results were not "
-                              "made with this plan (remove the wrong file, or run the grid again)")
-    privacy = {}
-    for key in PRIVACY_FIGURES:
-        values = set(runs[key].dropna()) if key in runs else set()
-        if plan.get("schedule") and key == "epsilon_spent" and values:  # noise schedules: each run its own
-            values = {max(values)}
-        if len(values) > 1:
-            raise DpgridError(f"{folder / 'runs.csv'} holds several {key} values ({sorted(values, key=str)}); one grid "
-                              "has one")
-        privacy[key] = values.pop() if values else None
-        if not same(privacy[key], plan.get(key)):
-            raise DpgridError(f"plan.json says {key} = {plan.get(key)} but runs.csv says {privacy[key]}; the results "
-                              "were not made with this plan (remove the wrong file, or run the grid again)")
+    for key in ("dataset", "strategy", "k", "config_hash") + (("epsilon",) if plan.get("private", True) else ()):
+        if key in runs:  # the grid's identity (a non-private grid's runs do not depend on epsilon)
+            recorded(folder, runs, plan, key)
+    schedule = plan.get("schedule")  # noise schedules: each run spends its own epsilon, the grid the largest
+    privacy = {key: recorded(folder, runs, plan, key, max if schedule and key == "epsilon_spent" else None)
+               for key in PRIVACY_FIGURES}
     axes = plan.get("axes") or [a for a in plan.get("configurations", [{}])[0] if a != "config_id"]
     metric = runs.metric.iloc[0]
     summary = summarize(runs, axes, tasks.get(metric).name)

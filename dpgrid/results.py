@@ -5,6 +5,7 @@ curves.csv is appended and fsynced before its run's commit, so on resume its row
 are dropped. Damage is named in one line, with whether the same command repairs it.
 """
 
+import copy
 import hashlib
 import json
 import math
@@ -38,7 +39,7 @@ def hashed(cfg, private: bool = True) -> dict:
     train.seeds is left out unless the seeds are accounted: seed s's run does not depend on how many
     seeds there are, so a grid can be extended with more seeds in place (its resume runs only the new ones).
     A non-private strategy's runs do not depend on the privacy settings, which are then left out too."""
-    plain = cfg if isinstance(cfg, dict) else OmegaConf.to_container(
+    plain = copy.deepcopy(cfg) if isinstance(cfg, dict) else OmegaConf.to_container(
         OmegaConf.masked_copy(cfg, [k for k in cfg if k != "hydra"]), resolve=True)
     seeds_matter = plain["privacy"]["account_seeds"] or plain["privacy"].get("selection") == "random_stopping"
     unhashed = NOT_HASHED if seeds_matter else (*NOT_HASHED, "train.seeds")
@@ -80,7 +81,7 @@ def flat(tree: dict, prefix: str = "") -> dict:
     return out
 
 
-def claim(out: Path, digest: str, data_files: dict, plan, overwrite: bool, cfg=None) -> None:
+def claim(out: Path, digest: str, data_files: dict, plan, overwrite: bool, cfg) -> None:
     """Refuse to mix results of different configs or data in one directory (overwrite=true starts afresh).
 
     A damaged plan.json (or one without a config hash) is judged by the runs themselves: when runs.csv
@@ -101,8 +102,7 @@ def claim(out: Path, digest: str, data_files: dict, plan, overwrite: bool, cfg=N
         problem = (f"{out} was run on other data: {changed[0]} is not the file its results were made with (size "
                    "or checksum differ); restore that file, or pass overwrite=true to delete the results")
     elif recorded:
-        difference = (config_difference(out, cfg, plan.private) if cfg is not None else "") or \
-            f"hash {recorded} != {digest}"
+        difference = config_difference(out, cfg, plan.private) or f"hash {recorded} != {digest}"
         problem = (f"{out} holds results of a different config ({difference}); choose another "
                    "hydra.run.dir, or pass overwrite=true to delete them")
     else:
@@ -162,7 +162,7 @@ def read_runs(path: Path, config_ids, digest: str = None, repair: str = RERUN) -
             try:
                 number = float(value)
             except ValueError:
-                raise DpgridError(f"{path}, line {line}: {column} = {value!r} is not a number; {RERUN}") from None
+                raise DpgridError(f"{path}, line {line}: {column} = {value!r} is not a number; {repair}") from None
             if not math.isfinite(number) and column != "noise_multiplier":  # nan: a schedule's varying sigma
                 raise DpgridError(f"{path}, line {line}: {column} = {value!r} is not a finite number; {repair}")
             if column == "seed" and not (number.is_integer() and number >= 0):
@@ -210,7 +210,7 @@ def finished_runs(out: Path, plan, eval_every: int, digest: str = None, selected
         warn_once(f"{curves_path} {damage}: {fate if lost else 'no committed run lost its curves'}")
     elif lost:
         warn_once(f"{curves_path} lacks some curves: {fate}")
-    if complete != done:
+    if lost:
         write_csv(runs_path, runs.loc[np.array([k in complete for k in run_keys], dtype=bool)])
     keep = curves.loc[np.array([k in complete for k in curve_keys], dtype=bool)]
     if not len(keep):  # appended to from scratch, header first

@@ -3,6 +3,7 @@ that a resumed selection trains the same candidates, and what the selection rele
 accounting is dpgrid.privacy.random_stopping's.
 """
 
+import hashlib
 import json
 import math
 import warnings
@@ -55,9 +56,6 @@ def draw_candidates(stopping: dict, config_ids: list, source) -> list:
 
 def draw_digest(stopping: dict, drawn: list) -> str:
     """The identity of one draw: every candidate row records it, so a draw cannot change under its rows."""
-    import hashlib
-    import json
-
     return hashlib.sha256(json.dumps({"stopping": stopping, "candidates": drawn}, sort_keys=True).encode()).hexdigest()[:16]
 
 
@@ -71,8 +69,6 @@ def candidates(out, plan, configs: list, source, overwrite: bool = False) -> tup
     refused naming the file; overwrite=true deletes the selection's files and draws anew, saying so. With
     no candidate trained yet, a damaged file is drawn again (nothing was computed from the data)."""
     from pathlib import Path
-
-    import pandas as pd
 
     from .files import environment, write_json
 

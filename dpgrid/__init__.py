@@ -1,11 +1,11 @@
 """dpgrid: honest private hyperparameter search for DP-SGD clipping strategies.
 
-The Python API (see dpgrid.api): compose, plan, run_grid, tables; the plugin base classes Strategy
+The Python API (see dpgrid.api): compose, compile, plan, run_grid, tables; the plugin base classes Strategy
 (dpgrid.strategies) and Data (dpgrid.data). Imported on first use, so `import dpgrid` stays light.
 """
 
 __version__ = "0.1.0"
-_LAZY = {"compose": "api", "plan": "api", "run_grid": "api", "tables": "api", "GridResult": "api",
+_LAZY = {"compose": "api", "compile": "api", "plan": "api", "run_grid": "api", "tables": "api", "GridResult": "api",
          "Strategy": "strategies", "Data": "data"}
 
 

@@ -2,8 +2,8 @@
 
     import dpgrid
     cfg = dpgrid.compose(["strategy=fixed_threshold", "grid.k=3", "train.epochs=1"])
-    print(dpgrid.plan(cfg).noise_multiplier)
-    result = dpgrid.run_grid(cfg, "outputs/mine")     # writes and resumes exactly like `dpgrid run`
+    spec = dpgrid.compile(cfg)                         # frozen and validated: spec.plan.noise_multiplier, ...
+    result = dpgrid.run_grid(spec, "outputs/mine")    # writes and resumes exactly like `dpgrid run`
     result.summary                                     # pandas DataFrames: runs, curves, summary
     dpgrid.tables("outputs")
 
@@ -45,7 +45,7 @@ def compose(overrides=(), with_hydra: bool = False):
 
     from .config import register
 
-    register()
+    register()  # the schema and resolvers, made known to Hydra when a config is first composed
     overrides = list(overrides)
     refuse_added_settings(overrides)
     try:
@@ -62,11 +62,29 @@ def compose(overrides=(), with_hydra: bool = False):
         raise DpgridError(readable(str(e), overrides)) from None
 
 
+class Callbacks:
+    """The config's hydra.callbacks (Hydra's Callback classes), called where Hydra calls them in a run."""
+
+    def __init__(self, configured):
+        from hydra.utils import instantiate
+
+        self.callbacks = [instantiate(c) for c in (configured or {}).values()]
+
+    def __getattr__(self, event: str):  # on_run_start, on_job_start, on_job_end, on_run_end, ...
+        if not event.startswith("on_"):
+            raise AttributeError(event)
+        ending = event.endswith("_end")  # as Hydra: the start events in order, the end events in reverse
+
+        def call(**kwargs):
+            for callback in reversed(self.callbacks) if ending else self.callbacks:
+                getattr(callback, event)(**kwargs)
+        return call
+
+
 def launch(cfg, task):
     """`task(cfg)` run as Hydra runs one job (run directory, .hydra/, cli.log, callbacks), on a config that
     `compose(..., with_hydra=True)` made: `dpgrid run` composes its config once."""
     from hydra import initialize_config_dir
-    from hydra._internal.callbacks import Callbacks  # what Hydra.run uses; hydra-core is pinned to 1.3.x
     from hydra.core.global_hydra import GlobalHydra
     from hydra.core.utils import run_job
     from hydra.types import HydraContext, RunMode
@@ -75,7 +93,7 @@ def launch(cfg, task):
     with open_dict(cfg):
         cfg.hydra.mode = RunMode.RUN
     with initialize_config_dir(version_base="1.3", config_dir=config_dir(), job_name="dpgrid"):
-        callbacks = Callbacks(cfg)
+        callbacks = Callbacks(cfg.hydra.get("callbacks"))
         callbacks.on_run_start(config=cfg, config_name="config")
         context = HydraContext(config_loader=GlobalHydra.instance().config_loader(), callbacks=callbacks)
         job = run_job(task, cfg, job_dir_key="hydra.run.dir", job_subdir_key=None, hydra_context=context,
@@ -121,20 +139,21 @@ def check_sweep(overrides: list) -> list:
     of different configs that would write into one directory are refused, naming their overrides.
     Returns the jobs' directories."""
     from .checks import check_config
+    from .config import settings_of
+    from .config.compile import config_hash
     from .files import check_writable
-    from .results import config_hash
     from .strategies import resolve
 
     by_dir = {}
     for job in sweep_jobs(overrides):
         try:
             cfg = compose(job, with_hydra=True)
-            check_config(cfg, warn=False)
+            check_config(cfg)
             out = (Path(str(cfg.hydra.sweep.dir)) / str(cfg.hydra.sweep.subdir)).absolute()
             check_writable(out)
         except DpgridError as e:
             raise type(e)(f"sweep job {' '.join(job)}: {e}") from None
-        by_dir.setdefault(out, {}).setdefault(config_hash(cfg, resolve(cfg.strategy).private), job)
+        by_dir.setdefault(out, {}).setdefault(config_hash(settings_of(cfg), resolve(cfg.strategy).private), job)
     for out, jobs in by_dir.items():
         if len(jobs) > 1:
             first, second = list(jobs.values())[:2]
@@ -214,14 +233,17 @@ def options(group: str) -> list:
     return sorted(p.stem for p in (Path(config_dir()) / group).glob("*.yaml"))
 
 
-def plan(cfg, n_train: int = None):
-    """The grid's validated privacy plan (dpgrid.privacy.Plan); N as given, else the config's
+def compile(cfg, n_train: int = None):
+    """The config compiled into a frozen, validated grid (dpgrid.config.GridSpec); N as given, else the config's
     dataset.n_train, else the loaded data's."""
-    from .checks import check_config
-    from .runner import config_n_train, plan_grid
+    from .config import compile as compile_grid
 
-    check_config(cfg, n_train)
-    return plan_grid(cfg, config_n_train(cfg) if n_train is None else n_train)[1]
+    return compile_grid(cfg, n_train)
+
+
+def plan(cfg, n_train: int = None):
+    """The grid's validated privacy plan (dpgrid.privacy.Plan): compile(cfg, n_train).plan."""
+    return compile(cfg, n_train).plan
 
 
 @dataclass
@@ -239,14 +261,20 @@ class GridResult:
 
 
 def run_grid(cfg, out_dir, progress: bool = True) -> GridResult:
-    """Train the grid into out_dir (resuming what is there), as `dpgrid run` does."""
+    """Train the grid (a composed config, or the GridSpec `compile` made of one) into out_dir, resuming what
+    is there, as `dpgrid run` does."""
     import json
+    import warnings
 
     import pandas as pd
 
+    from .config import GridSpec
     from .runner import run_grid as run
 
-    run(cfg, out_dir, progress)
+    spec = cfg if isinstance(cfg, GridSpec) else compile(cfg)
+    for warning in spec.warnings:
+        warnings.warn(warning)
+    run(spec, out_dir, progress)
     out = Path(out_dir)
     read = lambda name: pd.read_csv(out / name, dtype={"config_id": str})  # noqa: E731
     return GridResult(out, json.loads((out / "plan.json").read_text()), read("runs.csv"), read("curves.csv"),

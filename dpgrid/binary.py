@@ -18,6 +18,9 @@ from .data import Data
 
 def binary_data(x, positive, feature_bound: float, files=None) -> Data:
     """Data of a +-1 problem: standardised, rows bounded by Z, the training set used for evaluation too."""
+    from .checks import Reader
+
+    Reader({"feature_bound": feature_bound}, "dataset.load.").positive("feature_bound")  # a loader checks its keys
     x = np.asarray(x, dtype=np.float64)
     std = x.std(axis=0)
     x = (x - x.mean(axis=0)) / np.where(std > 0, std, 1.0)  # a constant feature stays 0

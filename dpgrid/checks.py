@@ -4,7 +4,6 @@ and what is valid (DpgridError, exit code 2). Explicit code, never `assert`: the
 
 import math
 import re
-import warnings
 
 from omegaconf import OmegaConf
 from omegaconf.errors import OmegaConfBaseException
@@ -18,25 +17,87 @@ MAX_LOG10 = 10        # grid axes span at most 10^-10 .. 10^10
 LARGE_CONFIGS, LARGE_STEPS = 10_000, 10 ** 7  # 100x the largest paper grid's K, 20x its steps
 
 
-_warned = set()
+class Reader:
+    """Reads the keys of one config node, each checked as it is read: a value outside its range is a
+    DpgridError naming the key (`prefix` + key) and what is valid. `Reader(cfg)` reads the top-level
+    settings; a strategy's `check_options` gets a Reader of its own keys only (prefix "strategy.")."""
 
+    def __init__(self, values, prefix: str = ""):
+        self.values, self.prefix = values, prefix
 
-def warn_once(message: str) -> None:
-    """A warning printed once per process, however often the checks run (early, then with the data)."""
-    if message not in _warned:
-        _warned.add(message)
-        warnings.warn(message)
+    def get(self, key: str):
+        node = self.values
+        try:
+            if OmegaConf.is_config(node):
+                return OmegaConf.select(node, key, throw_on_missing=False)
+            for part in key.split("."):
+                node = node.get(part) if isinstance(node, dict) else None
+            return node
+        except OmegaConfBaseException as e:  # e.g. an interpolated value the schema refuses
+            raise DpgridError(wrong_type(e) if getattr(e, "full_key", None) else str(e).splitlines()[0]) from None
 
+    def has(self, key: str) -> bool:
+        return self.get(key) is not None
 
-def get(cfg, key):
-    try:
-        return OmegaConf.select(cfg, key, throw_on_missing=False)
-    except OmegaConfBaseException as e:  # e.g. an interpolated value the schema refuses
-        raise DpgridError(wrong_type(e) if getattr(e, "full_key", None) else str(e).splitlines()[0]) from None
+    def refuse(self, key: str, valid: str, value) -> None:
+        raise DpgridError(f"{self.prefix}{key} must be {valid}, got {value!r}")
+
+    def whole(self, key: str, low: int = 1, high: int = None) -> int:
+        """An integer key in [low, high]."""
+        v = self.get(key)
+        if not isinstance(v, int) or isinstance(v, bool) or v < low or (high is not None and v > high):
+            self.refuse(key, f"a whole number >= {low}" if high is None else f"a whole number in {low}..{high}", v)
+        return v
+
+    def real(self, key: str, valid: str, ok) -> float:
+        """A finite number key for which ok(v) holds; `valid` says which in words."""
+        v = self.get(key)
+        if not is_number(v) or not math.isfinite(v) or abs(v) > FLOAT32_MAX or not ok(v):
+            self.refuse(key, valid, v)
+        return float(v)
+
+    def positive(self, key: str) -> float:
+        return self.real(key, "a positive finite number", lambda v: v > 0)
+
+    def fraction(self, key: str, closed_low: bool = False) -> float:
+        """In (0, 1), or [0, 1) with closed_low."""
+        if closed_low:
+            return self.real(key, "in [0, 1)", lambda v: 0 <= v < 1)
+        return self.real(key, "in (0, 1)", lambda v: 0 < v < 1)
+
+    def choice(self, key: str, options, default: str = None) -> str:
+        v = self.get(key)
+        v = default if v is None else v
+        if str(v) not in options or not isinstance(v, str):
+            self.refuse(key, f"one of {', '.join(options)}", v)
+        return v
+
+    def flag(self, key: str) -> bool:
+        v = self.get(key)
+        if not isinstance(v, bool):
+            self.refuse(key, "true or false", v)
+        return v
+
+    def numbers(self, key: str, valid: str, ok, length: int = None) -> list:
+        """A list of finite numbers, each with ok(v); exactly `length` of them when given."""
+        v = self.get(key)
+        values = list(v) if OmegaConf.is_list(v) or isinstance(v, (list, tuple)) else None
+        if (values is None or not values or (length and len(values) != length)
+                or not all(is_number(x) and math.isfinite(x) and ok(x) for x in values)):
+            self.refuse(key, f"a list of {f'{length} ' if length else ''}numbers {valid}", v)
+        return [float(x) for x in values]
+
+    def log_range(self, key: str) -> list:
+        low, high = self.numbers(key, f"in [-{MAX_LOG10}, {MAX_LOG10}] (log10 bounds)", lambda x: abs(x) <= MAX_LOG10,
+                                 length=2)
+        if not low < high:
+            raise DpgridError(f"{self.prefix}{key} must be [low, high] with low < high (log10 bounds), "
+                              f"got [{low:g}, {high:g}]")
+        return [low, high]
 
 
 def wrong_type(error) -> str:
-    """A value the schema (dpgrid/config.py) refuses: the key, the value and the type it needs."""
+    """A value the schema (dpgrid/config/schema.py) refuses: the key, the value and the type it needs."""
     first = str(error).strip().splitlines()[0]
     needed = re.search(r"converted to (\w+)", first)
     kind = {"Integer": "a whole number", "Float": "a number", "Boolean": "true or false",
@@ -52,141 +113,75 @@ def is_number(v) -> bool:
     return isinstance(v, (int, float)) and not isinstance(v, bool)
 
 
-def whole(cfg, key: str, low: int = 1, high: int = None) -> int:
-    """An integer key in [low, high]."""
-    v = get(cfg, key)
-    span = f"a whole number >= {low}" if high is None else f"a whole number in {low}..{high}"
-    if not isinstance(v, int) or isinstance(v, bool) or v < low or (high is not None and v > high):
-        raise DpgridError(f"{key} must be {span}, got {v!r}")
-    return v
-
-
-def real(cfg, key: str, valid: str, ok) -> float:
-    """A finite number key for which ok(v) holds; `valid` says which in words."""
-    v = get(cfg, key)
-    if not is_number(v) or not math.isfinite(v) or abs(v) > FLOAT32_MAX or not ok(v):
-        raise DpgridError(f"{key} must be {valid}, got {v!r}")
-    return float(v)
-
-
-def positive(cfg, key: str) -> float:
-    return real(cfg, key, "a positive finite number", lambda v: v > 0)
-
-
-def fraction(cfg, key: str, closed_low: bool = False) -> float:
-    """In (0, 1), or [0, 1) with closed_low."""
-    if closed_low:
-        return real(cfg, key, "in [0, 1)", lambda v: 0 <= v < 1)
-    return real(cfg, key, "in (0, 1)", lambda v: 0 < v < 1)
-
-
-def choice(cfg, key: str, options, default: str = None) -> str:
-    v = get(cfg, key)
-    v = default if v is None else v
-    if str(v) not in options or not isinstance(v, str):
-        raise DpgridError(f"{key} must be one of {', '.join(options)}, got {v!r}")
-    return v
-
-
-def flag(cfg, key: str) -> bool:
-    v = get(cfg, key)
-    if not isinstance(v, bool):
-        raise DpgridError(f"{key} must be true or false, got {v!r}")
-    return v
-
-
-def numbers(cfg, key: str, valid: str, ok, length: int = None) -> list:
-    """A list of finite numbers, each with ok(v); exactly `length` of them when given."""
-    v = get(cfg, key)
-    values = list(v) if OmegaConf.is_list(v) or isinstance(v, (list, tuple)) else None
-    if (values is None or not values or (length and len(values) != length)
-            or not all(is_number(x) and math.isfinite(x) and ok(x) for x in values)):
-        size = f"{length} " if length else ""
-        raise DpgridError(f"{key} must be a list of {size}numbers {valid}, got {v!r}")
-    return [float(x) for x in values]
-
-
-def log_range(cfg, key: str) -> list:
-    low, high = numbers(cfg, key, f"in [-{MAX_LOG10}, {MAX_LOG10}] (log10 bounds)",
-                        lambda x: abs(x) <= MAX_LOG10, length=2)
-    if not low < high:
-        raise DpgridError(f"{key} must be [low, high] with low < high (log10 bounds), got [{low:g}, {high:g}]")
-    return [low, high]
-
-
 BUDGETS = ("per_grid", "per_run")
 
 
-def check_config(cfg, n_train: int = None, warn: bool = True) -> None:
-    """The common keys (privacy, grid, train, data); the strategy's own come from the strategy class.
-    n_train: the loaded data's N, or None for the config's dataset.n_train (`dpgrid plan`, early checks).
-    Imports nothing heavy, so that `dpgrid run` refuses a bad value within a second."""
-    n_config = whole(cfg, "dataset.n_train") if get(cfg, "dataset.n_train") is not None else None
+def check_config(cfg, n_train: int = None) -> list:
+    """The common keys (privacy, grid, train, data, and what every dataset config states); a strategy,
+    model or dataset loader checks its own keys. n_train: the loaded data's N, or None for the config's
+    dataset.n_train (`dpgrid plan`, early checks). Returns the warnings, for the caller to show once.
+    Imports nothing heavy, so that `dpgrid run` refuses a bad value before torch is imported."""
+    read = Reader(cfg)
+    n_config = read.whole("dataset.n_train") if read.has("dataset.n_train") else None
     n_train = n_config if n_train is None else n_train  # None: not known before the data is loaded
-    real(cfg, "privacy.epsilon", f"in (0, {MAX_EPSILON:g}]", lambda v: 0 < v <= MAX_EPSILON)
-    delta = real(cfg, "privacy.delta", "in (0, 1)", lambda v: 0 < v < 1)
-    if warn and n_train and delta >= 1 / n_train:
-        warn_once(f"privacy.delta={delta:g} is not below 1/N = {1 / n_train:.3g}: a weak guarantee")
-    for key in ("privacy.account_seeds", "privacy.secure_rng", "overwrite", "grid.allow_large"):
-        flag(cfg, key)
-    choice(cfg, "privacy.budget", BUDGETS)
+    warnings = []
+    read.real("privacy.epsilon", f"in (0, {MAX_EPSILON:g}]", lambda v: 0 < v <= MAX_EPSILON)
+    delta = read.real("privacy.delta", "in (0, 1)", lambda v: 0 < v < 1)
+    if n_train and delta >= 1 / n_train:
+        warnings.append(f"privacy.delta={delta:g} is not below 1/N = {1 / n_train:.3g}: a weak guarantee")
+    for key in ("privacy.account_seeds", "privacy.secure_rng", "overwrite", "grid.allow_large", "train.float64"):
+        read.flag(key)
+    read.choice("privacy.budget", BUDGETS)
     from .privacy import all_accountants
-    choice(cfg, "privacy.accountant", all_accountants())
-    if choice(cfg, "privacy.selection", ("composition", "random_stopping")) == "random_stopping":
-        check_selection(cfg)
-    whole(cfg, "grid.k", low=2)
-    log_range(cfg, "grid.lr_range")
-    log_range(cfg, "grid.clip_range")
-    numbers(cfg, "grid.quantiles", "in (0, 1)", lambda x: 0 < x < 1)
-    if get(cfg, "dataset.epsilons") is not None:
-        numbers(cfg, "dataset.epsilons", f"in (0, {MAX_EPSILON:g}]", lambda x: 0 < x <= MAX_EPSILON)
-    whole(cfg, "train.batch_size", high=n_train)  # high=None: checked again once the data is loaded
+    read.choice("privacy.accountant", all_accountants())
+    if read.choice("privacy.selection", ("composition", "random_stopping")) == "random_stopping":
+        check_selection(read)
+    read.whole("grid.k", low=2)
+    read.log_range("grid.lr_range")
+    read.log_range("grid.clip_range")
+    read.numbers("grid.quantiles", "in (0, 1)", lambda x: 0 < x < 1)
+    if read.has("dataset.epsilons"):
+        read.numbers("dataset.epsilons", f"in (0, {MAX_EPSILON:g}]", lambda x: 0 < x <= MAX_EPSILON)
+    read.whole("train.batch_size", high=n_train)  # high=None: checked again once the data is loaded
     for key in ("train.epochs", "train.seeds", "train.eval_every"):
-        whole(cfg, key)
-    fraction(cfg, "train.momentum", closed_low=True)
-    if choice(cfg, "train.sampling", ("poisson", "shuffle")) == "shuffle":
-        warn_once("train.sampling=shuffle: fixed-size shuffled batches are NOT covered by the Poisson analysis; "
-                      "these runs claim no epsilon (epsilon_spent is empty, rows marked 'not DP')")
-    choice(cfg, "train.engine", ("fast", "func"))
-    choice(cfg, "dataset.task", list(TASKS))
-    if choice(cfg, "dataset.normalize", ("unit", "standardize"), default="unit") == "standardize":
-        if get(cfg, "dataset.mean") is None:
+        read.whole(key)
+    read.fraction("train.momentum", closed_low=True)
+    if read.choice("train.sampling", ("poisson", "shuffle")) == "shuffle":
+        warnings.append("train.sampling=shuffle: fixed-size shuffled batches are NOT covered by the Poisson analysis; "
+                        "these runs claim no epsilon (epsilon_spent is empty, rows marked 'not DP')")
+    read.choice("train.engine", ("fast", "func"))
+    read.choice("dataset.task", list(TASKS))
+    if read.choice("dataset.normalize", ("unit", "standardize"), default="unit") == "standardize":
+        if not read.has("dataset.mean"):
             raise DpgridError(f"dataset.normalize=standardize needs the public constants dataset.mean and "
                               f"dataset.std; {cfg.dataset.name} has none (mnist and fashion_mnist do)")
-        real(cfg, "dataset.mean", "in [0, 1] (pixels are in [0, 1])", lambda v: 0 <= v <= 1)
-        real(cfg, "dataset.std", "in (0, 1] (pixels are in [0, 1])", lambda v: 0 < v <= 1)
-    if get(cfg, "dataset.classes") is not None:
-        whole(cfg, "dataset.classes", low=2)
-    if get(cfg, "dataset.load.max_words") is not None:
-        whole(cfg, "dataset.load.max_words")
-    if get(cfg, "dataset.seconds_per_step") is not None:
-        positive(cfg, "dataset.seconds_per_step")
-    if get(cfg, "dataset.features") is not None:
-        whole(cfg, "dataset.features")
-    if get(cfg, "dataset.l2") is not None:  # the logistic-regression problems' constants
-        real(cfg, "dataset.l2", "a finite number >= 0 (lambda)", lambda v: v >= 0)
-        positive(cfg, "dataset.feature_bound")
-        positive(cfg, "dataset.radius")
-    if get(cfg, "dataset.load.feature_bound") is not None:
-        positive(cfg, "dataset.load.feature_bound")
+        read.real("dataset.mean", "in [0, 1] (pixels are in [0, 1])", lambda v: 0 <= v <= 1)
+        read.real("dataset.std", "in (0, 1] (pixels are in [0, 1])", lambda v: 0 < v <= 1)
+    if read.has("dataset.classes"):
+        read.whole("dataset.classes", low=2)
+    if read.has("dataset.seconds_per_step"):
+        read.positive("dataset.seconds_per_step")
+    if read.has("dataset.features"):
+        read.whole("dataset.features")
+    return warnings
 
 
-def check_selection(cfg) -> None:
+def check_selection(read: Reader) -> None:
     """Random stopping's keys, and the settings a selection cannot be combined with."""
     from .privacy.random_stopping import RULES
 
-    choice(cfg, "privacy.stopping", RULES)
-    real(cfg, "privacy.stopping_eta", "a number in (-1, 100]", lambda v: -1 < v <= 100)
-    if get(cfg, "privacy.stopping_mean") is not None:
-        real(cfg, "privacy.stopping_mean", "a number > 1 (the expected number of candidates)", lambda v: v > 1)
-    whole(cfg, "privacy.stopping_seed", low=0)
+    read.choice("privacy.stopping", RULES)
+    read.real("privacy.stopping_eta", "a number in (-1, 100]", lambda v: -1 < v <= 100)
+    if read.has("privacy.stopping_mean"):
+        read.real("privacy.stopping_mean", "a number > 1 (the expected number of candidates)", lambda v: v > 1)
+    read.whole("privacy.stopping_seed", low=0)
     refusals = {"privacy.budget": ("per_grid", "a selection's budget is the whole selection's; per_run means nothing"),
                 "privacy.accountant": ("rdp", "the stopping theorems are Renyi bounds"),
                 "train.sampling": ("poisson", "shuffled batches claim no epsilon to select with")}
     for key, (needed, why) in refusals.items():
-        if str(get(cfg, key)) != needed:
-            raise DpgridError(f"privacy.selection=random_stopping needs {key}={needed}, got {get(cfg, key)}: {why}")
-    if get(cfg, "grid.only") is not None:
+        if str(read.get(key)) != needed:
+            raise DpgridError(f"privacy.selection=random_stopping needs {key}={needed}, got {read.get(key)}: {why}")
+    if read.has("grid.only"):
         raise DpgridError("privacy.selection=random_stopping cannot run with grid.only: a selection draws its "
                           "candidates from the whole grid and cannot be split by hand")
 

@@ -85,29 +85,25 @@ def on_sigterm(signum, frame):
     raise Interrupted()
 
 
-from .api import config_dir  # noqa: E402  (Hydra's decorator needs it here)
+from .api import compose, config_dir  # noqa: E402  (Hydra's decorator needs config_dir here)
 
 
-def compose_checked(overrides: list, with_hydra: bool = False):
-    """The composed config after the checks that import nothing heavy (no torch): a bad value is refused
-    within a second. Warnings wait for the real checks, which know the loaded data's N."""
-    from .api import compose
-    from .checks import check_config
-
-    cfg = compose(overrides, with_hydra)
-    check_config(cfg, warn=False)
-    return cfg
+def announced(spec):
+    """The compiled grid, its warnings shown (once: a grid is compiled once)."""
+    for warning in spec.warnings:
+        warnings.warn(warning)
+    return spec
 
 
 def plan_command(args: list) -> None:
     as_json, compare = "--json" in args, "--compare" in args
-    cfg = compose_checked([a for a in args if a not in ("--json", "--compare")])
+    cfg = compose([a for a in args if a not in ("--json", "--compare")])
+    from .config import compile
     from .describe import print_alternatives, print_comparison, print_schedule, print_seeds_cost, print_selection
-    from .runner import config_n_train, plan_grid
 
     start = time.perf_counter()
-    _, plan, _ = plan_grid(cfg, config_n_train(cfg))
-    seconds = time.perf_counter() - start
+    spec = announced(compile(cfg))
+    plan, seconds = spec.plan, time.perf_counter() - start
     if as_json:
         print(json.dumps(plan.to_dict(), indent=2))
         return
@@ -131,9 +127,9 @@ def plan_command(args: list) -> None:
             print_seeds_cost(plan)
         for name, value in plan.per_query.items():
             print(f"  {name} = {value:.5g}")
-        print_alternatives(cfg, plan)
+        print_alternatives(plan, spec.privacy)
         if compare:
-            print_comparison(cfg, plan)
+            print_comparison(plan)
             seconds = time.perf_counter() - start  # the timing line covers the comparison too
     for c in [] if plan.schedule else plan.configurations:  # a schedule's plan lists them with their iterations
         print("   ", c["config_id"], " ".join(f"{k}={v:.4g}" for k, v in c.items() if k != "config_id"))
@@ -156,35 +152,47 @@ def run_command(args: list) -> None:
         sys.argv = ["dpgrid run", *args]
         hydra.main(version_base="1.3", config_path=config_dir(), config_name="config")(grid_job(created))()
         return
-    cfg = compose_checked(args, with_hydra=True)  # bad names, syntax and values refused here
+    cfg = compose(args, with_hydra=True)  # bad names and syntax refused here; bad values by compile, before torch
+    from .config import compile
+
+    spec = announced(compile(cfg))  # compiled once, before Hydra writes anything; the job trains this spec
     from .runner import check_run
 
-    planned = check_run(cfg, cfg.hydra.run.dir)
+    check_run(spec, cfg.hydra.run.dir)
     out = Path(cfg.hydra.run.dir).absolute()
-    launch(cfg, grid_job({out: outermost_missing(out)}, planned))
+    launch(cfg, grid_job({out: outermost_missing(out)}, spec))
 
 
-def grid_job(created: dict, planned=None):
+def grid_job(created: dict, spec=None):
     """Hydra's task: train the grid into the job's output directory and say where the results are.
     `created`: per run directory, the outermost folder this command creates for it (None: none);
-    `planned`: the grid this command planned and checked already (one run; a sweep's jobs plan their own)."""
+    `spec`: the grid this command compiled and checked already (one run; a sweep's jobs compile their own)."""
     def task(cfg) -> None:
         from hydra.core.hydra_config import HydraConfig
+        from omegaconf import OmegaConf
 
         from . import DpgridError
+        from .config import compile
+        from .files import locked, remove_created
         from .jobs import hydra_record, run_log
         from .runner import describe_best, run_grid
 
         out = Path(HydraConfig.get().runtime.output_dir).absolute()
         try:
+            try:
+                grid = spec or announced(compile(cfg))
+            except DpgridError:
+                with contextlib.suppress(DpgridError), locked(out):  # Busy: another grid's; left alone
+                    remove_created(out, created.get(out))  # the job's folder, which Hydra made
+                raise
             with run_log(out / "cli.log"):
-                summary = run_grid(cfg, out, on_lock=hydra_record(cfg), created=created.get(out), planned=planned)
+                summary = run_grid(grid, out, on_lock=hydra_record(OmegaConf.to_yaml(cfg)), created=created.get(out))
         except DpgridError as e:  # refused: nothing written into another grid's directory (files.Busy)
             fail(e)
         except KeyboardInterrupt as e:
             name = "SIGTERM" if isinstance(e, Interrupted) else "interrupted"
             fail(f"{name}: the grid in {out} is incomplete; the same command resumes it", 143 if name == "SIGTERM" else 130)
-        print(describe_best(summary, cfg.dataset.task))
+        print(describe_best(summary, grid.task))
         print(f"results: {out}")
     return task
 

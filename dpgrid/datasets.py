@@ -190,6 +190,9 @@ def embed(texts, word_index, vectors, max_words: int) -> torch.Tensor:
 
 def load_ag_news(root, max_words: int = 15, glove=None) -> Data:
     """AG News (either layout) as concatenated GloVe-50 vectors of the first `max_words` tokens."""
+    from .checks import Reader
+
+    Reader({"max_words": max_words}, "dataset.load.").whole("max_words")
     root = Path(root)
     (train, train_path), (test, test_path) = read_ag_news_split(root, "train"), read_ag_news_split(root, "test")
     word_index, vectors = load_glove(glove)

@@ -45,18 +45,18 @@ def print_selection(plan) -> None:
           f"candidate's eps = {plan.epsilon_per_run:.5g}")
 
 
-def print_alternatives(cfg, plan) -> None:
-    """nu for the same (eps, delta) under composition and each stopping rule."""
+def print_alternatives(plan, privacy: dict) -> None:
+    """nu for the same (eps, delta) under composition and each stopping rule (privacy: the privacy settings)."""
     from .privacy import alternatives
 
-    mean = cfg.privacy.get("stopping_mean")
-    found = alternatives(plan, float(cfg.privacy.stopping_eta), float(mean) if mean is not None else plan.n_configs)
+    mean = privacy.get("stopping_mean")
+    found = alternatives(plan, float(privacy["stopping_eta"]), float(mean) if mean is not None else plan.n_configs)
     print("  nu for the same (eps, delta):")
     for name, nu in found.items():
         print(f"    {name:<62} {f'{nu:.4f}' if nu else 'unreachable'}")
 
 
-def print_comparison(cfg, plan) -> None:
+def print_comparison(plan) -> None:
     """nu for this grid under every accountant and budget mode, side by side."""
     from .privacy import ACCOUNTANTS, calibrate
 

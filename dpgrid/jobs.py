@@ -26,9 +26,10 @@ def run_log(path: Path):
         log.propagate = saved[1]
 
 
-def hydra_record(cfg):
-    """Hydra's record of the job (.hydra/config.yaml, hydra.yaml, overrides.yaml), written by dpgrid once it
-    holds the run directory's lock: Hydra itself writes nothing there (conf: hydra.output_subdir is null)."""
+def hydra_record(config_yaml: str):
+    """Hydra's record of the job (.hydra/config.yaml, the job's config as composed; hydra.yaml, overrides.yaml),
+    written by dpgrid once it holds the run directory's lock: Hydra itself writes nothing there (conf:
+    hydra.output_subdir is null)."""
     def write(out: Path) -> None:
         from hydra.core.hydra_config import HydraConfig
         from omegaconf import OmegaConf
@@ -38,7 +39,7 @@ def hydra_record(cfg):
         hydra_cfg, folder = HydraConfig.get(), out / ".hydra"
         with environment(folder):
             folder.mkdir(exist_ok=True)
-        write_atomic(folder / "config.yaml", OmegaConf.to_yaml(cfg))
+        write_atomic(folder / "config.yaml", config_yaml)
         write_atomic(folder / "hydra.yaml", OmegaConf.to_yaml(OmegaConf.create({"hydra": hydra_cfg})))
         write_atomic(folder / "overrides.yaml", OmegaConf.to_yaml(hydra_cfg.overrides.task))
     return write

@@ -274,14 +274,22 @@ def check_model(model: nn.Module, engine: str = "fast") -> None:
             owner[id(param)] = name
 
 
-def make_engine(model: nn.Module, task: str, name: str = "fast"):
-    """The engine `dpgrid run` uses: fast when every parametrised layer is supported, else func."""
+def engine_for(model: nn.Module, name: str = "fast") -> tuple:
+    """(the engine a grid of this model uses, a warning or None): fast when every parametrised layer is
+    supported, else func. Asked once per grid, when it is compiled."""
     check_model(model, name)
-    if name == "func":
-        return FuncEngine(model, task)
-    try:
-        return FastEngine(model, task)
-    except NotImplementedError as e:
-        from .checks import warn_once  # once per grid, not once per run
-        warn_once(f"{e}; falling back to the slower torch.func engine (exact, more memory)")
-        return FuncEngine(model, task)
+    problems = {type(m).__name__: why for m in model.modules()
+                if any(True for _ in m.parameters(recurse=False)) and (why := unsupported_layer(m))}
+    if name == "fast" and problems:
+        return "func", (f"layers the fast engine cannot handle: {problems}; falling back to the slower torch.func "
+                        "engine (exact, more memory)")
+    return name, None
+
+
+def make_engine(model: nn.Module, task: str, name: str = "fast"):
+    """The engine `name` for this model (fast falls back to func, with a warning, where it cannot serve)."""
+    name, warning = engine_for(model, name)
+    if warning:
+        import warnings
+        warnings.warn(warning)
+    return FuncEngine(model, task) if name == "func" else FastEngine(model, task)

@@ -6,9 +6,8 @@ are dropped. Damage is named in one line, with whether the same command repairs 
 """
 
 import copy
-import hashlib
-import json
 import math
+import warnings
 from pathlib import Path
 
 import numpy as np
@@ -16,7 +15,6 @@ import pandas as pd
 from omegaconf import OmegaConf
 
 from . import DpgridError, tasks
-from .checks import warn_once
 from .curves import read_curves, whole_curve
 from .files import environment, read_json, read_rows, write_atomic, write_csv, write_json
 
@@ -33,14 +31,13 @@ OPTIONAL = ("best_value", "final_clip", "final_lr", "epsilon_spent", "epsilon_gr
             "epsilon_rdp")
 
 
-def hashed(cfg, private: bool = True) -> dict:
-    """The resolved config, less the settings that cannot change the results.
+def hashed(settings: dict, private: bool = True) -> dict:
+    """The resolved config (plain values), less the settings that cannot change the results.
 
     train.seeds is left out unless the seeds are accounted: seed s's run does not depend on how many
     seeds there are, so a grid can be extended with more seeds in place (its resume runs only the new ones).
     A non-private strategy's runs do not depend on the privacy settings, which are then left out too."""
-    plain = copy.deepcopy(cfg) if isinstance(cfg, dict) else OmegaConf.to_container(
-        OmegaConf.masked_copy(cfg, [k for k in cfg if k != "hydra"]), resolve=True)
+    plain = copy.deepcopy(dict(settings))
     seeds_matter = plain["privacy"]["account_seeds"] or plain["privacy"].get("selection") == "random_stopping"
     unhashed = NOT_HASHED if seeds_matter else (*NOT_HASHED, "train.seeds")
     if not private:
@@ -53,18 +50,14 @@ def hashed(cfg, private: bool = True) -> dict:
     return plain
 
 
-def config_hash(cfg, private: bool = True) -> str:
-    return hashlib.sha256(json.dumps(hashed(cfg, private), sort_keys=True).encode()).hexdigest()[:16]
-
-
-def config_difference(out: Path, cfg, private: bool = True) -> str:
-    """The first hashed setting whose value differs between the config recorded in out/config.yaml and `cfg`,
-    e.g. "train.epochs is 1 there, 2 here"; '' when it cannot be told."""
+def config_difference(out: Path, settings: dict, private: bool = True) -> str:
+    """The first hashed setting whose value differs between the config recorded in out/config.yaml and
+    `settings`, e.g. "train.epochs is 1 there, 2 here"; '' when it cannot be told."""
     try:
         there = flat(hashed(OmegaConf.to_container(OmegaConf.load(out / "config.yaml"), resolve=False), private))
     except Exception:  # a missing or damaged record: the hashes are named instead
         return ""
-    here = flat(hashed(cfg, private))
+    here = flat(hashed(settings, private))
     for key in sorted(set(there) | set(here)):
         if there.get(key) != here.get(key):
             return f"{key} is {there.get(key, '(absent)')} there, {here.get(key, '(absent)')} here"
@@ -81,13 +74,14 @@ def flat(tree: dict, prefix: str = "") -> dict:
     return out
 
 
-def claim(out: Path, digest: str, data_files: dict, plan, overwrite: bool, cfg) -> None:
+def claim(out: Path, spec, data_files: dict) -> None:
     """Refuse to mix results of different configs or data in one directory (overwrite=true starts afresh).
 
     A damaged plan.json (or one without a config hash) is judged by the runs themselves: when runs.csv
     was made with this plan's noise, steps and configurations, the grid resumes and plan.json is rewritten."""
     if not (out / "runs.csv").exists():
         return
+    plan, digest = spec.plan, spec.config_hash
     try:
         previous = read_json(out / "plan.json", "")
     except DpgridError:
@@ -102,19 +96,20 @@ def claim(out: Path, digest: str, data_files: dict, plan, overwrite: bool, cfg) 
         problem = (f"{out} was run on other data: {changed[0]} is not the file its results were made with (size "
                    "or checksum differ); restore that file, or pass overwrite=true to delete the results")
     elif recorded:
-        difference = config_difference(out, cfg, plan.private) or f"hash {recorded} != {digest}"
+        difference = config_difference(out, spec.settings, plan.private) or f"hash {recorded} != {digest}"
         problem = (f"{out} holds results of a different config ({difference}); choose another "
                    "hydra.run.dir, or pass overwrite=true to delete them")
     else:
         why = "has no config hash" if previous else "is damaged or missing"
         mismatch = runs_disagree(out / "runs.csv", plan)
         if not mismatch:
-            warn_once(f"{out / 'plan.json'} {why}; runs.csv matches this config's plan, so the grid resumes "
-                          "and plan.json is rewritten")
+            if data_files is not None:  # said once, by the claim made with the data loaded
+                warnings.warn(f"{out / 'plan.json'} {why}; runs.csv matches this config's plan, so the grid "
+                              "resumes and plan.json is rewritten")
             return
         problem = (f"{out / 'plan.json'} {why}, and runs.csv was not made by this config ({mismatch}); choose "
                    "another hydra.run.dir, or pass overwrite=true to delete the results")
-    if not overwrite:
+    if not spec.overwrite:
         raise DpgridError(problem)
     for name in RESULT_FILES:
         with environment(out / name):
@@ -185,7 +180,7 @@ def finished_runs(out: Path, plan, eval_every: int, digest: str = None, selected
     runs_path, curves_path = out / "runs.csv", out / "curves.csv"
     broken = unreadable_header(runs_path)
     if broken:
-        warn_once(f"{runs_path} {broken} (damaged): the runs it held cannot be vouched for and are trained again")
+        warnings.warn(f"{runs_path} {broken} (damaged): the runs it held cannot be vouched for and are trained again")
         with environment(runs_path):
             runs_path.unlink()
     if not runs_path.exists():
@@ -207,9 +202,9 @@ def finished_runs(out: Path, plan, eval_every: int, digest: str = None, selected
             (f": {len(lost) - len(outside)} are trained again now, {len(outside)} lie outside grid.only and are not "
              "retrained by this command" if outside else ": they are trained again"))
     if damage:
-        warn_once(f"{curves_path} {damage}: {fate if lost else 'no committed run lost its curves'}")
+        warnings.warn(f"{curves_path} {damage}: {fate if lost else 'no committed run lost its curves'}")
     elif lost:
-        warn_once(f"{curves_path} lacks some curves: {fate}")
+        warnings.warn(f"{curves_path} lacks some curves: {fate}")
     if lost:
         write_csv(runs_path, runs.loc[np.array([k in complete for k in run_keys], dtype=bool)])
     keep = curves.loc[np.array([k in complete for k in curve_keys], dtype=bool)]
@@ -274,7 +269,8 @@ def summarize(runs: pd.DataFrame, axes: list, task: str) -> pd.DataFrame:
     return summary
 
 
-def write_header(out: Path, cfg, plan, digest: str, data_files: dict) -> None:
-    write_atomic(out / "config.yaml", OmegaConf.to_yaml(cfg, resolve=True))
-    only = list(cfg.grid.only) if cfg.grid.only is not None else None  # the configurations this command trains
-    write_json(out / "plan.json", {**plan.to_dict(), "config_hash": digest, "data_files": data_files, "grid_only": only})
+def write_header(out: Path, spec, data_files: dict) -> None:
+    write_atomic(out / "config.yaml", OmegaConf.to_yaml(OmegaConf.create(dict(spec.settings))))
+    only = list(spec.only) if spec.only is not None else None  # the configurations this command trains
+    write_json(out / "plan.json", {**spec.plan.to_dict(), "config_hash": spec.config_hash, "data_files": data_files,
+                                   "grid_only": only})

@@ -25,27 +25,34 @@ import time
 import warnings
 
 import torch
-from omegaconf import OmegaConf
 
+import dpgrid
 from dpgrid import strategies
-from dpgrid.grid import configurations
+from dpgrid.api import options
 from dpgrid.models import autoencoder, bag_of_words, cnn
 from dpgrid.persample import make_engine, per_sample_losses
+from dpgrid.runner import build_strategy
 
-MODELS = {"cnn": (cnn, (1, 28, 28), "classification", 10), "autoencoder": (autoencoder, (1, 28, 28), "reconstruction", 0),
-          "bag_of_words": (bag_of_words, (750,), "classification", 4)}
+# each paper model with its input shape, task, classes and the dataset it trains on
+MODELS = {"cnn": (cnn, (1, 28, 28), "classification", 10, "mnist"),
+          "autoencoder": (autoencoder, (1, 28, 28), "reconstruction", 0, "fashion_mnist"),
+          "bag_of_words": (bag_of_words, (750,), "classification", 4, "ag_news")}
 BATCH = 512
 NOISE = 1.0
-CONF = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "conf")
-# the DP-SGD strategies of the config group: those accounted by composition (the noise schedules train
-# logistic regression full-batch)
-STRATEGIES = sorted(name for name in (p.stem for p in __import__("pathlib").Path(CONF, "strategy").glob("*.yaml"))
-                    if strategies.resolve(OmegaConf.load(os.path.join(CONF, "strategy", f"{name}.yaml"))).accounting
-                    == "composition")
+
+
+def dp_sgd_strategies() -> list:
+    """The DP-SGD strategies of the config group: those accounted by composition (the noise schedules train
+    logistic regression full-batch)."""
+    return [name for name in options("strategy")
+            if strategies.resolve(dpgrid.compose([f"strategy={name}"]).strategy).accounting == "composition"]
+
+
+STRATEGIES = dp_sgd_strategies()
 
 
 def batch(model_name):
-    build, shape, task, classes = MODELS[model_name]
+    build, shape, task, classes, _ = MODELS[model_name]
     g = torch.Generator().manual_seed(0)
     x = torch.rand((BATCH, *shape), generator=g)
     y = x if task == "reconstruction" else torch.randint(0, classes, (BATCH,), generator=g)
@@ -65,14 +72,14 @@ def nonprivate_step(model_name):
 
 
 def strategy_step(model_name, strategy, engine_name):
+    """The strategy's step exactly as `dpgrid run` builds it: the compiled grid of this strategy on the model's
+    dataset (its protocol's momentum, its plan's multipliers), a configuration in the middle of its grid."""
     model = MODELS[model_name][0]()
     x, y, task = batch(model_name)
-    cfg = OmegaConf.load(os.path.join(CONF, "strategy", f"{strategy}.yaml"))
-    cls = strategies.resolve(cfg)
-    noise = {"noise_multiplier": NOISE, **cls.split_noise(NOISE, dict(cfg), BATCH)} if cls.private else {}
-    hp = {a: v for a, v in configurations(cfg, OmegaConf.load(os.path.join(CONF, "config.yaml")).grid)[4].items()
-          if a != "config_id"}  # a configuration in the middle of its grid (k = 7)
-    s = cls(model.parameters(), hp, noise, BATCH, dict(cfg), torch.Generator().manual_seed(0))
+    spec = dpgrid.compile(dpgrid.compose([f"dataset={MODELS[model_name][4]}", f"strategy={strategy}",
+                                          f"model={model_name}", f"train.batch_size={BATCH}"]))
+    configs = spec.plan.configurations
+    s = build_strategy(spec, model, configs[len(configs) // 2], torch.Generator().manual_seed(0))
     engine = make_engine(model, task, engine_name)
     return lambda: s.step(engine(x, y))
 
@@ -87,15 +94,15 @@ def sampled_step(model_name, mode, engine_name):
     from dpgrid.randomness import SecureRandom, poisson_batch
 
     secure_sampling, secure_noise = SECURE_MODES[mode]
-    build, shape, task, classes = MODELS[model_name]
+    build, shape, task, classes, _ = MODELS[model_name]
     model, n = build(), N_TRAIN[model_name]
     g = torch.Generator().manual_seed(0)
     x = torch.rand((n, *shape), generator=g)
     y = x if task == "reconstruction" else torch.randint(0, classes, (n,), generator=g)
     sampler = SecureRandom() if secure_sampling else torch.Generator().manual_seed(1)
     noise = SecureRandom() if secure_noise else torch.Generator().manual_seed(2)
-    s = strategies.FixedThreshold(model.parameters(), {"lr": 0.1, "clip": 1.0}, {"noise_multiplier": NOISE}, BATCH, {},
-                                  noise)
+    s = strategies.FixedThreshold(model.parameters(), hp={"lr": 0.1, "clip": 1.0}, multipliers={"noise_multiplier": NOISE},
+                                  batch_size=BATCH, options={}, generator=noise)
     engine = make_engine(model, task, engine_name)
 
     def step():

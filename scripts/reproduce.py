@@ -21,7 +21,6 @@ Extra arguments after `--` go to every `dpgrid run` (e.g. protocol=literal, trai
 
 import argparse
 import concurrent.futures
-import math
 import os
 import shlex
 import subprocess
@@ -31,39 +30,31 @@ from dpgrid import DpgridError
 from dpgrid.api import options
 
 
-def composed(dataset: str, name: str, k: int, extra: list):
-    """(cfg, strategy class, steps per run) of one grid, or None for a strategy of another task (e.g. noisy
-    gradient descent on logistic regression)."""
+def compiled(dataset: str, name: str, k: int, extra: list):
+    """The grid `dpgrid run` would train (dpgrid.compile: K, T, whether it is private), or None for a strategy
+    of another task (e.g. noisy gradient descent, which runs on logistic regression only)."""
     import dpgrid
     from dpgrid import strategies
 
     cfg = dpgrid.compose([f"dataset={dataset}", f"strategy={name}", f"grid.k={k}",
                           *[e for e in extra if not e.startswith("hydra")]])
-    strategy = strategies.resolve(cfg.strategy)
-    try:
-        strategy.check_config(cfg)
-    except DpgridError:
+    runs_on = strategies.resolve(cfg.strategy).tasks
+    if runs_on is not None and cfg.dataset.task not in runs_on:
         return None
-    return cfg, strategy, math.ceil(int(cfg.train.epochs) * int(cfg.dataset.n_train) / int(cfg.train.batch_size))
-
-
-def seconds_per_step(cfg) -> float:
-    return float(cfg.dataset.get("seconds_per_step") or 0)
+    return dpgrid.compile(cfg)
 
 
 def grids(dataset: str, ks: list, extra: list):
-    """[(strategy, private, K, T, epsilons, seconds per step)] for every strategy option, asked of the
-    configs (dpgrid's strategy group, the dataset's privacy levels and step time): no list here."""
-    from dpgrid import grid
-
+    """[(strategy, private, K, T, epsilons, seconds per step)] for every strategy option, asked of dpgrid
+    (the strategy group, the compiled grid, the dataset's privacy levels and step time): no list here."""
     found = []
     for name in options("strategy"):
         for k in ks:
-            if (grid_of := composed(dataset, name, k, extra)) is None:
+            if (spec := compiled(dataset, name, k, extra)) is None:
                 continue
-            cfg, strategy, steps = grid_of
-            found.append((name, strategy.private, grid.size(cfg.strategy, cfg.grid), steps,
-                          list(cfg.dataset.epsilons), seconds_per_step(cfg)))
+            plan = spec.plan
+            found.append((name, plan.private, plan.n_configs, plan.steps, plan.dataset_epsilons,
+                          float(spec.dataset.get("seconds_per_step") or 0)))
     return found
 
 
@@ -124,7 +115,6 @@ def paper_cells(dataset: str, ks: list, extra: list, only_strategies=None, only_
     """([(strategy, epsilon, k, config_id, steps, seconds per step)], [skipped cell, why]) for every private
     strategy's cell the paper reports at these k (or the strategies and epsilons named): its best
     configuration found in dpgrid's grid."""
-    from dpgrid import grid
     from dpgrid.paper import paper_results
 
     paper = paper_results()
@@ -135,26 +125,27 @@ def paper_cells(dataset: str, ks: list, extra: list, only_strategies=None, only_
             skipped.append(f"{dataset} k={k}: the paper reports no values at this k (Tables 8-13 have k = 9 and 5)")
             continue
         for name in only_strategies or options("strategy"):
-            if (grid_of := composed(dataset, name, k, extra)) is None:
+            if (spec := compiled(dataset, name, k, extra)) is None:
                 continue
-            cfg, strategy, steps = grid_of
-            if not strategy.private:
+            plan = spec.plan
+            if not plan.private:
                 continue  # the paper reports the non-private baseline's learning rate only
             if name not in set(paper.strategy):
                 skipped.append(f"{dataset} {name} k={k}: not one of the paper's strategies; skipped")
                 continue
-            for epsilon in only_epsilons or cfg.dataset.epsilons:
+            for epsilon in only_epsilons or plan.dataset_epsilons:
                 where = f"{dataset} {name} eps={epsilon:g} k={k}"
                 row = paper[(paper.k == k) & (paper.strategy == name) & (paper.epsilon == epsilon)]
                 if row.empty or row.value.isna().all():
                     why = "diverged in the paper" if len(row) else "not in the paper's tables"
                     skipped.append(f"{where}: the paper reports no value ({why}); skipped")
                     continue
-                config_id = matching_config(grid.configurations(cfg.strategy, cfg.grid), row.iloc[0])
+                config_id = matching_config(plan.configurations, row.iloc[0])
                 if config_id is None:
                     skipped.append(f"{where}: the paper's hyperparameters are not in dpgrid's grid; skipped")
                     continue
-                cells.append((name, float(epsilon), k, config_id, steps, seconds_per_step(cfg)))
+                cells.append((name, float(epsilon), k, config_id, plan.steps,
+                              float(spec.dataset.get("seconds_per_step") or 0)))
     return cells, skipped
 
 

@@ -23,11 +23,9 @@ class Completed:
 
 def dpgrid(*args, cwd=None, path=()) -> Completed:
     """Run `dpgrid *args` in `cwd` with `path` prepended to sys.path (a user's plugin package)."""
-    from dpgrid import checks
     from dpgrid.cli import main
 
     keep_absl_off_captured_streams()
-    checks._warned.clear()  # what a fresh process would not remember
     out, err, code = io.StringIO(), io.StringIO(), 0
     saved = os.getcwd(), sys.path[:]
     try:

@@ -6,7 +6,7 @@ import pytest
 
 from dpgrid import DpgridError
 from dpgrid.privacy import calibrate, epsilon_of, liu_talwar_parameters, pld_epsilon
-from dpgrid.runner import plan_grid
+from dpgrid.config import compile
 
 from .conftest import load_cfg
 
@@ -15,7 +15,7 @@ Q, T = 512 / 60000, 1172
 
 def plan(strategy="fixed_threshold", **overrides):
     cfg = load_cfg("mnist", strategy, **{"grid.k": 7, **overrides})
-    return plan_grid(cfg, 60000)[1]  # validated, as `dpgrid plan` and `dpgrid run` make it
+    return compile(cfg, 60000).plan  # validated, as `dpgrid plan` and `dpgrid run` make it
 
 
 def test_per_run_and_per_grid_differ_exactly_by_the_k_fold_composition():
@@ -84,7 +84,7 @@ def test_plan_compare_agrees_with_the_plan_it_compares(capsys, monkeypatch):
     from dpgrid.describe import print_comparison
 
     cfg = load_cfg("digits", "online", **{"grid.k": 2, "train.epochs": 2})
-    p = plan_grid(cfg, 1437)[1]  # K = 2, T = 23
+    p = compile(cfg, 1437).plan  # K = 2, T = 23
     asked = []
 
     def recording(epsilon, sample_rate, steps, delta, accountant="rdp"):  # the real RDP figure (memoised)
@@ -92,7 +92,7 @@ def test_plan_compare_agrees_with_the_plan_it_compares(capsys, monkeypatch):
         return calibrate(epsilon, sample_rate, steps, delta) * {"rdp": 1, "pld": 0.9, "prv": 0.8}[accountant]
 
     monkeypatch.setattr(privacy, "calibrate", recording)
-    print_comparison(cfg, p)
+    print_comparison(p)
     out, err = capsys.readouterr()
     rows = {line.split()[0]: [float(v) for v in line.split()[1:3]] for line in out.splitlines()[1:]}
     assert err.splitlines() == [f"  ({a}: calibrating...)" for a in ("rdp", "pld", "prv")]  # said while it works

@@ -43,9 +43,9 @@ def test_the_update_rule_normalises_per_sample_gradients(tmp_path):
     from .test_strategies import grads_from
 
     param = torch.zeros(2, dtype=torch.float64)
-    s = AutomaticClipping([param], {"lr": 1.0}, {"noise_multiplier": 0.0}, 4,
-                          dict(OmegaConf.load(EXAMPLES / "dpgrid_example" / "conf" / "strategy" / "automatic.yaml")),
-                          torch.Generator().manual_seed(0))
+    s = AutomaticClipping([param], hp={"lr": 1.0}, multipliers={"noise_multiplier": 0.0}, batch_size=4,
+                          options=dict(OmegaConf.load(EXAMPLES / "dpgrid_example" / "conf" / "strategy" / "automatic.yaml")),
+                          generator=torch.Generator().manual_seed(0))
     s.step(grads_from(torch.tensor([[3.0, 4.0], [0.0, 0.0]], dtype=torch.float64)))
     assert param.tolist() == pytest.approx([-3 / 5.01 / 4, -4 / 5.01 / 4])  # -(g / (||g|| + 0.01)) / B
 

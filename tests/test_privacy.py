@@ -6,8 +6,8 @@ from dp_accounting.pld import pld_privacy_accountant
 from dp_accounting.rdp import rdp_privacy_accountant
 
 from dpgrid import DpgridError
-from dpgrid.grid import configurations
-from dpgrid.privacy import calibrate, make_plan, rdp_epsilon
+from dpgrid.config import compile
+from dpgrid.privacy import calibrate, rdp_epsilon
 
 from .conftest import load_cfg, strategy_class
 
@@ -56,8 +56,7 @@ def test_calibration_matches_spec_sanity_figures(epsilon, runs, expected):
 
 def plan_for(strategy, **overrides):
     cfg = load_cfg("mnist", strategy, **overrides)
-    cls = strategy_class(strategy)
-    return make_plan(cfg, 60000, cls, configurations(cfg.strategy, cfg.grid), 551322)
+    return compile(cfg, 60000).plan
 
 
 def test_plan_composes_the_whole_grid():

@@ -56,7 +56,8 @@ def test_a_step_is_gradient_descent_on_the_regularised_risk_plus_the_scheduled_n
     p = {**problem(0.1), "rho_budget": 1e9, "eta": 1 / (2 * 4.1), "delta": 1 / 150, "accountant": "zcdp"}
     generator = torch.Generator().manual_seed(3)
     replay = torch.Generator().manual_seed(3)
-    strategy = ConstantNoise(model.parameters(), {"sigma": 0.05}, p, 150, {}, generator)
+    strategy = ConstantNoise(model.parameters(), hp={"sigma": 0.05}, multipliers=p, batch_size=150, options={},
+                              generator=generator)
     strategy.step(make_engine(model, "logistic", "fast")(data.x_train, data.y_train))
     x, y = data.x_train, data.y_train
     margin = y * (x @ theta[0])

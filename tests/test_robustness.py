@@ -11,11 +11,10 @@ from dp_accounting import dp_event
 from dp_accounting.pld import pld_privacy_accountant
 from dp_accounting.rdp import rdp_privacy_accountant
 
-from dpgrid.grid import configurations
-from dpgrid.privacy import make_plan
+from dpgrid.config import compile
 
 from .command import dpgrid, start_paused
-from .conftest import load_cfg, strategy_class
+from .conftest import load_cfg
 from .test_data import corrupt, make_idx_root
 
 GRID = ["strategy=online", "grid.k=4", "train.seeds=3", "train.epochs=4", "train.eval_every=10"]
@@ -186,7 +185,7 @@ def independent(q, nu, steps, delta, kind):
 @pytest.mark.parametrize("strategy", ["online", "fixed_threshold", "fixed_quantile", "adamwosm"])
 def test_every_grid_spends_at_most_its_target(dataset, n_train, epsilon, strategy):
     cfg = load_cfg(dataset, strategy, **{"privacy.epsilon": epsilon, "grid.k": 5})
-    plan = make_plan(cfg, n_train, strategy_class(strategy), configurations(cfg.strategy, cfg.grid), 0)
+    plan = compile(cfg, n_train).plan
     steps = plan.composed_runs * plan.steps
     assert plan.epsilon_spent <= epsilon
     # PLD (tight) never exceeds the target; dp-accounting's RDP bounds fractional orders more loosely

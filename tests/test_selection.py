@@ -13,7 +13,7 @@ import torch
 
 from dpgrid import DpgridError, selection
 from dpgrid.privacy import random_stopping
-from dpgrid.runner import plan_grid
+from dpgrid.config import compile
 
 from . import selection_transcription as paper
 from .command import dpgrid
@@ -114,7 +114,7 @@ def test_a_geometric_draw_by_hand():
 
 def test_the_plan_calibrates_the_whole_selection_to_the_target():
     cfg = load_cfg("digits", "fixed_threshold", **{"grid.k": 3, "privacy.selection": "random_stopping"})
-    plan = plan_grid(cfg, 1437)[1]
+    plan = compile(cfg, 1437).plan
     assert plan.stopping["mean"] == 9 and plan.composed_runs == plan.seeds and plan.account_seeds
     spent = random_stopping.selection_epsilon(plan.sample_rate, plan.noise_multiplier, plan.seeds * plan.steps, 1e-5,
                                         plan.stopping)
@@ -142,7 +142,7 @@ def test_an_unreachable_selection_says_what_is_reachable():
     cfg = load_cfg("digits", "fixed_threshold", **{"grid.k": 3, "privacy.selection": "random_stopping",
                                                  "privacy.epsilon": 0.005})
     with pytest.raises(DpgridError, match=r"unreachable .* spends epsilon = [\d.]+; raise epsilon above that"):
-        plan_grid(cfg, 1437)
+        compile(cfg, 1437)
 
 
 # --- a selection end to end ----------------------------------------------------------------------------
@@ -176,7 +176,7 @@ def test_a_selection_resumes_with_the_candidates_it_drew(secure, tmp_path):
 def test_the_side_by_side_nu_of_composition_is_the_plans_own():
     from dpgrid.privacy import alternatives
 
-    plan = plan_grid(load_cfg("digits", "fixed_threshold", **{"grid.k": 2}), 1437)[1]
+    plan = compile(load_cfg("digits", "fixed_threshold", **{"grid.k": 2}), 1437).plan
     found = alternatives(plan, 0.0, float(plan.n_configs))
     assert found[f"composition, {plan.n_configs} runs (seeds not accounted)"] == pytest.approx(plan.noise_multiplier,
                                                                                                  abs=1e-4)
@@ -256,8 +256,8 @@ def test_a_selection_is_drawn_once(tmp_path, monkeypatch):
 def test_selection_json_holds_no_count_and_no_candidate_index():
     from dpgrid.selection import summarize_selection
 
-    plan = plan_grid(load_cfg("digits", "fixed_threshold", **{"grid.k": 2, "privacy.selection": "random_stopping"}),
-                     1437)[1]
+    plan = compile(load_cfg("digits", "fixed_threshold", **{"grid.k": 2, "privacy.selection": "random_stopping"}),
+                   1437).plan
     runs = pd.DataFrame({"candidate": [0, 0, 1, 1, 2, 2], "config_id": ["lr0_clip0"] * 2 + ["lr1_clip1"] * 4,
                          "lr": [0.1] * 6, "clip": [1.0] * 6, "best_value": [50, 52, 70, 72, 60, 61], "diverged": False})
     _, out = summarize_selection(runs, plan, ["lr", "clip"], "classification")

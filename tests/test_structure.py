@@ -91,3 +91,41 @@ def test_every_config_folder_is_installed():
     listed = set(tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]["packages"])
     folders = {".".join(("dpgrid", *p.parent.relative_to(ROOT).parts)) for p in (ROOT / "conf").rglob("*.yaml")}
     assert folders <= listed, folders - listed
+
+
+def functions(path):
+    return [node for node in ast.walk(ast.parse(path.read_text())) if isinstance(node, (ast.FunctionDef,
+                                                                                       ast.AsyncFunctionDef))]
+
+
+def test_few_functions_read_the_whole_config():
+    """Compile, then run: the whole config is read by compile and the entry points around it (at most 8
+    functions); everything after receives the frozen GridSpec or plain values."""
+    takers = [f"{path.relative_to(ROOT)}:{f.name}" for path in sorted(PACKAGE.rglob("*.py")) for f in functions(path)
+              if any(a.arg == "cfg" for a in f.args.args + f.args.kwonlyargs)]
+    assert len(takers) <= 8, takers
+
+
+def test_no_hidden_process_state():
+    """No result cache, no registration at import, no Hydra internals, no hook found by hasattr."""
+    found = []
+    for path in sorted(PACKAGE.rglob("*.py")):
+        text = path.read_text()
+        tree = ast.parse(text)
+        for bad in ("lru_cache", "functools.cache", "hydra._internal", "hasattr(strategy", "_warned"):
+            if bad in text:
+                found.append(f"{path.relative_to(ROOT)}: {bad}")
+        for node in tree.body:  # module level: only definitions, imports, constants and docstrings
+            if isinstance(node, ast.Expr) and isinstance(node.value, ast.Call):
+                found.append(f"{path.relative_to(ROOT)}:{node.lineno}: a call at import time")
+    assert not found, found
+
+
+def test_the_plan_and_the_spec_are_frozen():
+    import dataclasses
+
+    from dpgrid.config import GridSpec, Training
+    from dpgrid.privacy import Plan
+
+    assert all(cls.__dataclass_params__.frozen for cls in (GridSpec, Training, Plan))
+    assert dataclasses.fields(GridSpec)

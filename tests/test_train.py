@@ -3,7 +3,6 @@
 import math
 
 import torch
-from omegaconf import OmegaConf
 from torch import nn
 
 from dpgrid.data import Data
@@ -24,8 +23,8 @@ def small_data(n_train=64, n_test=32, seed=0):
 def run(data, noise=0.5, lr=0.1, steps=6, engine=make_engine):
     torch.manual_seed(0)
     model = nn.Sequential(nn.Linear(5, 2))
-    strategy = FixedThreshold(model.parameters(), {"lr": lr, "clip": 1.0}, {"noise_multiplier": noise}, 16, None,
-                              torch.Generator().manual_seed(1))
+    strategy = FixedThreshold(model.parameters(), hp={"lr": lr, "clip": 1.0}, multipliers={"noise_multiplier": noise},
+                              batch_size=16, options={}, generator=torch.Generator().manual_seed(1))
     result = train_run(model, engine(model, "classification"), strategy, data, steps, 0.25, 3,
                        torch.Generator().manual_seed(2), progress=False)
     return model, result
@@ -62,10 +61,9 @@ def test_divergence_is_decided_from_released_quantities_only():
 
 def test_float64_is_hashed_only_when_set():
     """Grids recorded before train.float64 existed keep their config hash; a float64 grid is another config."""
-    from dpgrid.results import config_hash
+    from dpgrid.config.compile import config_hash, settings_of
 
-    plain, double = load_cfg(), load_cfg(**{"train.float64": "true"})
-    unset = OmegaConf.to_container(load_cfg(), resolve=True)  # a config from before the key existed
+    plain, double = settings_of(load_cfg()), settings_of(load_cfg(**{"train.float64": "true"}))
+    unset = settings_of(load_cfg())  # a config from before the key existed
     del unset["train"]["float64"]
-    unset = OmegaConf.create(unset)
     assert config_hash(plain) == config_hash(unset) != config_hash(double)

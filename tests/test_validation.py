@@ -10,7 +10,8 @@ import pytest
 from omegaconf import OmegaConf
 
 from dpgrid import DpgridError
-from dpgrid.runner import validate
+from dpgrid.config import compile
+from dpgrid.data import load
 
 from .command import dpgrid
 from .conftest import ROOT, load_cfg
@@ -46,7 +47,7 @@ EXPECT = {
     "dataset.default_epsilon": (False, lambda v: 0 < v <= 100, "privacy.epsilon"),
     "dataset.epsilons": (False, lambda v: 0 < v <= 100, None),             # set as [v]
     "dataset.seconds_per_step": (False, positive, None),
-    "dataset.load.max_words": (True, whole(), None),
+    "dataset.load.max_words": (True, whole(), "max_words"),  # the model's width follows it: the first to refuse it
     "model.max_words": (True, whole(), None),
     "model.embedding_dim": (True, whole(), None),
     "dataset.classes": (True, whole(2), None),
@@ -66,7 +67,7 @@ EXPECT = {
     "dataset.features": (True, whole(), None),
     "dataset.l2": (False, lambda v: 0 <= v <= F32, None),
     "dataset.feature_bound": (False, positive, None),
-    "dataset.load.feature_bound": (False, positive, None),
+    "dataset.load.feature_bound": (False, positive, "feature_bound"),  # iris: dataset.feature_bound, read first
     "dataset.radius": (False, positive, None),
     "model.inputs": (True, whole(), None),
     "model.l2": (False, lambda v: 0 <= v <= F32, None),
@@ -132,11 +133,13 @@ def test_each_value_is_refused_with_one_line_or_accepted(key, value):
     valid = not (isinstance(value, float) and not math.isfinite(value)) and meaningful(value)
     if valid:
         cfg = load_cfg(dataset, strategy, **args)
-        validate(cfg, int(cfg.dataset.n_train))
+        compile(cfg, int(cfg.dataset.n_train))
         return
-    with pytest.raises(DpgridError) as refused:  # by the schema when composing, or by the checks
+    with pytest.raises(DpgridError) as refused:  # by the schema when composing, by compile, or by the loader
         cfg = load_cfg(dataset, strategy, **args)
-        validate(cfg, int(cfg.dataset.n_train) if isinstance(cfg.dataset.n_train, int) else 1)
+        compile(cfg, int(cfg.dataset.n_train) if isinstance(cfg.dataset.n_train, int) else 1)
+        if key.startswith("dataset.load."):  # a loader's own key: the loader refuses it, before reading files
+            load(cfg.dataset, "no-such-root")
     message = str(refused.value)
     assert "\n" not in message and (named or key) in message
 
@@ -172,8 +175,8 @@ def test_the_command_line_refuses_before_anything_runs(args, message, tmp_path):
 def test_a_large_grid_states_runs_steps_and_time_and_starts_when_allowed():
     cfg = load_cfg("mnist", "fixed_threshold", **{"grid.k": 1000})
     with pytest.raises(DpgridError, match=r"1,000,000 configurations, 5,000,000 runs of 1,172 steps .* days"):
-        validate(cfg, 60000)
-    validate(load_cfg("mnist", "fixed_threshold", **{"grid.k": 1000, "grid.allow_large": "true"}), 60000)
+        compile(cfg, 60000)
+    compile(load_cfg("mnist", "fixed_threshold", **{"grid.k": 3, "grid.allow_large": "true", "train.epochs": 10 ** 5}), 60000)
 
 
 @pytest.mark.slow
@@ -209,5 +212,4 @@ def test_a_plan_that_would_overspend_is_refused(monkeypatch):
 
 
 def validate_and_plan(cfg):
-    from dpgrid.runner import plan_grid
-    return plan_grid(cfg, 60000)
+    return compile(cfg, 60000)

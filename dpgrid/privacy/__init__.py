@@ -1,8 +1,9 @@
 """A grid's privacy: its plan (how much noise, what it spends) and the accounting methods behind it.
 
-An accounting method is one module here with one class in ACCOUNTING: it is told the plan's public
-figures (N, B, q, T, K, seeds, the target (epsilon, delta), privacy.accountant) and fills in the noise
-and what it spends. A strategy declares the method it needs (`Strategy.accounting`); a composition grid
+An accounting method is one module here with one class in ACCOUNTING: `name`, the `accountants` it takes
+(privacy.accountant), and `plan(plan, strategy_cls, options, privacy, problem) -> dict`, which is told the
+plan's public figures (N, B, q, T, K, seeds, the target (epsilon, delta), privacy.accountant) and returns
+what it records: the noise, its split among the strategy's queries, and what it spends. A strategy declares the method it needs (`Strategy.accounting`); a composition grid
 becomes a random-stopping selection with privacy.selection=random_stopping.
 
 - composition (composition.py): the K runs compose (privacy.accountant: rdp, pld or prv, accountants.py);
@@ -11,7 +12,7 @@ becomes a random-stopping selection with privacy.selection=random_stopping.
 """
 
 import math
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 
 from .. import DpgridError
 from .accountants import ACCOUNTANTS, calibrate, epsilon_of, pld_epsilon, prv_epsilon, rdp_epsilon, smallest_noise
@@ -46,8 +47,9 @@ def all_accountants() -> tuple:
     return tuple(dict.fromkeys(a for method in ACCOUNTING.values() for a in method.accountants))
 
 
-@dataclass
+@dataclass(frozen=True)
 class Plan:
+    """A grid's privacy plan, as plan.json records it: frozen once its accounting method has filled it in."""
     dataset: str
     strategy: str
     k: int
@@ -89,33 +91,28 @@ class Plan:
         return d
 
 
-def make_plan(cfg, n_train: int, strategy_cls, configs: list, model_parameters: int) -> Plan:
-    """The grid's plan: its public figures, then the noise and what it spends from its accounting method."""
-    from ..plugins import arguments
-
-    p, t = cfg.privacy, cfg.train
-    batch_size, epochs = int(t.batch_size), int(t.epochs)
+def make_plan(*, strategy_cls, options: dict, privacy: dict, problem: dict, n_train: int, batch_size: int,
+              epochs: int, seeds: int, sampling: str, **public) -> Plan:
+    """The grid's plan: its public figures, then the noise and what it spends from its accounting method.
+    `privacy`: the privacy settings (epsilon, delta, accountant, budget, selection and its stopping rule);
+    `public`: the names and figures the plan records as given (dataset, strategy, label, k, axes, ...)."""
     steps = math.ceil(epochs * n_train / batch_size)
-    per_config = int(t.seeds) if p.account_seeds else 1  # runs of one configuration that are accounted
-    plan = Plan(dataset=cfg.dataset.name, strategy=cfg.strategy.name, k=int(cfg.grid.k), n_configs=len(configs),
-                label=str(cfg.strategy.get("label") or strategy_cls.label or cfg.strategy.name),
-                private=bool(strategy_cls.private), adapts=list(strategy_cls.adapts), axes=list(cfg.strategy.grid),
-                dataset_epsilons=[float(e) for e in cfg.dataset.get("epsilons", [p.epsilon])],
+    per_config = seeds if privacy["account_seeds"] else 1  # runs of one configuration that are accounted
+    configs = public["configurations"]
+    plan = Plan(**public, n_configs=len(configs), private=bool(strategy_cls.private), adapts=list(strategy_cls.adapts),
                 n_train=n_train, batch_size=batch_size, epochs=epochs, steps=steps, sample_rate=batch_size / n_train,
-                epsilon=float(p.epsilon), delta=float(p.delta), seeds=int(t.seeds),
-                account_seeds=bool(p.account_seeds), composed_runs=len(configs) * per_config, noise_multiplier=0.0,
-                budget=str(p.get("budget", "per_grid")), accountant=str(p.get("accountant", "rdp")),
-                sampling=str(t.get("sampling", "poisson")), model_parameters=model_parameters, configurations=configs)
+                epsilon=float(privacy["epsilon"]), delta=float(privacy["delta"]), seeds=seeds,
+                account_seeds=bool(privacy["account_seeds"]), composed_runs=len(configs) * per_config,
+                noise_multiplier=0.0, budget=str(privacy["budget"]), accountant=str(privacy["accountant"]),
+                sampling=sampling)
     if strategy_cls.private:
-        method = accounting_for(strategy_cls, str(p.get("selection", "composition")))
-        privacy = {key: p.get(key) for key in p}
-        method().plan(plan, strategy_cls, arguments(cfg.strategy), privacy, strategy_cls.problem(cfg, n_train))
+        method = accounting_for(strategy_cls, str(privacy["selection"]))
+        plan = replace(plan, **method().plan(plan, strategy_cls, options, privacy, problem))
         if plan.epsilon_spent is not None:
             check_spent(plan)
     if plan.sampling == "shuffle":  # the noise is the Poisson plan's, but no analysis covers shuffled batches
-        plan.epsilon_spent = plan.epsilon_grid = plan.epsilon_per_run = plan.epsilon_with_seeds = None
-        plan.liu_talwar = {}
-        plan.sampling = NOT_DP_SAMPLING
+        plan = replace(plan, epsilon_spent=None, epsilon_grid=None, epsilon_per_run=None, epsilon_with_seeds=None,
+                       liu_talwar={}, sampling=NOT_DP_SAMPLING)
     return plan
 
 

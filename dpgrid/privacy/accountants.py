@@ -7,7 +7,6 @@ values for grids accounted by composition.
   so they calibrate less noise for the same (epsilon, delta).
 """
 
-import functools
 
 from .. import DpgridError
 
@@ -49,7 +48,6 @@ def epsilon_of(accountant: str, sample_rate: float, noise_multiplier: float, ste
     return ACCOUNTANTS[accountant](sample_rate, noise_multiplier, steps, delta)
 
 
-@functools.lru_cache(maxsize=1024)  # a pure function that takes seconds: a plan, its checks and tables ask again
 def calibrate(epsilon: float, sample_rate: float, steps: int, delta: float, rtol: float = 1e-4,
               accountant: str = "rdp") -> float:
     """Smallest noise multiplier (to relative precision rtol) whose epsilon is at most the target."""

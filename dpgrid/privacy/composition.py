@@ -17,21 +17,20 @@ class Composition:
     name = "composition"
     accountants = tuple(ACCOUNTANTS)
 
-    def plan(self, plan, strategy_cls, options: dict, privacy: dict, problem: dict) -> None:
-        q, steps, accountant = plan.sample_rate, plan.steps, plan.accountant
+    def plan(self, plan, strategy_cls, options: dict, privacy: dict, problem: dict) -> dict:
+        q, steps, accountant, delta = plan.sample_rate, plan.steps, plan.accountant, plan.delta
         per_config = plan.seeds if plan.account_seeds else 1  # runs of one configuration that are accounted
         budget_runs = plan.composed_runs if plan.budget == "per_grid" else per_config
-        nu = calibrate(plan.epsilon, q, budget_runs * steps, plan.delta, accountant=accountant)
-        plan.noise_multiplier = nu
-        plan.per_query = strategy_cls.split_noise(nu, options, plan.batch_size)
-        plan.epsilon_spent = epsilon_of(accountant, q, nu, budget_runs * steps, plan.delta)
-        plan.epsilon_grid = (plan.epsilon_spent if plan.budget == "per_grid"
-                             else epsilon_of(accountant, q, nu, plan.composed_runs * steps, plan.delta))
-        plan.epsilon_per_run = (plan.epsilon_spent if plan.budget == "per_run"
-                                else epsilon_of(accountant, q, nu, per_config * steps, plan.delta))
-        plan.liu_talwar = liu_talwar_cost(plan.epsilon, plan.delta, plan.n_configs, q, per_config * steps, nu)
-        plan.epsilon_with_seeds = (plan.epsilon_grid if plan.account_seeds or plan.seeds == 1 else
-                                   epsilon_of(accountant, q, nu, plan.n_configs * plan.seeds * steps, plan.delta))
+        nu = calibrate(plan.epsilon, q, budget_runs * steps, delta, accountant=accountant)
+        spent = epsilon_of(accountant, q, nu, budget_runs * steps, delta)
+        grid = spent if plan.budget == "per_grid" else epsilon_of(accountant, q, nu, plan.composed_runs * steps, delta)
+        return dict(noise_multiplier=nu, per_query=strategy_cls.split_noise(nu, options, plan.batch_size),
+                    epsilon_spent=spent, epsilon_grid=grid,
+                    epsilon_per_run=spent if plan.budget == "per_run" else epsilon_of(accountant, q, nu,
+                                                                                      per_config * steps, delta),
+                    liu_talwar=liu_talwar_cost(plan.epsilon, delta, plan.n_configs, q, per_config * steps, nu),
+                    epsilon_with_seeds=(grid if plan.account_seeds or plan.seeds == 1 else
+                                        epsilon_of(accountant, q, nu, plan.n_configs * plan.seeds * steps, delta)))
 
 
 def liu_talwar_cost(epsilon: float, delta: float, n_candidates: int, sample_rate: float, run_steps: int,

@@ -67,13 +67,10 @@ class NoiseSchedule:
     name = "noise_schedule"
     accountants = CONVERSIONS
 
-    def plan(self, plan, strategy_cls, options: dict, privacy: dict, problem: dict) -> None:
+    def plan(self, plan, strategy_cls, options: dict, privacy: dict, problem: dict) -> dict:
         conversion = plan.accountant
         budget = rho_budget(plan.epsilon, plan.delta, conversion)
-        plan.budget = "per_run"
-        plan.noise_multiplier = math.nan  # sigma_t varies: each run's schedule is in its config and the problem constants
-        plan.per_query = {**problem, "rho_budget": budget, "eta": 1 / (2 * problem["smoothness"])}
-        total = 0.0
+        schedule, total = {}, 0.0
         for c in plan.configurations:
             steps, rho = plan.steps, math.nan  # the oracle stops where its own sigma_t exhaust the budget
             if not strategy_cls.oracle:
@@ -85,11 +82,12 @@ class NoiseSchedule:
             if not strategy_cls.oracle and not spent[conversion] <= plan.epsilon:  # explicit, also under python -O
                 raise DpgridError(f"configuration {c['config_id']} would spend epsilon = {spent[conversion]:.6g} "
                                   f"> {plan.epsilon:g}; refusing to run (please report this)")
-            plan.schedule[c["config_id"]] = {"steps": steps, **{f"epsilon_{k}": v for k, v in spent.items()}}
+            schedule[c["config_id"]] = {"steps": steps, **{f"epsilon_{k}": v for k, v in spent.items()}}
+        record = dict(budget="per_run", schedule=schedule, noise_multiplier=math.nan,  # sigma_t varies per run
+                      per_query={**problem, "rho_budget": budget, "eta": 1 / (2 * problem["smoothness"])})
         if strategy_cls.oracle:
-            plan.sampling = ORACLE
-        else:
-            plan.epsilon_spent = plan.epsilon_per_run = max(v[f"epsilon_{conversion}"] for v in plan.schedule.values())
-            plan.epsilon_grid = epsilon(total, plan.delta, conversion)
-            plan.epsilon_with_seeds = epsilon(total * plan.seeds, plan.delta, conversion)  # rho adds over seeds
-            plan.sampling = "full batch"
+            return {**record, "sampling": ORACLE}
+        worst = max(v[f"epsilon_{conversion}"] for v in schedule.values())
+        return {**record, "sampling": "full batch", "epsilon_spent": worst, "epsilon_per_run": worst,
+                "epsilon_grid": epsilon(total, plan.delta, conversion),
+                "epsilon_with_seeds": epsilon(total * plan.seeds, plan.delta, conversion)}  # rho adds over seeds

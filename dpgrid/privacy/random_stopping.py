@@ -119,14 +119,15 @@ class RandomStopping:
     name = "random_stopping"
     accountants = ("rdp",)
 
-    def plan(self, plan, strategy_cls, options: dict, privacy: dict, problem: dict) -> None:
+    def plan(self, plan, strategy_cls, options: dict, privacy: dict, problem: dict) -> dict:
         mean = float(privacy["stopping_mean"]) if privacy.get("stopping_mean") is not None else float(plan.n_configs)
-        plan.selection, plan.account_seeds, plan.composed_runs = "random_stopping", True, plan.seeds
-        plan.stopping = parameters(str(privacy["stopping"]), float(privacy["stopping_eta"]), mean, plan.delta)
+        stopping = parameters(str(privacy["stopping"]), float(privacy["stopping_eta"]), mean, plan.delta)
         steps = plan.seeds * plan.steps  # one candidate: its seeds' runs composed
-        spent = lambda nu: selection_epsilon(plan.sample_rate, nu, steps, plan.delta, plan.stopping)  # noqa: E731
-        plan.noise_multiplier = smallest_noise(spent, plan.epsilon, 1e-4, f"by {plan.stopping['rule']} selection "
-                                               f"among {mean:g} candidates (expected) of {steps} steps each")
-        plan.per_query = strategy_cls.split_noise(plan.noise_multiplier, options, plan.batch_size)
-        plan.epsilon_spent = plan.epsilon_grid = plan.epsilon_with_seeds = spent(plan.noise_multiplier)  # seeds accounted
-        plan.epsilon_per_run = rdp_epsilon(plan.sample_rate, plan.noise_multiplier, steps, plan.delta)
+        spent = lambda nu: selection_epsilon(plan.sample_rate, nu, steps, plan.delta, stopping)  # noqa: E731
+        nu = smallest_noise(spent, plan.epsilon, 1e-4, f"by {stopping['rule']} selection among {mean:g} candidates "
+                            f"(expected) of {steps} steps each")
+        epsilon = spent(nu)  # seeds accounted: the grid's, the published tables' and the budget's epsilon
+        return dict(selection="random_stopping", account_seeds=True, composed_runs=plan.seeds, stopping=stopping,
+                    noise_multiplier=nu, per_query=strategy_cls.split_noise(nu, options, plan.batch_size),
+                    epsilon_spent=epsilon, epsilon_grid=epsilon, epsilon_with_seeds=epsilon,
+                    epsilon_per_run=rdp_epsilon(plan.sample_rate, nu, steps, plan.delta))

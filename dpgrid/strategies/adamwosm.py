@@ -1,6 +1,5 @@
 import torch
 
-from .. import checks
 from .base import Strategy
 
 
@@ -19,15 +18,15 @@ class AdamWOSM(Strategy):
     uses_momentum = False  # beta1 is its momentum
 
     @classmethod
-    def check_config(cls, cfg) -> None:
-        checks.positive(cfg, "strategy.lr")
-        checks.fraction(cfg, "strategy.beta1", closed_low=True)
-        checks.real(cfg, "strategy.xi", "a finite number >= 0", lambda v: v >= 0)
+    def check_options(cls, options) -> None:
+        options.positive("lr")
+        options.fraction("beta1", closed_low=True)
+        options.real("xi", "a finite number >= 0", lambda v: v >= 0)
 
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
         c = self.options
-        self.lr.fill_(float(c["lr"]) / (self.noise["noise_multiplier"] * float(self.hp["clip"]) / self.batch_size
+        self.lr.fill_(float(c["lr"]) / (self.multipliers["noise_multiplier"] * float(self.hp["clip"]) / self.batch_size
                                      + float(c["xi"])))  # ESS, constant within a run
         self.beta1 = float(c["beta1"])
         self.t = 0
@@ -36,7 +35,7 @@ class AdamWOSM(Strategy):
     @torch.no_grad()
     def step(self, grads) -> None:
         clipped_sum = grads.weighted_sum(self.clip_weights(grads.norms))
-        g_tilde = self.noisy_mean(clipped_sum, self.noise["noise_multiplier"] * self.clip)
+        g_tilde = self.noisy_mean(clipped_sum, self.multipliers["noise_multiplier"] * self.clip)
         self.t += 1
         correction = 1 - self.beta1 ** self.t
         for p, m, g in zip(self.params, self.m, g_tilde):

@@ -8,10 +8,12 @@ from ..randomness import standard_normal  # noqa: F401  (strategies draw their n
 class Strategy:
     """One run's optimiser state. Subclasses implement `step(grads)` from the paper's equations.
 
-    `hp` is the configuration (e.g. {"lr": 0.3, "clip": 1.0}); `noise` the plan's multipliers
-    ({"noise_multiplier": nu, ...}); `batch_size` the EXPECTED batch size B, the divisor of every
-    noisy sum (the realised size is private and never used); `options` the strategy config's own keys
-    as a plain dict (e.g. {"clip0": 0.1, ...}); `generator` a seeded torch.Generator or a SecureRandom.
+    Built with keywords only: `hp` the configuration (e.g. {"lr": 0.3, "clip": 1.0}); `multipliers` the
+    plan's noise multipliers ({"noise_multiplier": nu, ...} and the strategy's split of nu); `batch_size`
+    the EXPECTED batch size B, the divisor of every noisy sum (the realised size is private and never used);
+    `options` the strategy config's own keys as a plain dict (e.g. {"clip0": 0.1, ...}); `generator` the
+    run's noise source (a seeded torch.Generator or a SecureRandom); `momentum` the heavy-ball coefficient
+    (0 when the strategy says `uses_momentum = False`).
     """
 
     label = ""       # its name in tables and figures (the config's `label`, then this, then its `name`)
@@ -20,14 +22,19 @@ class Strategy:
     uses_momentum = True  # False: its update has its own moments (Adam) or none; train.momentum is not applied
     accounting = "composition"  # how its grid is accounted: a key of dpgrid.privacy.ACCOUNTING
     finished = False  # set True in `step` to end the run before that step (e.g. its budget is spent)
+    tasks = None      # the dataset tasks it runs on (e.g. ("logistic",)); None: any
+    full_batch = False  # True: every step uses the whole training set (train.batch_size must be N)
 
     @classmethod
-    def check_config(cls, cfg) -> None:
-        """Refuse this strategy's own keys (cfg.strategy.*) when out of range: DpgridError naming the key."""
+    def check_options(cls, options) -> None:
+        """Refuse this strategy's own keys when out of range. `options` reads them, each checked as it is
+        read (dpgrid.checks.Reader: options.positive("clip0"), .real, .fraction, .whole, .numbers, .choice):
+        a bad value is a DpgridError naming strategy.<key> and what is valid."""
 
     @staticmethod
-    def problem(cfg, n_train: int) -> dict:
-        """Public constants of the problem that its accounting needs (a noise schedule's L, M, ...); none here."""
+    def problem(dataset, n_train: int) -> dict:
+        """Public constants of the problem that its accounting needs (a noise schedule's L, M, ...), read
+        from the dataset config through `dataset` (a Reader of its keys, as in check_options); none here."""
         return {}
 
     @staticmethod
@@ -35,9 +42,10 @@ class Strategy:
         """Per-query multipliers when a step releases more than one noisy query (recorded in plan)."""
         return {}
 
-    def __init__(self, params, hp: dict, noise: dict, batch_size: int, options: dict, generator, momentum=0.0):
+    def __init__(self, params, *, hp: dict, multipliers: dict, batch_size: int, options: dict, generator,
+                 momentum: float = 0.0):
         self.params = list(params)
-        self.hp, self.noise, self.batch_size, self.options = hp, noise, batch_size, options
+        self.hp, self.multipliers, self.batch_size, self.options = hp, multipliers, batch_size, options
         self.generator = generator
         self.momentum = momentum
         self._velocity = None

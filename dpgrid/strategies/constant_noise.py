@@ -10,9 +10,8 @@ class ConstantNoise(NoisyGD):
     label = "Constant noise"
 
     @classmethod
-    def check_config(cls, cfg) -> None:
-        super().check_config(cfg)
-        checks.numbers(cfg, "strategy.axes.sigma", "positive", lambda v: 0 < v <= checks.FLOAT32_MAX)
+    def check_options(cls, options) -> None:
+        options.numbers("axes.sigma", "positive", lambda v: 0 < v <= checks.FLOAT32_MAX)
 
     @classmethod
     def sigmas(cls, hp: dict, problem: dict):

@@ -1,6 +1,5 @@
 import torch
 
-from .. import checks
 from .base import Strategy
 
 
@@ -22,11 +21,11 @@ class DPAdam(Strategy):
     uses_momentum = False  # beta1 is its momentum
 
     @classmethod
-    def check_config(cls, cfg) -> None:
-        checks.positive(cfg, "strategy.lr")
-        checks.fraction(cfg, "strategy.beta1", closed_low=True)
-        checks.fraction(cfg, "strategy.beta2", closed_low=True)
-        checks.real(cfg, "strategy.xi", "a finite number >= 0", lambda v: v >= 0)
+    def check_options(cls, options) -> None:
+        options.positive("lr")
+        options.fraction("beta1", closed_low=True)
+        options.fraction("beta2", closed_low=True)
+        options.real("xi", "a finite number >= 0", lambda v: v >= 0)
 
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
@@ -41,7 +40,7 @@ class DPAdam(Strategy):
     @torch.no_grad()
     def step(self, grads) -> None:
         clipped_sum = grads.weighted_sum(self.clip_weights(grads.norms))
-        g_tilde = self.noisy_mean(clipped_sum, self.noise["noise_multiplier"] * self.clip)
+        g_tilde = self.noisy_mean(clipped_sum, self.multipliers["noise_multiplier"] * self.clip)
         self.t += 1
         first, second = 1 - self.beta1 ** self.t, 1 - self.beta2 ** self.t
         for p, m, v, g in zip(self.params, self.m, self.v, g_tilde):

@@ -1,6 +1,6 @@
 import torch
 
-from .. import DpgridError, checks
+from .. import DpgridError
 from .base import Strategy
 
 
@@ -20,9 +20,9 @@ class FixedQuantile(Strategy):
     adapts = ("clip",)
 
     @classmethod
-    def check_config(cls, cfg) -> None:
-        for key in ("strategy.clip0", "strategy.clip_lr", "strategy.count_noise_divisor"):
-            checks.positive(cfg, key)
+    def check_options(cls, options) -> None:
+        for key in ("clip0", "clip_lr", "count_noise_divisor"):
+            options.positive(key)
 
     @staticmethod
     def split_noise(noise_multiplier: float, options: dict, batch_size: int) -> dict:
@@ -43,9 +43,9 @@ class FixedQuantile(Strategy):
 
     def step(self, grads) -> None:
         clipped_sum = grads.weighted_sum(self.clip_weights(grads.norms))
-        g_tilde = self.noisy_mean(clipped_sum, self.noise["noise_multiplier_grad"] * self.clip)
+        g_tilde = self.noisy_mean(clipped_sum, self.multipliers["noise_multiplier_grad"] * self.clip)
         unclipped = ((grads.norms <= self.clip).to(self.clip.dtype) - 0.5).sum()
-        b_tilde = self.noisy_mean([unclipped], self.noise["count_noise_std"])[0] + 0.5
+        b_tilde = self.noisy_mean([unclipped], self.multipliers["count_noise_std"])[0] + 0.5
         self.descend(g_tilde, self.lr)
         self.clip = self.clip * torch.exp(-self.clip_lr * (b_tilde - self.quantile))
 

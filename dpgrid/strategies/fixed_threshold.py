@@ -12,6 +12,6 @@ class FixedThreshold(Strategy):
     label = "Fixed Threshold"
     def step(self, grads) -> None:
         clipped_sum = grads.weighted_sum(self.clip_weights(grads.norms))
-        g_tilde = self.noisy_mean(clipped_sum, self.noise["noise_multiplier"] * self.clip)
+        g_tilde = self.noisy_mean(clipped_sum, self.multipliers["noise_multiplier"] * self.clip)
         self.descend(g_tilde, self.lr)
 

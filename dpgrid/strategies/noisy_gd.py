@@ -4,7 +4,6 @@ import math
 
 import torch
 
-from .. import DpgridError
 from ..privacy import noise_schedule as zcdp
 from .base import Strategy
 
@@ -30,20 +29,17 @@ class NoisyGD(Strategy):
     oracle = False  # True: the schedule reads the data (not private); no epsilon is claimed
     accounting = "noise_schedule"  # each run's schedule is fitted into the budget (dpgrid.privacy)
 
-    @classmethod
-    def check_config(cls, cfg) -> None:
-        if str(cfg.dataset.task) != "logistic":
-            raise DpgridError(f"strategy={cfg.strategy.name} runs noisy gradient descent on binary logistic regression; "
-                              f"dataset={cfg.dataset.name} has task {cfg.dataset.task} (use a dataset with task: logistic)")
-        if int(cfg.train.batch_size) != int(cfg.dataset.n_train):
-            raise DpgridError(f"strategy={cfg.strategy.name} is full-batch gradient descent: train.batch_size must be "
-                              f"N = {cfg.dataset.n_train}, got {cfg.train.batch_size}")
+    tasks = ("logistic",)  # binary logistic regression
+    full_batch = True
 
     @staticmethod
-    def problem(cfg, n_train: int) -> dict:
-        """The public problem constants its accounting and its steps use."""
-        d, l2, z = int(cfg.dataset.features), float(cfg.dataset.l2), float(cfg.dataset.feature_bound)
-        radius = math.sqrt(2 * math.log(2) / l2) if l2 > 0 else float(cfg.dataset.radius)
+    def problem(dataset, n_train: int) -> dict:
+        """The public problem constants its accounting and its steps use, read from the dataset config."""
+        d = dataset.whole("features")
+        l2 = dataset.real("l2", "a finite number >= 0 (lambda)", lambda v: v >= 0)
+        z = dataset.positive("feature_bound")
+        given = dataset.positive("radius") if dataset.has("radius") or l2 == 0 else None  # needed when lambda = 0
+        radius = math.sqrt(2 * math.log(2) / l2) if l2 > 0 else given
         return {"n": n_train, "d": d, "l2": l2, "feature_bound": z, "radius": radius,
                 "lipschitz": l2 * radius + z, "smoothness": l2 + z * z / 4}
 
@@ -54,7 +50,7 @@ class NoisyGD(Strategy):
 
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
-        p = self.p = self.noise  # the plan's problem constants travel with its multipliers
+        p = self.p = self.multipliers  # the plan's problem constants travel with its multipliers
         self.eta = float(p["eta"])  # exact; self.lr (a float32 tensor) is what curves record
         self.lr.fill_(self.eta)
         self.clip.fill_(p["feature_bound"])

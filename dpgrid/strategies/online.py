@@ -1,6 +1,5 @@
 import torch
 
-from .. import checks
 from .base import Strategy, flatten, standard_normal
 
 
@@ -28,11 +27,11 @@ class Online(Strategy):
     adapts = ("clip", "lr")
 
     @classmethod
-    def check_config(cls, cfg) -> None:
-        for key in ("strategy.clip0", "strategy.clip_lr", "strategy.lr_lr"):
-            checks.positive(cfg, key)
+    def check_options(cls, options) -> None:
+        for key in ("clip0", "clip_lr", "lr_lr"):
+            options.positive(key)
         # nu_q = (nu^-2 - nu_g^-2)^-1/2 is finite and real only for nu_g > nu
-        checks.real(cfg, "strategy.grad_noise_ratio", "a finite number > 1 (nu_g = ratio x nu)", lambda v: v > 1)
+        options.real("grad_noise_ratio", "a finite number > 1 (nu_g = ratio x nu)", lambda v: v > 1)
 
     @staticmethod
     def split_noise(noise_multiplier: float, options: dict, batch_size: int) -> dict:
@@ -54,7 +53,7 @@ class Online(Strategy):
         # two sums over disjoint samples, which the engine computes for the price of one.
         unclipped_sum, q_sum = grads.weighted_sums(unclipped, q_weights)
         clipped_sum = [u.addcmul_(q, clip) for u, q in zip(unclipped_sum, q_sum)]  # in place: u is ours
-        g_flat, g_tilde = self.noisy_mean_flat(clipped_sum, self.noise["noise_multiplier_g"] * clip)
+        g_flat, g_tilde = self.noisy_mean_flat(clipped_sum, self.multipliers["noise_multiplier_g"] * clip)
         self.descend(g_tilde, self.lr)
         if self.prev_g is not None:  # sign(0) = 0 at t = 1: C and rho stay
             self.clip = clip * torch.exp(self.clip_lr * torch.sign(self.q_alignment(g_flat)))
@@ -66,5 +65,5 @@ class Online(Strategy):
         (Eq. 17 with the noise projected on g_tilde_t; see the class docstring). Flat vectors."""
         g_norm = torch.linalg.vector_norm(g_tilde)
         xi = standard_normal((), self.generator, g_norm.device, g_norm.dtype)
-        return (torch.dot(g_tilde, self.prev_q_sum) + self.noise["noise_multiplier_q"] * g_norm * xi) / self.batch_size
+        return (torch.dot(g_tilde, self.prev_q_sum) + self.multipliers["noise_multiplier_q"] * g_norm * xi) / self.batch_size
 

@@ -10,7 +10,6 @@ There is no clipping threshold to tune: the grid is over the learning rate only 
 
 import torch
 
-from dpgrid import checks
 from dpgrid.strategies import Strategy
 
 
@@ -18,8 +17,8 @@ class AutomaticClipping(Strategy):
     label = "Automatic (AUTO-S)"
 
     @classmethod
-    def check_config(cls, cfg) -> None:
-        checks.positive(cfg, "strategy.gamma")
+    def check_options(cls, options) -> None:
+        options.positive("gamma")
 
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
@@ -29,5 +28,5 @@ class AutomaticClipping(Strategy):
     @torch.no_grad()
     def step(self, grads) -> None:
         weights = 1.0 / (grads.norms + self.gamma)
-        g_tilde = self.noisy_mean(grads.weighted_sum(weights), self.noise["noise_multiplier"])
+        g_tilde = self.noisy_mean(grads.weighted_sum(weights), self.multipliers["noise_multiplier"])
         self.descend(g_tilde, self.lr)

@@ -35,11 +35,8 @@ def dataset_of(name: str) -> str:
     from dpgrid.strategies import resolve
 
     cfg = dpgrid.compose([f"strategy={name}", *OVERRIDES["digits"]])
-    try:
-        resolve(cfg.strategy).check_config(cfg)
-        return "digits"
-    except dpgrid.DpgridError:
-        return "iris"
+    runs_on = resolve(cfg.strategy).tasks
+    return "digits" if runs_on is None or cfg.dataset.task in runs_on else "iris"
 
 
 def in_a_process(*args) -> None:

@@ -92,4 +92,3 @@ def register() -> None:
         OmegaConf.register_new_resolver("dpgrid.epsilon_folder", epsilon_folder)
 
 
-register()

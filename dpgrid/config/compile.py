@@ -1,0 +1,203 @@
+"""Compile, then run: `compile(cfg, n_train)` is the one function that reads the whole composed config. It
+checks every key once (the common ones in dpgrid.checks; a strategy its own, through `check_options`), resolves
+the strategy and the model, builds the configurations and asks the accounting for the noise. What it returns,
+a frozen GridSpec, is all that training, the run directory and `dpgrid plan` receive: they can be called from a
+notebook or a test with a spec, never needing Hydra.
+
+The spec is a pure function of the config and N: any job on any machine compiles the same noise for the same
+grid. `dpgrid run` compiles before Hydra writes anything, and its job trains that spec.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+from dataclasses import dataclass, replace
+from types import MappingProxyType
+from typing import Any, Mapping, Optional
+
+from omegaconf import OmegaConf
+
+from .. import DpgridError
+
+
+@dataclass(frozen=True)
+class Training:
+    """How each run trains (train.*, and privacy.secure_rng, which picks the runs' random source)."""
+    epochs: int
+    batch_size: int      # the EXPECTED batch size B
+    eval_every: int
+    seeds: int
+    momentum: float      # as applied: 0 for a strategy whose update does not take it (uses_momentum = False)
+    sampling: str        # poisson | shuffle
+    device: str
+    engine: str          # the per-sample engine this grid's model runs on (fast, or func where fast cannot serve)
+    float64: bool
+    secure_rng: bool
+
+
+@dataclass(frozen=True)
+class GridSpec:
+    """One grid, compiled: every value its runs, rows and tables need, validated, and nothing else."""
+    plan: Any                   # dpgrid.privacy.Plan (frozen): noise, what it spends, the configurations
+    strategy_cls: type
+    options: Mapping            # the strategy config's own keys (read-only)
+    selected: tuple             # the configurations this command trains (grid.only), in grid order
+    only: Optional[tuple]       # grid.only as given (None: every configuration)
+    train: Training
+    dataset: Any                # the dataset config node (read-only): its loader and public constants
+    model: Any                  # the model config node (read-only)
+    model_parameters: int
+    data_root: str
+    task: str
+    normalize: str
+    protocol: str
+    overwrite: bool
+    stopping_seed: int
+    privacy: Mapping            # the privacy settings (read-only), which the plan is made from
+    settings: Mapping           # the resolved config without hydra: written as config.yaml, hashed
+    config_hash: str
+    warnings: tuple = ()        # to show once, when the grid starts or is planned
+
+    def seed_names(self) -> tuple:
+        """The names a grid's seeds derive from (a selection adds its repetition)."""
+        p = self.plan
+        key = (p.dataset, p.strategy, p.epsilon if p.private else "non-private", p.k)
+        return key if p.selection == "composition" else (*key, "selection", self.stopping_seed)
+
+
+def compile(cfg, n_train: int = None) -> GridSpec:
+    """The frozen, validated grid of a composed config, for N = n_train (None: the config's dataset.n_train,
+    else the loaded data's). DpgridError (one line naming the key) for anything that cannot run."""
+    from ..checks import Reader, check_config
+
+    warnings = check_config(cfg, n_train)  # first, and before torch is imported: a bad value is refused at once
+    from ..grid import configurations, select, size
+    from ..models import build_model, count_parameters
+    from ..persample import engine_for
+    from ..plugins import arguments
+    from ..strategies import resolve
+
+    strategy_cls = resolve(cfg.strategy)
+    strategy_cls.check_options(Reader(arguments(cfg.strategy), prefix="strategy."))
+    task = str(cfg.dataset.task)
+    if strategy_cls.tasks is not None and task not in strategy_cls.tasks:
+        raise DpgridError(f"strategy={cfg.strategy.name} runs on datasets of task {', '.join(strategy_cls.tasks)}; "
+                          f"dataset={cfg.dataset.name} has task {task}")
+    from ..privacy import accounting_for
+
+    accountant = str(cfg.privacy.accountant)
+    method = accounting_for(strategy_cls, str(cfg.privacy.selection))
+    if strategy_cls.private and accountant not in method.accountants:
+        raise DpgridError(f"privacy.accountant={accountant} does not apply to strategy={cfg.strategy.name} "
+                          f"(accounted by {method.name}); valid: {', '.join(method.accountants)}")
+    if n_train is None:
+        n_train = int(cfg.dataset.n_train) if cfg.dataset.get("n_train") is not None else None
+    if n_train is not None:  # a huge grid is refused before its configurations are built
+        check_scale(size(cfg.strategy, cfg.grid), n_train, int(cfg.train.epochs), int(cfg.train.batch_size),
+                    int(cfg.train.seeds), cfg.dataset.get("seconds_per_step"), bool(cfg.grid.allow_large))
+    device = resolve_device(str(cfg.train.device))
+    configs = configurations(cfg.strategy, cfg.grid)
+    only = tuple(str(o) for o in cfg.grid.only) if cfg.grid.only is not None else None
+    plain = settings_of(cfg)
+    spec = GridSpec(
+        plan=None, strategy_cls=strategy_cls, options=MappingProxyType(arguments(cfg.strategy)),
+        selected=tuple(select(configs, only)), only=only,
+        train=Training(epochs=int(cfg.train.epochs), batch_size=int(cfg.train.batch_size),
+                       eval_every=int(cfg.train.eval_every), seeds=int(cfg.train.seeds),
+                       momentum=float(cfg.train.momentum) if strategy_cls.uses_momentum else 0.0,
+                       sampling=str(cfg.train.sampling), device=str(device), engine=str(cfg.train.engine),
+                       float64=bool(cfg.train.float64), secure_rng=bool(cfg.privacy.secure_rng)),
+        dataset=read_only(cfg.dataset), model=read_only(cfg.model), model_parameters=0,
+        data_root=str(cfg.data.root), task=task, normalize=str(cfg.dataset.get("normalize", "unit")),
+        protocol=str(cfg.protocol), overwrite=bool(cfg.overwrite), stopping_seed=int(cfg.privacy.stopping_seed),
+        privacy=MappingProxyType(dict(plain["privacy"])), settings=MappingProxyType(plain),
+        config_hash=config_hash(plain, strategy_cls.private),
+        warnings=tuple(warnings))
+    plan = make_plan(spec, configs, loaded_n_train(spec) if n_train is None else n_train)  # reads the dataset's
+    model = build_model(cfg.model)  # constants first: a model key interpolated from one is named as the user set it
+    engine, fallback = engine_for(model, spec.train.engine)  # refused before anything is written
+    parameters = count_parameters(model)
+    return replace(spec, plan=replace(plan, model_parameters=parameters), model_parameters=parameters,
+                   train=replace(spec.train, engine=engine), warnings=spec.warnings + ((fallback,) if fallback else ()))
+
+
+def planned(spec: GridSpec, n_train: int) -> GridSpec:
+    """The spec for N = n_train: itself when that is the N it was compiled for, else planned again for it (the
+    loaded data's N differs from the config's dataset.n_train)."""
+    if spec.plan.n_train == n_train:
+        return spec
+    return replace(spec, plan=make_plan(spec, list(spec.plan.configurations), n_train))
+
+
+def make_plan(spec: GridSpec, configs: list, n_train: int):
+    from ..checks import Reader
+    from ..privacy import make_plan as plan_privacy
+
+    t, cls = spec.train, spec.strategy_cls
+    dataset, strategy = spec.settings["dataset"], spec.settings["strategy"]
+    if t.batch_size > n_train:
+        raise DpgridError(f"train.batch_size must be a whole number in 1..{n_train}, got {t.batch_size}")
+    if cls.full_batch and t.batch_size != n_train:
+        raise DpgridError(f"strategy={strategy['name']} is full-batch gradient descent: train.batch_size must be "
+                          f"N = {n_train}, got {t.batch_size}")
+    check_scale(len(configs), n_train, t.epochs, t.batch_size, t.seeds, dataset.get("seconds_per_step"),
+                bool(spec.settings["grid"]["allow_large"]))
+    return plan_privacy(
+        strategy_cls=cls, options=dict(spec.options), privacy=dict(spec.privacy),
+        problem=cls.problem(Reader(dataset, prefix="dataset."), n_train), n_train=n_train,
+        batch_size=t.batch_size, epochs=t.epochs, seeds=t.seeds, sampling=t.sampling,
+        dataset=dataset["name"], strategy=strategy["name"], k=int(spec.settings["grid"]["k"]),
+        label=str(strategy.get("label") or cls.label or strategy["name"]), axes=list(strategy["grid"]),
+        dataset_epsilons=[float(e) for e in dataset.get("epsilons") or [spec.privacy["epsilon"]]],
+        model_parameters=spec.model_parameters, configurations=configs)
+
+
+def check_scale(n_configs: int, n_train: int, epochs: int, batch_size: int, seeds: int, seconds_per_step,
+                allow_large: bool) -> None:
+    from ..checks import check_size
+
+    steps = math.ceil(epochs * n_train / batch_size)
+    check_size(n_configs, n_configs * seeds, steps, seconds_per_step, allow_large)
+
+
+def loaded_n_train(spec: GridSpec) -> int:
+    """N of the loaded data, for a dataset config that does not state it (dataset.n_train)."""
+    from ..data import load
+
+    return load(spec.dataset, spec.data_root).n_train
+
+
+def settings_of(cfg) -> dict:
+    """The resolved config without Hydra's own node, as plain Python values."""
+    return OmegaConf.to_container(OmegaConf.masked_copy(cfg, [k for k in cfg if k != "hydra"]), resolve=True)
+
+
+def read_only(node):
+    node = OmegaConf.create(OmegaConf.to_container(node, resolve=True))
+    OmegaConf.set_readonly(node, True)
+    return node
+
+
+def config_hash(settings: dict, private: bool = True) -> str:
+    from ..results import hashed
+
+    return hashlib.sha256(json.dumps(hashed(settings, private), sort_keys=True).encode()).hexdigest()[:16]
+
+
+def resolve_device(name: str):
+    import re
+
+    import torch
+
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if name != "cpu" and not re.fullmatch(r"cuda(:\d+)?", name):
+        raise DpgridError(f"train.device must be auto, cpu or cuda[:N], got {name!r}")
+    count = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    index = int(name.partition(":")[2] or 0) if name != "cpu" else 0
+    if name != "cpu" and index >= count:
+        valid = "auto, cpu" + (f", cuda:0..cuda:{count - 1}" if count else "")
+        raise DpgridError(f"train.device={name} but this machine has {count} CUDA device(s); valid here: {valid}")
+    return torch.device(name)

@@ -32,18 +32,33 @@ class PerSampleGrads:
     is exposed: nothing but noised quantities may leave a run);
     weighted_sum(w) -> [sum_i w_i g_i per parameter, in model.parameters() order];
     weighted_sums(w1, w2, ...) -> one such list per weight vector, computed in one pass.
-    `sum_fn` maps an (m, b) weight matrix to per-parameter tensors of shape (m, *param.shape).
+    Per parameter group (a group: the parameters of one layer, in model order), for group-wise clipping:
+    group_norms: (b, L) norms ||g_{i,l}|| of each sample's gradient restricted to group l;
+    group_weighted_sum(W) -> [sum_i W[i, l(p)] g_{i,p} per parameter p, l(p) its group], W of shape (b, L).
+    `sum_fn` maps an (m, b) weight matrix to per-parameter tensors of shape (m, *param.shape);
+    `group_norms_fn` and `group_sum_fn` compute the group forms.
     """
 
-    def __init__(self, size: int, norms_fn: Callable, sum_fn: Callable):
+    def __init__(self, size: int, norms_fn: Callable, sum_fn: Callable, group_norms_fn: Callable = None,
+                 group_sum_fn: Callable = None):
         self.size = size
         self._norms_fn, self._sum_fn, self._norms = norms_fn, sum_fn, None
+        self._group_norms_fn, self._group_sum_fn, self._group_norms = group_norms_fn, group_sum_fn, None
 
     @property
     def norms(self) -> torch.Tensor:
         if self._norms is None:  # lazily: the non-private baseline never needs them
             self._norms = self._norms_fn()
         return self._norms
+
+    @property
+    def group_norms(self) -> torch.Tensor:
+        if self._group_norms is None:
+            self._group_norms = self._group_norms_fn()
+        return self._group_norms
+
+    def group_weighted_sum(self, weights: torch.Tensor) -> list:
+        return self._group_sum_fn(weights)
 
     def weighted_sums(self, *weights: torch.Tensor) -> list:
         stacked = self._sum_fn(torch.stack(weights))
@@ -53,10 +68,20 @@ class PerSampleGrads:
         return self.weighted_sums(weights)[0]
 
 
-def empty_batch(params, device) -> PerSampleGrads:
+def empty_batch(params, device, n_groups: int) -> PerSampleGrads:
     """Poisson sampling can draw an empty batch: no gradients (the noise is still added)."""
     return PerSampleGrads(0, lambda: torch.zeros(0, device=device),
-                          lambda w: [p.new_zeros((len(w), *p.shape)) for p in params])
+                          lambda w: [p.new_zeros((len(w), *p.shape)) for p in params],
+                          lambda: torch.zeros((0, n_groups), device=device),
+                          lambda w: [torch.zeros_like(p) for p in params])
+
+
+def parameter_groups(model: nn.Module) -> list:
+    """The indices (in model.parameters() order) of each parametrised module's own parameters: one group
+    per layer, in model order."""
+    position = {id(p): i for i, p in enumerate(model.parameters())}
+    return [[position[id(p)] for p in m.parameters(recurse=False)]
+            for m in model.modules() if any(True for _ in m.parameters(recurse=False))]
 
 
 def per_sample_losses(out: torch.Tensor, y: torch.Tensor, task: str) -> torch.Tensor:
@@ -69,6 +94,7 @@ class FuncEngine:
 
     def __init__(self, model: nn.Module, task: str):
         self.params = list(model.parameters())
+        self.groups = parameter_groups(model)
         names = [n for n, _ in model.named_parameters()]
 
         def loss(params, x, y):
@@ -79,11 +105,19 @@ class FuncEngine:
 
     def __call__(self, x: torch.Tensor, y: torch.Tensor) -> PerSampleGrads:
         if len(x) == 0:
-            return empty_batch(self.params, x.device)
+            return empty_batch(self.params, x.device, len(self.groups))
         params = [p.detach() for p in self.params]
         grads = self._grads(params, x, y)
-        return PerSampleGrads(len(x), lambda: torch.sqrt(sum(g.flatten(1).pow(2).sum(1) for g in grads)),
-                              lambda w: [torch.tensordot(w.to(g.dtype), g, dims=1) for g in grads])  # (m, *shape)
+        sq = [g.flatten(1).pow(2).sum(1) for g in grads]
+        group_of = {i: l for l, group in enumerate(self.groups) for i in group}
+
+        def group_sum(w):
+            return [torch.tensordot(w[:, group_of[i]].to(g.dtype), g, dims=1) for i, g in enumerate(grads)]
+
+        return PerSampleGrads(len(x), lambda: torch.sqrt(sum(sq)),
+                              lambda w: [torch.tensordot(w.to(g.dtype), g, dims=1) for g in grads],  # (m, *shape)
+                              lambda: torch.sqrt(torch.stack([sum(sq[i] for i in group) for group in self.groups], 1)),
+                              group_sum)
 
 
 # --- the fast engine --------------------------------------------------------------------------------
@@ -127,7 +161,7 @@ class FastEngine:
 
     def __call__(self, x: torch.Tensor, y: torch.Tensor) -> PerSampleGrads:
         if len(x) == 0:
-            return empty_batch(self.params, x.device)
+            return empty_batch(self.params, x.device, len(self.layers))
         self._record = {}
         losses = per_sample_losses(self.model(x), y, self.task)
         record, self._record = self._record, None
@@ -149,7 +183,19 @@ class FastEngine:
                     sums[ib] = bias
             return sums
 
-        return PerSampleGrads(len(x), norms, weighted_sum)
+        def group_norms():  # the engine's groups are its layers
+            return torch.sqrt(torch.stack([f.sq_norms() for f in factors], 1))
+
+        def group_sum(w):
+            sums = [None] * len(self.params)
+            for layer, (f, (iw, ib)) in enumerate(zip(factors, self._slots)):
+                weight, bias = f.weighted_sum(w[:, layer][None].to(f.dtype))
+                sums[iw] = weight[0]
+                if ib is not None:
+                    sums[ib] = bias[0]
+            return sums
+
+        return PerSampleGrads(len(x), norms, weighted_sum, group_norms, group_sum)
 
 
 def disjoint_subsets(w):

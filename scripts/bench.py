@@ -7,6 +7,8 @@ steps after warm-up; peak memory of each step in a fresh subprocess (ru_maxrss a
 
     python scripts/bench.py [--steps 7] [--models cnn autoencoder bag_of_words] [--engine fast] [--json]
     python scripts/bench.py --secure --no-opacus --strategies fixed_threshold   # the cost of secure mode
+    PYTHONPATH=examples python scripts/bench.py --searchpath file://$PWD/examples/dpgrid_example/conf \
+        --strategies fixed_threshold per_layer --no-opacus       # a plugin's strategies, from its config folder
 
 --secure adds three steps per model that sample their batch from a training set of the paper's size
 (MNIST 60,000; AG News 120,000) as `dpgrid run` does: seeded sampling and noise (the default),
@@ -41,14 +43,24 @@ BATCH = 512
 NOISE = 1.0
 
 
+def searchpath() -> list:
+    """The override adding --searchpath's config folder (kept in the environment, for the memory subprocesses)."""
+    folder = os.environ.get("DPGRID_BENCH_SEARCHPATH")
+    return [f"hydra.searchpath=[{folder}]"] if folder else []
+
+
 def dp_sgd_strategies() -> list:
-    """The DP-SGD strategies of the config group: those accounted by composition (the noise schedules train
-    logistic regression full-batch)."""
-    return [name for name in options("strategy")
-            if strategies.resolve(dpgrid.compose([f"strategy={name}"]).strategy).accounting == "composition"]
+    """The DP-SGD strategies of the config group (and of --searchpath's folder): those accounted by composition
+    (the noise schedules train logistic regression full-batch)."""
+    names = sorted({*options("strategy"), *plugin_options("strategy")})
+    return [name for name in names if strategies.resolve(
+        dpgrid.compose([f"strategy={name}", *searchpath()]).strategy).accounting == "composition"]
 
 
-STRATEGIES = dp_sgd_strategies()
+def plugin_options(group: str) -> list:
+    folder = os.environ.get("DPGRID_BENCH_SEARCHPATH", "")
+    path = folder[len("file://"):] if folder.startswith("file://") else None
+    return sorted(p.stem for p in __import__("pathlib").Path(path, group).glob("*.yaml")) if path else []
 
 
 def batch(model_name):
@@ -77,7 +89,7 @@ def strategy_step(model_name, strategy, engine_name):
     model = MODELS[model_name][0]()
     x, y, task = batch(model_name)
     spec = dpgrid.compile(dpgrid.compose([f"dataset={MODELS[model_name][4]}", f"strategy={strategy}",
-                                          f"model={model_name}", f"train.batch_size={BATCH}"]))
+                                          f"model={model_name}", f"train.batch_size={BATCH}", *searchpath()]))
     configs = spec.plan.configurations
     s = build_strategy(spec, model, configs[len(configs) // 2], torch.Generator().manual_seed(0))
     engine = make_engine(model, task, engine_name)
@@ -157,13 +169,17 @@ def peak_memory_mb(model_name, method, engine_name) -> float:
 
 
 def main():
+    if "--searchpath" in sys.argv:  # before the strategies are listed: its folder adds to them
+        os.environ["DPGRID_BENCH_SEARCHPATH"] = sys.argv[sys.argv.index("--searchpath") + 1]
+    strategies_found = dp_sgd_strategies()
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--searchpath", help="a config folder (file://...) whose strategies join the benchmark")
     parser.add_argument("--steps", type=int, default=7, help="timed steps per method, at least (median reported)")
     parser.add_argument("--seconds", type=float, default=3.0,
                         help="small models repeat until the non-private steps take about this long")
     parser.add_argument("--warmup", type=int, default=2)
     parser.add_argument("--models", nargs="+", default=list(MODELS), choices=list(MODELS))
-    parser.add_argument("--strategies", nargs="+", default=STRATEGIES, choices=STRATEGIES)
+    parser.add_argument("--strategies", nargs="+", default=strategies_found, choices=strategies_found)
     parser.add_argument("--engine", default="fast", choices=["fast", "func"])
     parser.add_argument("--no-opacus", action="store_true")
     parser.add_argument("--secure", action="store_true", help="also time seeded vs secure sampling and noise")

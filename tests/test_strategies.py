@@ -211,5 +211,5 @@ def test_noisy_mean_draws_the_same_noise_as_one_randn_per_sum():
 def test_empty_batch_adds_noise_only():
     s, theta = make("fixed_threshold", {"lr": 1.0, "clip": 1.0}, noise={"noise_multiplier": 1.0},
                     batch_size=16, dim=50_000)
-    s.step(empty_batch([theta], theta.device))
+    s.step(empty_batch([theta], theta.device, 1))
     assert float(theta.std()) == pytest.approx(1.0 / 16, rel=0.03)

@@ -20,8 +20,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from . import DpgridError
-from .checks import wrong_type
+from dpgrid import DpgridError
+from dpgrid.config.checks import wrong_type
 
 if TYPE_CHECKING:  # pandas is imported when a grid is run: `dpgrid` refuses bad input before that
     import pandas as pd
@@ -43,7 +43,7 @@ def compose(overrides=(), with_hydra: bool = False):
     from hydra.errors import HydraException, OverrideParseException
     from omegaconf.errors import OmegaConfBaseException
 
-    from .config import register
+    from dpgrid.config import register
 
     register()  # the schema and resolvers, made known to Hydra when a config is first composed
     overrides = list(overrides)
@@ -138,11 +138,11 @@ def check_sweep(overrides: list) -> list:
     """Every job of a sweep composed and checked in this process, before any is launched or queued; jobs
     of different configs that would write into one directory are refused, naming their overrides.
     Returns the jobs' directories."""
-    from .checks import check_config
-    from .config import settings_of
-    from .config.compile import config_hash
-    from .files import check_writable
-    from .strategies import resolve
+    from dpgrid.config.checks import check_config
+    from dpgrid.config import settings_of
+    from dpgrid.config.compile import config_hash
+    from dpgrid.results.files import check_writable
+    from dpgrid.strategies import resolve
 
     by_dir = {}
     for job in sweep_jobs(overrides):
@@ -236,7 +236,7 @@ def options(group: str) -> list:
 def compile(cfg, n_train: int = None):
     """The config compiled into a frozen, validated grid (dpgrid.config.GridSpec); N as given, else the config's
     dataset.n_train, else the loaded data's."""
-    from .config import compile as compile_grid
+    from dpgrid.config import compile as compile_grid
 
     return compile_grid(cfg, n_train)
 
@@ -268,8 +268,8 @@ def run_grid(cfg, out_dir, progress: bool = True) -> GridResult:
 
     import pandas as pd
 
-    from .config import GridSpec
-    from .runner import run_grid as run
+    from dpgrid.config import GridSpec
+    from dpgrid.runner import run_grid as run
 
     spec = cfg if isinstance(cfg, GridSpec) else compile(cfg)
     for warning in spec.warnings:
@@ -283,6 +283,6 @@ def run_grid(cfg, out_dir, progress: bool = True) -> GridResult:
 
 def tables(results_dir="outputs", figures: bool = True, mix_budgets: bool = False, report=print) -> list:
     """Paper-style tables (and figures) of every grid under results_dir; returns the files written."""
-    from .report import write_tables
+    from dpgrid.reporting.tables import write_tables
 
     return write_tables(Path(results_dir), figures=figures, mix_budgets=mix_budgets, report=report)

@@ -12,13 +12,13 @@ makes too), while Z is public: a row longer than Z is shortened, never used to c
 import numpy as np
 import torch
 
-from . import DpgridError
-from .data import Data
+from dpgrid import DpgridError
+from dpgrid.data import Data
 
 
 def binary_data(x, positive, feature_bound: float, files=None) -> Data:
     """Data of a +-1 problem: standardised, rows bounded by Z, the training set used for evaluation too."""
-    from .checks import Reader
+    from dpgrid.config.checks import Reader
 
     Reader({"feature_bound": feature_bound}, "dataset.load.").positive("feature_bound")  # a loader checks its keys
     x = np.asarray(x, dtype=np.float64)
@@ -59,7 +59,7 @@ def load_breast_cancer(root=None, feature_bound: float = 12.0):
 
 def load_mnist_binary(root, feature_bound: float = 40.0):
     """MNIST's 60,000 training images from data.root, digit 0 (+1) against the rest, d = 784."""
-    from .datasets import load_idx
+    from dpgrid.datasets import load_idx
 
     data = load_idx(root, "MNIST")
     return binary_data(data.x_train.flatten(1).double().numpy(), data.y_train.numpy() == 0, feature_bound,

@@ -19,7 +19,7 @@ your own options: hydra.searchpath=[file:///abs/path/to/conf] (see docs/extendin
 
 
 def usage() -> str:
-    from .api import options
+    from dpgrid.api import options
     lines = [f"{group}: {', '.join(options(group))}" for group in ("dataset", "strategy", "model", "protocol")]
     return USAGE + "\n" + "\n".join(lines)
 
@@ -85,7 +85,7 @@ def on_sigterm(signum, frame):
     raise Interrupted()
 
 
-from .api import compose, config_dir  # noqa: E402  (Hydra's decorator needs config_dir here)
+from dpgrid.api import compose, config_dir  # noqa: E402  (Hydra's decorator needs config_dir here)
 
 
 def announced(spec):
@@ -98,8 +98,8 @@ def announced(spec):
 def plan_command(args: list) -> None:
     as_json, compare = "--json" in args, "--compare" in args
     cfg = compose([a for a in args if a not in ("--json", "--compare")])
-    from .config import compile
-    from .describe import print_alternatives, print_comparison, print_schedule, print_seeds_cost, print_selection
+    from dpgrid.config import compile
+    from dpgrid.reporting.describe import print_alternatives, print_comparison, print_schedule, print_seeds_cost, print_selection
 
     start = time.perf_counter()
     spec = announced(compile(cfg))
@@ -141,9 +141,9 @@ def run_command(args: list) -> None:
     a job. A sweep (-m) is Hydra's own, so that launchers work; every job's config is checked first."""
     import hydra
 
-    from .api import check_sweep, launch
-    from .config import register
-    from .files import outermost_missing
+    from dpgrid.api import check_sweep, launch
+    from dpgrid.config import register
+    from dpgrid.results.files import outermost_missing
 
     if {"-m", "--multirun"} & set(args):
         overrides = [a for a in args if a not in ("-m", "--multirun")]
@@ -153,10 +153,10 @@ def run_command(args: list) -> None:
         hydra.main(version_base="1.3", config_path=config_dir(), config_name="config")(grid_job(created))()
         return
     cfg = compose(args, with_hydra=True)  # bad names and syntax refused here; bad values by compile, before torch
-    from .config import compile
+    from dpgrid.config import compile
 
     spec = announced(compile(cfg))  # compiled once, before Hydra writes anything; the job trains this spec
-    from .runner import check_run
+    from dpgrid.runner import check_run
 
     check_run(spec, cfg.hydra.run.dir)
     out = Path(cfg.hydra.run.dir).absolute()
@@ -171,11 +171,11 @@ def grid_job(created: dict, spec=None):
         from hydra.core.hydra_config import HydraConfig
         from omegaconf import OmegaConf
 
-        from . import DpgridError
-        from .config import compile
-        from .files import locked, remove_created
-        from .jobs import hydra_record, run_log
-        from .runner import describe_best, run_grid
+        from dpgrid import DpgridError
+        from dpgrid.config import compile
+        from dpgrid.results.files import locked, remove_created
+        from dpgrid.jobs import hydra_record, run_log
+        from dpgrid.runner import describe_best, run_grid
 
         out = Path(HydraConfig.get().runtime.output_dir).absolute()
         try:
@@ -198,7 +198,7 @@ def grid_job(created: dict, spec=None):
 
 
 def tables_command(args: list) -> None:
-    from .report import write_tables
+    from dpgrid.reporting.tables import write_tables
 
     if {"-h", "--help"} & set(args):
         print("usage: dpgrid tables [--mix-budgets] [RESULTS_DIR]\n\npaper-style tables and figures of every grid "
@@ -263,7 +263,7 @@ def dispatch(argv: list) -> None:
     commands = {"run": run_command, "plan": plan_command, "tables": tables_command}
     if command not in commands:
         fail(f"unknown command {command!r}; valid: {', '.join(commands)}")
-    from . import DpgridError
+    from dpgrid import DpgridError
 
     try:
         commands[command](args)

@@ -12,8 +12,8 @@ from pathlib import Path
 
 import torch
 
-from . import DpgridError, tasks
-from .plugins import call
+from dpgrid import DpgridError, tasks
+from dpgrid.plugins import call
 
 
 @dataclass

@@ -15,8 +15,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from . import DpgridError
-from .data import Data
+from dpgrid import DpgridError
+from dpgrid.data import Data
 
 IDX_FILES = {
     "train": ("train-images-idx3-ubyte.gz", "train-labels-idx1-ubyte.gz"),
@@ -190,7 +190,7 @@ def embed(texts, word_index, vectors, max_words: int) -> torch.Tensor:
 
 def load_ag_news(root, max_words: int = 15, glove=None) -> Data:
     """AG News (either layout) as concatenated GloVe-50 vectors of the first `max_words` tokens."""
-    from .checks import Reader
+    from dpgrid.config.checks import Reader
 
     Reader({"max_words": max_words}, "dataset.load.").whole("max_words")
     root = Path(root)

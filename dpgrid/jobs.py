@@ -34,7 +34,7 @@ def hydra_record(config_yaml: str):
         from hydra.core.hydra_config import HydraConfig
         from omegaconf import OmegaConf
 
-        from .files import environment, write_atomic
+        from dpgrid.results.files import environment, write_atomic
 
         hydra_cfg, folder = HydraConfig.get(), out / ".hydra"
         with environment(folder):

@@ -51,7 +51,7 @@ def autoencoder() -> nn.Sequential:
 
 def bag_of_words(max_words: int = 15, embedding_dim: int = 50) -> nn.Sequential:
     """AG News fully connected model over concatenated GloVe vectors, Table 7 (logits stay linear)."""
-    from . import DpgridError
+    from dpgrid import DpgridError
 
     for key, value in (("max_words", max_words), ("embedding_dim", embedding_dim)):
         if not isinstance(value, int) or isinstance(value, bool) or value < 1:
@@ -85,7 +85,7 @@ class LogisticRegression(nn.Linear):
 def logistic(inputs: int, l2: float = 0.0) -> LogisticRegression:
     import math
 
-    from . import DpgridError
+    from dpgrid import DpgridError
 
     if not isinstance(inputs, int) or isinstance(inputs, bool) or inputs < 1:
         raise DpgridError(f"model.inputs must be a whole number >= 1, got {inputs!r}")
@@ -96,8 +96,8 @@ def logistic(inputs: int, l2: float = 0.0) -> LogisticRegression:
 
 def build_model(model_cfg) -> nn.Module:
     """The model a `model` config names in `_target_`, called with the config's other keys."""
-    from . import DpgridError
-    from .plugins import call
+    from dpgrid import DpgridError
+    from dpgrid.plugins import call
 
     model = call(model_cfg, "model")
     if not isinstance(model, nn.Module):

@@ -5,7 +5,7 @@ search path). Failures are one line naming the config option and the target."""
 from hydra.utils import get_class, get_method
 from omegaconf import DictConfig, OmegaConf
 
-from . import DpgridError
+from dpgrid import DpgridError
 
 
 def target_name(node, where: str) -> str:

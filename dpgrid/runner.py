@@ -15,15 +15,17 @@ import pandas as pd
 import torch
 from tqdm.auto import tqdm
 
-from . import DpgridError, data as data_mod, grid, selection, tasks
-from .config import planned
-from .curves import append_curves
-from .files import check_writable, environment, locked, outermost_missing, remove_created, write_csv, write_json
-from .models import build_model
-from .persample import make_engine
-from .randomness import SecureRandom
-from .results import claim, commit_run, finished_runs, summarize, write_header
-from .train import train_run
+from dpgrid import DpgridError, data as data_mod, tasks
+from dpgrid.config import grid
+from dpgrid.results import selection
+from dpgrid.config import planned
+from dpgrid.results.curves import append_curves
+from dpgrid.results.files import check_writable, environment, locked, outermost_missing, remove_created, write_csv, write_json
+from dpgrid.models import build_model
+from dpgrid.training.persample import make_engine
+from dpgrid.privacy.randomness import SecureRandom
+from dpgrid.results.runs import claim, commit_run, finished_runs, summarize, write_header
+from dpgrid.training.train import train_run
 
 
 def derive_seed(*parts) -> int:

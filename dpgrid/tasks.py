@@ -5,7 +5,7 @@ and figures all ask the task; a new task is one more entry of TASKS."""
 from dataclasses import dataclass
 from typing import Callable
 
-from . import DpgridError
+from dpgrid import DpgridError
 
 # Tensors in, tensors out; torch is imported by the caller (this module stays light for the early checks).
 

@@ -32,7 +32,7 @@ import dpgrid
 from dpgrid import strategies
 from dpgrid.api import options
 from dpgrid.models import autoencoder, bag_of_words, cnn
-from dpgrid.persample import make_engine, per_sample_losses
+from dpgrid.training.persample import make_engine, per_sample_losses
 from dpgrid.runner import build_strategy
 
 # each paper model with its input shape, task, classes and the dataset it trains on
@@ -103,7 +103,7 @@ SECURE_MODES = {"sampled:seeded": (False, False), "sampled:secure_sampling": (Tr
 
 def sampled_step(model_name, mode, engine_name):
     """fixed_threshold's step on a Poisson batch drawn from N examples, seeded or secure (SECURE_MODES)."""
-    from dpgrid.randomness import SecureRandom, poisson_batch
+    from dpgrid.privacy.randomness import SecureRandom, poisson_batch
 
     secure_sampling, secure_noise = SECURE_MODES[mode]
     build, shape, task, classes, _ = MODELS[model_name]

@@ -115,7 +115,7 @@ def paper_cells(dataset: str, ks: list, extra: list, only_strategies=None, only_
     """([(strategy, epsilon, k, config_id, steps, seconds per step)], [skipped cell, why]) for every private
     strategy's cell the paper reports at these k (or the strategies and epsilons named): its best
     configuration found in dpgrid's grid."""
-    from dpgrid.paper import paper_results
+    from dpgrid.reproduction.paper import paper_results
 
     paper = paper_results()
     paper = paper[paper.dataset == dataset]
@@ -151,7 +151,7 @@ def paper_cells(dataset: str, ks: list, extra: list, only_strategies=None, only_
 
 def matching_config(configs: list, paper_row):
     """The id of the configuration whose axes the paper's row names (its printed, rounded values)."""
-    from dpgrid.paper import same_value
+    from dpgrid.reproduction.paper import same_value
 
     for config in configs:
         axes = [a for a in ("lr", "clip", "quantile") if a in config]

@@ -81,7 +81,7 @@ def test_plan_compare_agrees_with_the_plan_it_compares(capsys, monkeypatch):
     test_tighter_accountants_reach_the_target_under_dp_accounting; their calibrations take seconds each,
     so this test answers them with RDP's figure and checks what is asked and printed.)"""
     import dpgrid.privacy as privacy
-    from dpgrid.describe import print_comparison
+    from dpgrid.reporting.describe import print_comparison
 
     cfg = load_cfg("digits", "online", **{"grid.k": 2, "train.epochs": 2})
     p = compile(cfg, 1437).plan  # K = 2, T = 23

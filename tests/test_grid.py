@@ -3,7 +3,7 @@ import pytest
 from omegaconf import OmegaConf
 
 from dpgrid import DpgridError
-from dpgrid.grid import configurations, select
+from dpgrid.config.grid import configurations, select
 
 GRID = OmegaConf.create(dict(k=7, lr_range=[-2.5, 1.5], clip_range=[-2, 2], quantiles=[0.1, 0.3, 0.5, 0.7, 0.9]))
 

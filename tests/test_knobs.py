@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from dpgrid.data import load
-from dpgrid.train import batches
+from dpgrid.training.train import batches
 
 from .command import dpgrid
 from .test_data import idx_cfg, make_idx_root

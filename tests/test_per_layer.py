@@ -9,8 +9,8 @@ import torch
 from torch import nn
 
 from dpgrid.models import cnn, mlp
-from dpgrid.persample import empty_batch, make_engine, parameter_groups, per_sample_losses
-from dpgrid.randomness import standard_normal
+from dpgrid.training.persample import empty_batch, make_engine, parameter_groups, per_sample_losses
+from dpgrid.privacy.randomness import standard_normal
 
 from .plugin import EXAMPLES, SEARCHPATH, dpgrid
 

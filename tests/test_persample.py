@@ -7,7 +7,7 @@ from torch import nn
 
 from dpgrid.models import autoencoder, bag_of_words, cnn
 from dpgrid import DpgridError
-from dpgrid.persample import FastEngine, FuncEngine, make_engine
+from dpgrid.training.persample import FastEngine, FuncEngine, make_engine
 
 
 def small_cnn():  # the CNN's layer types (Conv2d with padding, MaxPool2d stride 1) at test size

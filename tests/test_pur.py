@@ -47,7 +47,7 @@ def test_rho_accumulates_as_the_direct_sum_and_the_run_stops_within_its_budget()
 def test_a_step_is_gradient_descent_on_the_regularised_risk_plus_the_scheduled_noise():
     data = load_iris()
     from dpgrid.models import logistic
-    from dpgrid.persample import make_engine
+    from dpgrid.training.persample import make_engine
 
     model = logistic(4, l2=0.1)
     with torch.no_grad():

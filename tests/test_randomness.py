@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 import torch
 
-from dpgrid.randomness import SecureRandom, poisson_batch, standard_normal
+from dpgrid.privacy.randomness import SecureRandom, poisson_batch, standard_normal
 
 
 @pytest.mark.parametrize("q", [512 / 60000, 2.3 / 256, 0.5, 1e-5])

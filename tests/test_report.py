@@ -6,8 +6,8 @@ import pandas as pd
 import pytest
 
 from dpgrid import DpgridError
-from dpgrid.paper import paper_results
-from dpgrid.report import write_tables
+from dpgrid.reproduction.paper import paper_results
+from dpgrid.reporting.tables import write_tables
 
 from .command import dpgrid
 
@@ -93,6 +93,17 @@ def test_paper_layout_cells(tree):
     assert r"\toprule" in tex and r"\bottomrule" in tex and "91.69" in tex and r"$\rho$" in tex
 
 
+def test_only_the_papers_own_k7_tables_drop_the_scores(tmp_path):
+    """The hyperparameters-only layout is the paper's (its Tables 2-4): a dataset the paper has no table of
+    shows its scores at k = 7 too, and is compared with nothing."""
+    root = tmp_path / "outputs"
+    make_grid(root, "digits", "online", 3, 7, [("lr3", {"lr": 0.316228}, [91.0, 93.0], 0)])
+    written = write_tables(root)
+    table = pd.read_csv(root / "tables" / "digits_k7.csv", dtype=str, keep_default_na=False)
+    assert table.loc[table["ε"] == "3", "Online acc"].item() == "92.00"
+    assert not any("vs_paper" in str(p) for p in written)
+
+
 def test_k7_layout_is_hyperparameters_only_and_mse_is_scaled(tree):
     write_tables(tree)
     table = pd.read_csv(tree / "tables" / "fashion_mnist_k7.csv", dtype=str, keep_default_na=False)
@@ -148,7 +159,7 @@ def test_the_papers_claim_is_tested_per_epsilon_with_the_metrics_direction(tree)
 
 
 def test_a_claim_on_one_seed_is_undecided_whatever_the_difference():
-    from dpgrid.paper import ONE_SEED, claims
+    from dpgrid.reproduction.paper import ONE_SEED, claims
 
     comp = pd.DataFrame(dict(epsilon=3.0, strategy=["online", "fixed_threshold", "fixed_quantile"],
                              value=[90.0, 80.0, 85.0], std=[0.0, 0.0, 0.5], n_seeds=[1, 1, 2],
@@ -164,7 +175,7 @@ def test_the_clip_panel_has_no_offset_tick_labels(tmp_path, monkeypatch):
     pytest.importorskip("matplotlib")
     from types import SimpleNamespace
 
-    from dpgrid import figures
+    from dpgrid.reporting import figures
     steps = range(0, 500, 50)  # C_t moving in its 7th digit: matplotlib's default would print 1e-6+1.0075e-1
     pd.DataFrame(dict(config_id="lr4", seed=0, step=list(steps), value=[50 + s / 10 for s in steps],
                       clip=[0.10075 + 1e-7 * i for i in range(len(steps))], lr=[0.3 + 1e-3 * i for i in range(len(steps))])

@@ -11,7 +11,8 @@ import pandas as pd
 import pytest
 import torch
 
-from dpgrid import DpgridError, selection
+from dpgrid import DpgridError
+from dpgrid.results import selection
 from dpgrid.privacy import random_stopping
 from dpgrid.config import compile
 
@@ -254,7 +255,7 @@ def test_a_selection_is_drawn_once(tmp_path, monkeypatch):
 
 
 def test_selection_json_holds_no_count_and_no_candidate_index():
-    from dpgrid.selection import summarize_selection
+    from dpgrid.results.selection import summarize_selection
 
     plan = compile(load_cfg("digits", "fixed_threshold", **{"grid.k": 2, "privacy.selection": "random_stopping"}),
                    1437).plan

@@ -5,7 +5,7 @@ import math
 import pytest
 import torch
 
-from dpgrid.persample import PerSampleGrads, empty_batch
+from dpgrid.training.persample import PerSampleGrads, empty_batch
 
 from .conftest import strategy_class
 

@@ -4,8 +4,8 @@ import pytest
 import torch
 
 from dpgrid import DpgridError, tasks
-from dpgrid.cells import fmt_value
-from dpgrid.train import evaluate
+from dpgrid.reporting.cells import fmt_value
+from dpgrid.training.train import evaluate
 
 
 def test_a_task_is_found_by_its_name_or_its_metric():

@@ -6,9 +6,9 @@ import torch
 from torch import nn
 
 from dpgrid.data import Data
-from dpgrid.persample import make_engine
+from dpgrid.training.persample import make_engine
 from dpgrid.strategies.fixed_threshold import FixedThreshold
-from dpgrid.train import train_run
+from dpgrid.training.train import train_run
 
 from .conftest import load_cfg
 

@@ -1,5 +1,5 @@
 """Compile, then run: `compile(cfg, n_train)` is the one function that reads the whole composed config. It
-checks every key once (the common ones in dpgrid.checks; a strategy its own, through `check_options`), resolves
+checks every key once (the common ones in dpgrid.config.checks; a strategy its own, through `check_options`), resolves
 the strategy and the model, builds the configurations and asks the accounting for the noise. What it returns,
 a frozen GridSpec, is all that training, the run directory and `dpgrid plan` receive: they can be called from a
 notebook or a test with a spec, never needing Hydra.
@@ -19,7 +19,7 @@ from typing import Any, Mapping, Optional
 
 from omegaconf import OmegaConf
 
-from .. import DpgridError
+from dpgrid import DpgridError
 
 
 @dataclass(frozen=True)
@@ -70,14 +70,14 @@ class GridSpec:
 def compile(cfg, n_train: int = None) -> GridSpec:
     """The frozen, validated grid of a composed config, for N = n_train (None: the config's dataset.n_train,
     else the loaded data's). DpgridError (one line naming the key) for anything that cannot run."""
-    from ..checks import Reader, check_config
+    from dpgrid.config.checks import Reader, check_config
 
     warnings = check_config(cfg, n_train)  # first, and before torch is imported: a bad value is refused at once
-    from ..grid import configurations, select, size
-    from ..models import build_model, count_parameters
-    from ..persample import engine_for
-    from ..plugins import arguments
-    from ..strategies import resolve
+    from dpgrid.config.grid import configurations, select, size
+    from dpgrid.models import build_model, count_parameters
+    from dpgrid.training.persample import engine_for
+    from dpgrid.plugins import arguments
+    from dpgrid.strategies import resolve
 
     strategy_cls = resolve(cfg.strategy)
     strategy_cls.check_options(Reader(arguments(cfg.strategy), prefix="strategy."))
@@ -85,7 +85,7 @@ def compile(cfg, n_train: int = None) -> GridSpec:
     if strategy_cls.tasks is not None and task not in strategy_cls.tasks:
         raise DpgridError(f"strategy={cfg.strategy.name} runs on datasets of task {', '.join(strategy_cls.tasks)}; "
                           f"dataset={cfg.dataset.name} has task {task}")
-    from ..privacy import accounting_for
+    from dpgrid.privacy import accounting_for
 
     accountant = str(cfg.privacy.accountant)
     method = accounting_for(strategy_cls, str(cfg.privacy.selection))
@@ -132,8 +132,8 @@ def planned(spec: GridSpec, n_train: int) -> GridSpec:
 
 
 def make_plan(spec: GridSpec, configs: list, n_train: int):
-    from ..checks import Reader
-    from ..privacy import make_plan as plan_privacy
+    from dpgrid.config.checks import Reader
+    from dpgrid.privacy import make_plan as plan_privacy
 
     t, cls = spec.train, spec.strategy_cls
     dataset, strategy = spec.settings["dataset"], spec.settings["strategy"]
@@ -156,7 +156,7 @@ def make_plan(spec: GridSpec, configs: list, n_train: int):
 
 def check_scale(n_configs: int, n_train: int, epochs: int, batch_size: int, seeds: int, seconds_per_step,
                 allow_large: bool) -> None:
-    from ..checks import check_size
+    from dpgrid.config.checks import check_size
 
     steps = math.ceil(epochs * n_train / batch_size)
     check_size(n_configs, n_configs * seeds, steps, seconds_per_step, allow_large)
@@ -164,7 +164,7 @@ def check_scale(n_configs: int, n_train: int, epochs: int, batch_size: int, seed
 
 def loaded_n_train(spec: GridSpec) -> int:
     """N of the loaded data, for a dataset config that does not state it (dataset.n_train)."""
-    from ..data import load
+    from dpgrid.data import load
 
     return load(spec.dataset, spec.data_root).n_train
 
@@ -181,7 +181,7 @@ def read_only(node):
 
 
 def config_hash(settings: dict, private: bool = True) -> str:
-    from ..results import hashed
+    from dpgrid.results.runs import hashed
 
     return hashlib.sha256(json.dumps(hashed(settings, private), sort_keys=True).encode()).hexdigest()[:16]
 

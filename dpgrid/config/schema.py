@@ -1,7 +1,7 @@
 """The top-level config's schema (privacy, grid, train, data), registered with Hydra's ConfigStore as
 `dpgrid_schema` and listed first in conf/config.yaml's defaults: a misspelt key or a value of the wrong
 type is refused when the config is composed. The defaults and their documentation stay in
-conf/config.yaml; ranges that a type cannot express are checked in dpgrid.checks. The option groups
+conf/config.yaml; ranges that a type cannot express are checked in dpgrid.config.checks. The option groups
 (strategy, dataset, model) are open: each option brings its own keys."""
 
 from dataclasses import dataclass, field

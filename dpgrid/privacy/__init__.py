@@ -14,11 +14,11 @@ becomes a random-stopping selection with privacy.selection=random_stopping.
 import math
 from dataclasses import asdict, dataclass, field, replace
 
-from .. import DpgridError
-from .accountants import ACCOUNTANTS, calibrate, epsilon_of, pld_epsilon, prv_epsilon, rdp_epsilon, smallest_noise
-from .composition import Composition
-from .noise_schedule import NoiseSchedule
-from .random_stopping import RandomStopping, liu_talwar_parameters
+from dpgrid import DpgridError
+from dpgrid.privacy.accountants import ACCOUNTANTS, calibrate, epsilon_of, pld_epsilon, prv_epsilon, rdp_epsilon, smallest_noise
+from dpgrid.privacy.composition import Composition
+from dpgrid.privacy.noise_schedule import NoiseSchedule
+from dpgrid.privacy.random_stopping import RandomStopping, liu_talwar_parameters
 
 __all__ = ["Plan", "make_plan", "ACCOUNTING", "accounting_for", "alternatives", "NOT_DP_SAMPLING", "ACCOUNTANTS",
            "calibrate", "epsilon_of", "pld_epsilon", "prv_epsilon", "rdp_epsilon", "smallest_noise", "liu_talwar_parameters"]
@@ -74,7 +74,7 @@ class Plan:
     epsilon_per_run: float = None  # one configuration's cost (its seeds too when they are accounted)
     epsilon_with_seeds: float = None  # what tables publish (means over seeds): K x seeds runs with this nu
     liu_talwar: dict = field(default_factory=dict)  # the cost of Liu-Talwar selection, for comparison
-    selection: str = "composition"  # or random_stopping: only the best candidate is released (dpgrid.selection)
+    selection: str = "composition"  # or random_stopping: only the best candidate is released (dpgrid.results.selection)
     stopping: dict = field(default_factory=dict)    # random stopping's rule and parameters
     schedule: dict = field(default_factory=dict)    # noise schedules: per configuration, its steps and epsilons
     model_parameters: int = 0
@@ -125,7 +125,7 @@ def check_spent(plan: Plan) -> None:
 def alternatives(plan, eta: float, mean: float) -> dict:
     """nu for this plan's (epsilon, delta) under composition and under each stopping rule, side by side
     (None where unreachable): `dpgrid plan` prints them."""
-    from .random_stopping import RULES, parameters, selection_epsilon
+    from dpgrid.privacy.random_stopping import RULES, parameters, selection_epsilon
 
     q, steps, seeds, k = plan.sample_rate, plan.steps, plan.seeds, plan.n_configs
     found = {}

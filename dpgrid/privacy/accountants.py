@@ -8,7 +8,7 @@ values for grids accounted by composition.
 """
 
 
-from .. import DpgridError
+from dpgrid import DpgridError
 
 MAX_NOISE_MULTIPLIER = 1e4  # beyond this the target epsilon is treated as unreachable
 RDP_ORDERS_EXTRA = [80, 96, 128, 256, 512]  # beyond Opacus's defaults: they matter for small epsilon or many steps

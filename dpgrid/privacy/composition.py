@@ -9,8 +9,8 @@ Liu-Talwar random-stopping selection (Mohapatra et al. 2022, Theorem 1) is recor
 
 import math
 
-from .accountants import ACCOUNTANTS, calibrate, epsilon_of, rdp_epsilon
-from .random_stopping import liu_talwar_parameters
+from dpgrid.privacy.accountants import ACCOUNTANTS, calibrate, epsilon_of, rdp_epsilon
+from dpgrid.privacy.random_stopping import liu_talwar_parameters
 
 
 class Composition:

@@ -11,7 +11,7 @@ A run stops at the last step whose epsilon is within the target: epsilon_T <= ta
 
 import math
 
-from .. import DpgridError
+from dpgrid import DpgridError
 
 ORACLE = "full batch; not private (oracle)"  # how plans, rows and tables mark the data-dependent schedule
 CONVERSIONS = ("zcdp", "rdp")

@@ -1,5 +1,5 @@
 """Private selection by random stopping, instead of composing the grid's runs (`privacy.selection=random_stopping`):
-its accounting. Drawing the candidates and keeping the draw is dpgrid.selection's.
+its accounting. Drawing the candidates and keeping the draw is dpgrid.results.selection's.
 
 A candidate is one configuration drawn uniformly from the grid (with replacement) and trained
 `train.seeds` times; its score is the mean of its runs, and the mechanism the accountant sees is those
@@ -23,7 +23,7 @@ import math
 
 import numpy as np
 
-from .accountants import rdp_epsilon, smallest_noise
+from dpgrid.privacy.accountants import rdp_epsilon, smallest_noise
 
 RULES = ("truncated_negative_binomial", "poisson", "liu_talwar")
 # orders lambda (and lambda-hat): fine near 1, where the log(E[K]) / (lambda - 1) term is steep

@@ -2,18 +2,18 @@
 gradient information to a noisy update. A strategy config (conf/strategy/<name>.yaml, or a user's own
 on Hydra's search path) names its class in `_target_`; nothing here lists them."""
 
-from .. import DpgridError
-from ..plugins import resolve as resolve_target
-from .adamwosm import AdamWOSM
-from .base import Strategy
-from .constant_noise import ConstantNoise
-from .dpadam import DPAdam
-from .fixed_quantile import FixedQuantile
-from .fixed_threshold import FixedThreshold
-from .nodp import NoDP
-from .online import Online
-from .pur import PUR
-from .pur_oracle import PUROracle
+from dpgrid import DpgridError
+from dpgrid.plugins import resolve as resolve_target
+from dpgrid.strategies.adamwosm import AdamWOSM
+from dpgrid.strategies.base import Strategy
+from dpgrid.strategies.constant_noise import ConstantNoise
+from dpgrid.strategies.dpadam import DPAdam
+from dpgrid.strategies.fixed_quantile import FixedQuantile
+from dpgrid.strategies.fixed_threshold import FixedThreshold
+from dpgrid.strategies.nodp import NoDP
+from dpgrid.strategies.online import Online
+from dpgrid.strategies.pur import PUR
+from dpgrid.strategies.pur_oracle import PUROracle
 
 __all__ = ["Strategy", "Online", "FixedThreshold", "FixedQuantile", "AdamWOSM", "DPAdam", "NoDP", "PUR", "ConstantNoise", "PUROracle", "resolve"]
 

@@ -1,6 +1,6 @@
 import torch
 
-from .base import Strategy
+from dpgrid.strategies.base import Strategy
 
 
 class AdamWOSM(Strategy):

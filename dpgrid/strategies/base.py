@@ -2,7 +2,7 @@
 
 import torch
 
-from ..randomness import standard_normal  # noqa: F401  (strategies draw their noise through it)
+from dpgrid.privacy.randomness import standard_normal  # noqa: F401  (strategies draw their noise through it)
 
 
 class Strategy:
@@ -28,7 +28,7 @@ class Strategy:
     @classmethod
     def check_options(cls, options) -> None:
         """Refuse this strategy's own keys when out of range. `options` reads them, each checked as it is
-        read (dpgrid.checks.Reader: options.positive("clip0"), .real, .fraction, .whole, .numbers, .choice):
+        read (dpgrid.config.checks.Reader: options.positive("clip0"), .real, .fraction, .whole, .numbers, .choice):
         a bad value is a DpgridError naming strategy.<key> and what is valid."""
 
     @staticmethod

@@ -1,5 +1,5 @@
-from .. import checks
-from .noisy_gd import NoisyGD
+from dpgrid.config import checks
+from dpgrid.strategies.noisy_gd import NoisyGD
 
 
 class ConstantNoise(NoisyGD):

@@ -1,7 +1,7 @@
 import torch
 
-from .. import DpgridError
-from .base import Strategy
+from dpgrid import DpgridError
+from dpgrid.strategies.base import Strategy
 
 
 class FixedQuantile(Strategy):

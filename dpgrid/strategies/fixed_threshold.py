@@ -1,4 +1,4 @@
-from .base import Strategy
+from dpgrid.strategies.base import Strategy
 
 
 class FixedThreshold(Strategy):

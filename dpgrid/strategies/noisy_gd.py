@@ -4,8 +4,8 @@ import math
 
 import torch
 
-from ..privacy import noise_schedule as zcdp
-from .base import Strategy
+from dpgrid.privacy import noise_schedule as zcdp
+from dpgrid.strategies.base import Strategy
 
 
 class NoisyGD(Strategy):

@@ -1,6 +1,6 @@
 import torch
 
-from .base import Strategy, flatten, standard_normal
+from dpgrid.strategies.base import Strategy, flatten, standard_normal
 
 
 class Online(Strategy):

@@ -1,6 +1,6 @@
 import math
 
-from .noisy_gd import NoisyGD
+from dpgrid.strategies.noisy_gd import NoisyGD
 
 
 class PUR(NoisyGD):

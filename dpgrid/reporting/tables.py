@@ -1,7 +1,7 @@
 """Tables and figures from a results tree: `dpgrid tables [RESULTS_DIR]` -> RESULTS_DIR/tables/.
 
 - results.csv: every grid's best configuration (long form, raw numbers).
-- <dataset>_k<k>.{csv,md,tex}: the paper's layout (Tables 2-4 for k = 7: best hyperparameters;
+- <dataset>_k<k>.{csv,md,tex}: the paper's layout (best hyperparameters only where the paper's own table of that dataset and k is, its Tables 2-4;
   Tables 8-13 otherwise: hyperparameters and mean ± std), rows = epsilon, a column block per strategy.
 - <dataset>_k<k>_vs_paper.{csv,md}: each cell next to the paper's, the difference, and whether it lies
   within the combined std (sqrt(std_ours^2 + std_paper^2)); the .md ends with the paper's main claim tested
@@ -17,13 +17,14 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from . import DpgridError, tasks
-from .files import check_writable, environment, read_json, write_atomic, write_csv
-from .cells import MISSING, NOT_RUN, budget_note, fmt_hp, fmt_value, private_strategies, to_latex
-from .grid import AXIS_SYMBOL
-from .paper import claims, claims_markdown, comparison, comparison_markdown, paper_results
-from .privacy import NOT_DP_SAMPLING
-from .results import read_runs, summarize
+from dpgrid import DpgridError, tasks
+from dpgrid.results.files import check_writable, environment, read_json, write_atomic, write_csv
+from dpgrid.reporting.cells import MISSING, NOT_RUN, budget_note, fmt_hp, fmt_value, private_strategies, to_latex
+from dpgrid.config.grid import AXIS_SYMBOL
+from dpgrid.reproduction.paper import (claims, claims_markdown, comparison, comparison_markdown, hyperparameters_only,
+                                       paper_results)
+from dpgrid.privacy import NOT_DP_SAMPLING
+from dpgrid.results.runs import read_runs, summarize
 
 # Everything about a strategy (label, axes, private or not, what adapts) comes from the plan.json its
 # grid wrote, which asked the strategy class and its config: nothing here lists strategies.
@@ -256,20 +257,20 @@ def write_tables(results_dir, figures: bool = True, mix_budgets: bool = False, r
 
 
 def write_one_table(g, dataset, k, out: Path, paper, figures: bool, report=print) -> list:
-    metric, with_values = g.metric.iloc[0], k != 7
-    title = (f"{dataset}, k = {k}" + ("" if with_values else " (best hyperparameters, as Tables 2–4)")
+    metric, with_values = g.metric.iloc[0], not hyperparameters_only(paper, dataset, k)
+    title = (f"{dataset}, k = {k}" + ("" if with_values else " (best hyperparameters, as the paper's table)")
              + f"; {budget_note(g)}")
     table, notes = paper_layout(g, dataset, k, with_values)
     if not with_values:
-        notes.append("k = 7 shows the best hyperparameters only, as the paper's Tables 2–4; each cell's score (mean "
-                     "and std over seeds) is in results.csv (value, std)")
+        notes.append(f"k = {k} shows the best hyperparameters only, as the paper's table of {dataset} (Tables 2–4); "
+                     "each cell's score (mean and std over seeds) is in results.csv (value, std)")
     base = out / f"{dataset}_k{k}"
     write_csv(base.with_suffix(".csv"), table)
     write_atomic(base.with_suffix(".md"), to_markdown(table, title, notes))
     write_atomic(base.with_suffix(".tex"), to_latex(table, title, notes))
     written = [base.with_suffix(s) for s in (".csv", ".md", ".tex")]
     comp = comparison(g[g.budget.isin(["per_grid"]) | ~g.private.astype(bool)], paper, dataset, k)
-    if len(comp) and k != 7:  # the paper's grids are per grid: per-run grids are not compared with it
+    if len(comp) and with_values:  # the paper's grids are per grid: per-run grids are not compared with it
         claim = claims(comp, metric)
         write_csv(out / f"{dataset}_k{k}_vs_paper.csv", comp)
         write_atomic(out / f"{dataset}_k{k}_vs_paper.md",
@@ -282,7 +283,7 @@ def write_one_table(g, dataset, k, out: Path, paper, figures: bool, report=print
             write_csv(out / f"{dataset}_k{k}_claim.csv", claim)
             written.append(out / f"{dataset}_k{k}_claim.csv")
     if figures:
-        from .figures import plot_learning_curve, plot_metric_vs_epsilon
+        from dpgrid.reporting.figures import plot_learning_curve, plot_metric_vs_epsilon
 
         written += plot_metric_vs_epsilon(g[g.status != NOT_DP], dataset, k, metric, out / "figures" / f"{dataset}_k{k}")
         for row in g[g.status == "ok"].itertuples():

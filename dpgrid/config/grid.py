@@ -10,7 +10,7 @@ import math
 
 import numpy as np
 
-from . import DpgridError
+from dpgrid import DpgridError
 
 ID_PREFIX = {"lr": "lr", "clip": "clip", "quantile": "q"}
 AXIS_SYMBOL = {"lr": "ρ", "clip": "C", "quantile": "γ", "sigma": "σ"}  # how tables and figures print each axis

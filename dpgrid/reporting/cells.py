@@ -3,7 +3,7 @@ Everything about a strategy comes from the collected grids (their plan.json), ne
 
 import pandas as pd
 
-from . import tasks
+from dpgrid import tasks
 
 MISSING = "–"
 NOT_RUN = "grid not run"  # why a cell is missing

@@ -10,8 +10,8 @@ import warnings
 
 import pandas as pd
 
-from . import DpgridError
-from .results import summarize
+from dpgrid import DpgridError
+from dpgrid.results.runs import summarize
 
 
 def uniforms(count: int, source) -> list:
@@ -70,7 +70,7 @@ def candidates(out, plan, configs: list, source, overwrite: bool = False) -> tup
     no candidate trained yet, a damaged file is drawn again (nothing was computed from the data)."""
     from pathlib import Path
 
-    from .files import environment, write_json
+    from dpgrid.results.files import environment, write_json
 
     out, by_id = Path(out), {c["config_id"]: c for c in configs}
     path, runs_path = out / "candidates.json", out / "runs.csv"

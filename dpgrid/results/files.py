@@ -17,7 +17,7 @@ import os
 import shutil
 from pathlib import Path
 
-from . import DpgridError, EnvironmentFault
+from dpgrid import DpgridError, EnvironmentFault
 
 MIN_FREE_BYTES = 16 * 2 ** 20  # a grid's files are small; less free space than this is refused up front
 MIN_FREE_INODES = 64  # and it creates a few dozen files at most (temporary files included)

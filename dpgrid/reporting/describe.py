@@ -47,7 +47,7 @@ def print_selection(plan) -> None:
 
 def print_alternatives(plan, privacy: dict) -> None:
     """nu for the same (eps, delta) under composition and each stopping rule (privacy: the privacy settings)."""
-    from .privacy import alternatives
+    from dpgrid.privacy import alternatives
 
     mean = privacy.get("stopping_mean")
     found = alternatives(plan, float(privacy["stopping_eta"]), float(mean) if mean is not None else plan.n_configs)
@@ -58,7 +58,7 @@ def print_alternatives(plan, privacy: dict) -> None:
 
 def print_comparison(plan) -> None:
     """nu for this grid under every accountant and budget mode, side by side."""
-    from .privacy import ACCOUNTANTS, calibrate
+    from dpgrid.privacy import ACCOUNTANTS, calibrate
 
     per_config = plan.seeds if plan.account_seeds else 1
     print(f"  {'accountant':<11}{'per_grid nu':>13}{'per_run nu':>13}", flush=True)

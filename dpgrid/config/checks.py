@@ -8,8 +8,8 @@ import re
 from omegaconf import OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
-from . import DpgridError
-from .tasks import TASKS
+from dpgrid import DpgridError
+from dpgrid.tasks import TASKS
 
 FLOAT32_MAX = 3.4e38  # parameters, thresholds and rates live in float32 tensors
 MAX_EPSILON = 100.0   # beyond this a DP guarantee (a factor e^epsilon > 10^43) says nothing
@@ -132,7 +132,7 @@ def check_config(cfg, n_train: int = None) -> list:
     for key in ("privacy.account_seeds", "privacy.secure_rng", "overwrite", "grid.allow_large", "train.float64"):
         read.flag(key)
     read.choice("privacy.budget", BUDGETS)
-    from .privacy import all_accountants
+    from dpgrid.privacy import all_accountants
     read.choice("privacy.accountant", all_accountants())
     if read.choice("privacy.selection", ("composition", "random_stopping")) == "random_stopping":
         check_selection(read)
@@ -168,7 +168,7 @@ def check_config(cfg, n_train: int = None) -> list:
 
 def check_selection(read: Reader) -> None:
     """Random stopping's keys, and the settings a selection cannot be combined with."""
-    from .privacy.random_stopping import RULES
+    from dpgrid.privacy.random_stopping import RULES
 
     read.choice("privacy.stopping", RULES)
     read.real("privacy.stopping_eta", "a number in (-1, 100]", lambda v: -1 < v <= 100)

@@ -13,8 +13,8 @@ from dataclasses import dataclass, field
 import torch
 from tqdm.auto import tqdm
 
-from . import tasks
-from .randomness import permutation, poisson_batch
+from dpgrid import tasks
+from dpgrid.privacy.randomness import permutation, poisson_batch
 
 
 @dataclass
@@ -33,7 +33,7 @@ class RunResult:
 def batches(n: int, sample_rate: float, batch_size: int, sampling: str, source):
     """Endless batch indices: Poisson (the analysed scheme) or fixed-size batches of a fresh random
     permutation per pass (train.sampling=shuffle, which the privacy analysis does NOT cover), drawn
-    from a seeded torch.Generator or a SecureRandom (dpgrid.randomness)."""
+    from a seeded torch.Generator or a SecureRandom (dpgrid.privacy.randomness)."""
     while True:
         if sampling == "poisson":
             yield poisson_batch(n, sample_rate, source)

@@ -1,5 +1,5 @@
-"""The paper's side: its published numbers (dpgrid/reference/paper_results.csv) and its main claim
-(dpgrid/reference/paper_claim.json), and dpgrid's grids compared with both. `dpgrid tables` writes what
+"""The paper's side: its published numbers (dpgrid/reproduction/reference/paper_results.csv) and its main claim
+(dpgrid/reproduction/reference/paper_claim.json), and dpgrid's grids compared with both. `dpgrid tables` writes what
 these return as <dataset>_k<k>_vs_paper.{csv,md} and <dataset>_k<k>_claim.csv.
 
 A cell matches the paper when |ours - paper| <= sqrt(std_ours^2 + std_paper^2). The claim, per epsilon and
@@ -13,13 +13,13 @@ from importlib import resources
 import numpy as np
 import pandas as pd
 
-from . import tasks
-from .cells import MISSING, NOT_RUN, fmt_hp, fmt_value, label_of, private_strategies
-from .grid import AXIS_SYMBOL
+from dpgrid import tasks
+from dpgrid.reporting.cells import MISSING, NOT_RUN, fmt_hp, fmt_value, label_of, private_strategies
+from dpgrid.config.grid import AXIS_SYMBOL
 
 
 def reference(name: str):
-    return resources.files("dpgrid.reference").joinpath(name)
+    return resources.files("dpgrid.reproduction.reference").joinpath(name)
 
 
 def paper_results() -> pd.DataFrame:
@@ -30,6 +30,13 @@ def paper_results() -> pd.DataFrame:
 def paper_claim() -> dict:
     """{"strategy": ..., "rivals": [...], "source": ...}: who the paper says is at least as good as whom."""
     return json.loads(reference("paper_claim.json").read_text())
+
+
+def hyperparameters_only(paper: pd.DataFrame, dataset: str, k: int) -> bool:
+    """Whether the paper's table of (dataset, k) shows the best hyperparameters only (its Tables 2-4, k = 7):
+    dpgrid's table of that cell then follows the same layout. Any other grid shows its scores."""
+    cell = paper[(paper.dataset == dataset) & (paper.k == k)]
+    return bool(len(cell)) and bool(cell.value.isna().all())
 
 
 def same_value(ours, printed) -> bool:

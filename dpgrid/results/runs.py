@@ -14,9 +14,9 @@ import numpy as np
 import pandas as pd
 from omegaconf import OmegaConf
 
-from . import DpgridError, tasks
-from .curves import read_curves, whole_curve
-from .files import environment, read_json, read_rows, write_atomic, write_csv, write_json
+from dpgrid import DpgridError, tasks
+from dpgrid.results.curves import read_curves, whole_curve
+from dpgrid.results.files import environment, read_json, read_rows, write_atomic, write_csv, write_json
 
 RESULT_FILES = ("runs.csv", "curves.csv", "summary.csv")
 # Settings that cannot change what a run computes. data.root: the data's content is recorded instead

@@ -9,7 +9,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from .files import environment
+from dpgrid.results.files import environment
 
 
 def whole_curve(steps: list, last, eval_every: int) -> bool:

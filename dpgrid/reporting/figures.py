@@ -6,9 +6,9 @@ from pathlib import Path
 
 import pandas as pd
 
-from . import tasks
-from .files import write_atomic
-from .cells import budget_note, fmt_value, private_strategies
+from dpgrid import tasks
+from dpgrid.results.files import write_atomic
+from dpgrid.reporting.cells import budget_note, fmt_value, private_strategies
 
 
 def pyplot():
@@ -53,8 +53,8 @@ def plot_metric_vs_epsilon(grids, dataset, k, metric, out_base: Path) -> list:
 
 def plot_learning_curve(grid_row, out_path: Path) -> None:
     plt = pyplot()
-    from . import DpgridError
-    from .curves import read_curves
+    from dpgrid import DpgridError
+    from dpgrid.results.curves import read_curves
 
     path = Path(grid_row.path) / "curves.csv"
     curves, _ = read_curves(path)
@@ -92,7 +92,7 @@ def plot_learning_curve(grid_row, out_path: Path) -> None:
 
 def selected_seeds(grid_row) -> list:
     """The seeds of the candidate a selection released (recomputed from its private runs.csv)."""
-    from .selection import candidate_summary
+    from dpgrid.results.selection import candidate_summary
 
     runs = pd.read_csv(Path(grid_row.path) / "runs.csv", dtype={"config_id": str})
     summary = candidate_summary(runs, [a for a in str(grid_row.axes).split(",") if a], tasks.get(grid_row.metric).name)

@@ -187,10 +187,27 @@ def readable(message: str, overrides: list) -> str:
     if bad_key:
         key = bad_key.group(1)
         known = known_keys([o for o in overrides if not o.startswith(key + "=")])
+        group, _, name = key.partition(".")
+        if group in OPEN_GROUPS and name.count(".") == 0 and name:  # an option's own key: compared with its keys
+            own = sorted(k.partition(".")[2] for k in known if k.startswith(group + ".") and k.count(".") == 1
+                         and not k.endswith("._target_"))
+            close = difflib.get_close_matches(name, own, n=1)
+            if close:
+                return f"no setting {key!r}; did you mean {group}.{close[0]}?"
+            others = [o for o in overrides if not o.startswith(key + "=")]
+            return f"no setting {key!r}: {option_name(others, group)} has {', '.join(own)} (+{key}=... adds a key)"
         close = difflib.get_close_matches(key, known, n=1)
         hint = f"; did you mean {close[0]}?" if close else "; conf/config.yaml lists the settings"
         return f"no setting {key!r}{hint}"
     return first
+
+
+def option_name(overrides: list, group: str) -> str:
+    """The option of a group that an override list selects, as `group=name` (the default's too)."""
+    try:
+        return f"{group}={compose(overrides)[group].get('name', '?')}"
+    except DpgridError:
+        return group
 
 
 def known_keys(overrides: list) -> list:

@@ -85,7 +85,7 @@ def on_sigterm(signum, frame):
     raise Interrupted()
 
 
-from dpgrid.api import compose, config_dir  # noqa: E402  (Hydra's decorator needs config_dir here)
+from dpgrid.api import config_dir  # noqa: E402  (Hydra's decorator needs it here)
 
 
 def announced(spec):
@@ -96,6 +96,8 @@ def announced(spec):
 
 
 def plan_command(args: list) -> None:
+    from dpgrid.api import compose
+
     as_json, compare = "--json" in args, "--compare" in args
     cfg = compose([a for a in args if a not in ("--json", "--compare")])
     from dpgrid.config import compile
@@ -152,6 +154,8 @@ def run_command(args: list) -> None:
         sys.argv = ["dpgrid run", *args]
         hydra.main(version_base="1.3", config_path=config_dir(), config_name="config")(grid_job(created))()
         return
+    from dpgrid.api import compose
+
     cfg = compose(args, with_hydra=True)  # bad names and syntax refused here; bad values by compile, before torch
     from dpgrid.config import compile
 

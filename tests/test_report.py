@@ -393,3 +393,24 @@ def test_tables_publish_only_what_the_runs_produced(tree, damage, message):
 def test_the_k7_table_says_where_its_scores_are(tree):
     write_tables(tree)
     assert "each cell's score (mean and std over seeds) is in results.csv" in (tree / "tables" / "fashion_mnist_k7.md").read_text()
+
+
+@pytest.mark.parametrize("adapts", ["clip,lr", ""])
+def test_the_curve_figures_title_fits_inside_the_figure(tmp_path, monkeypatch, adapts):
+    """A single-panel figure (a strategy that adapts nothing) is 5 inches wide: its title must not be cut."""
+    pytest.importorskip("matplotlib")
+    from types import SimpleNamespace
+
+    from dpgrid.reporting import figures
+    steps = range(0, 500, 50)
+    pd.DataFrame(dict(config_id="lr4_clip3", seed=0, step=list(steps), value=[50 + s / 10 for s in steps], clip=0.1,
+                      lr=0.3)).to_csv(tmp_path / "curves.csv", index=False)
+    drawn = []
+    monkeypatch.setattr(figures, "save", lambda fig, path, dpi: (fig.canvas.draw(), drawn.append(fig)))
+    row = SimpleNamespace(path=str(tmp_path), config_id="lr4_clip3", adapts=adapts, metric="accuracy", budget="per_grid",
+                          dataset="fashion_mnist", label="Fixed Threshold", epsilon=3.0, k=9)
+    figures.plot_learning_curve(row, tmp_path / "curve.png")
+    fig = drawn[0]
+    title = fig._suptitle.get_window_extent()
+    box = fig.bbox
+    assert box.x0 <= title.x0 and title.x1 <= box.x1 and box.y0 <= title.y0 and title.y1 <= box.y1, (title, box)

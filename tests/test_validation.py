@@ -213,3 +213,16 @@ def test_a_plan_that_would_overspend_is_refused(monkeypatch):
 
 def validate_and_plan(cfg):
     return compile(cfg, 60000)
+
+
+def test_an_unknown_key_of_an_option_names_that_options_keys():
+    from dpgrid.api import compose
+
+    with pytest.raises(DpgridError) as refused:
+        compose(["strategy.foo=1"])
+    assert str(refused.value) == ("no setting 'strategy.foo': strategy=online has clip0, clip_lr, grad_noise_ratio, grid, "
+                                  "lr_lr, name (+strategy.foo=... adds a key)")
+    with pytest.raises(DpgridError, match=r"did you mean strategy.clip0\?"):
+        compose(["strategy.clip00=1"])  # a close key is still the suggestion
+    with pytest.raises(DpgridError, match=r"strategy=fixed_threshold has grid, name \("):
+        compose(["strategy=fixed_threshold", "strategy.foo=1"])

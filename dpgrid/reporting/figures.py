@@ -83,8 +83,9 @@ def plot_learning_curve(grid_row, out_path: Path) -> None:
         ax.grid(alpha=0.3)
     scope = {"per_run": "ε per run", "selection": "ε per selection"}.get(grid_row.budget, "ε per grid")
     which = "selected configuration" if selection else "best configuration"
-    fig.suptitle(f"{grid_row.dataset} {grid_row.label} ε={grid_row.epsilon:g} "
-                 f"({scope}) k={grid_row.k}: {which} {grid_row.config_id} (mean over seeds)")
+    # two lines: one panel is 5 inches wide, too narrow for the whole title on one
+    fig.suptitle(f"{grid_row.dataset} {grid_row.label} ε={grid_row.epsilon:g} ({scope}) k={grid_row.k}\n"
+                 f"{which} {grid_row.config_id} (mean over seeds)", fontsize=10 if adaptive else 9)
     fig.tight_layout()
     save(fig, out_path, 120)
     plt.close(fig)

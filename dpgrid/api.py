@@ -62,46 +62,6 @@ def compose(overrides=(), with_hydra: bool = False):
         raise DpgridError(readable(str(e), overrides)) from None
 
 
-class Callbacks:
-    """The config's hydra.callbacks (Hydra's Callback classes), called where Hydra calls them in a run."""
-
-    def __init__(self, configured):
-        from hydra.utils import instantiate
-
-        self.callbacks = [instantiate(c) for c in (configured or {}).values()]
-
-    def __getattr__(self, event: str):  # on_run_start, on_job_start, on_job_end, on_run_end, ...
-        if not event.startswith("on_"):
-            raise AttributeError(event)
-        ending = event.endswith("_end")  # as Hydra: the start events in order, the end events in reverse
-
-        def call(**kwargs):
-            for callback in reversed(self.callbacks) if ending else self.callbacks:
-                getattr(callback, event)(**kwargs)
-        return call
-
-
-def launch(cfg, task):
-    """`task(cfg)` run as Hydra runs one job (run directory, .hydra/, cli.log, callbacks), on a config that
-    `compose(..., with_hydra=True)` made: `dpgrid run` composes its config once."""
-    from hydra import initialize_config_dir
-    from hydra.core.global_hydra import GlobalHydra
-    from hydra.core.utils import run_job
-    from hydra.types import HydraContext, RunMode
-    from omegaconf import open_dict
-
-    with open_dict(cfg):
-        cfg.hydra.mode = RunMode.RUN
-    with initialize_config_dir(version_base="1.3", config_dir=config_dir(), job_name="dpgrid"):
-        callbacks = Callbacks(cfg.hydra.get("callbacks"))
-        callbacks.on_run_start(config=cfg, config_name="config")
-        context = HydraContext(config_loader=GlobalHydra.instance().config_loader(), callbacks=callbacks)
-        job = run_job(task, cfg, job_dir_key="hydra.run.dir", job_subdir_key=None, hydra_context=context,
-                      configure_logging=False)  # the task logs into cli.log itself; the process's logging is left alone
-        callbacks.on_run_end(config=cfg, config_name="config", job_return=job)
-    return job.return_value  # raises what the task raised
-
-
 OPEN_GROUPS = ("dataset", "strategy", "model", "hydra")  # each option brings its own keys; the rest is the schema
 
 

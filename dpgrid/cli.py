@@ -143,7 +143,8 @@ def run_command(args: list) -> None:
     a job. A sweep (-m) is Hydra's own, so that launchers work; every job's config is checked first."""
     import hydra
 
-    from dpgrid.api import check_sweep, launch
+    from dpgrid.api import check_sweep
+    from dpgrid.jobs import launch
     from dpgrid.config import register
     from dpgrid.results.files import outermost_missing
 

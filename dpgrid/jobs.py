@@ -1,5 +1,6 @@
-"""What a grid's Hydra job writes beside its results, once it holds the run directory's lock: Hydra's record of
-the job (.hydra/) and the grid's log (cli.log). Hydra itself writes neither (conf: hydra.output_subdir is null)."""
+"""A grid as a Hydra job: `launch` runs one job as Hydra runs it (with the config's callbacks), and what the job
+writes beside its results once it holds the run directory's lock: Hydra's record of the job (.hydra/) and the
+grid's log (cli.log). Hydra itself writes neither (conf: hydra.output_subdir is null)."""
 
 import contextlib
 from pathlib import Path
@@ -43,3 +44,45 @@ def hydra_record(config_yaml: str):
         write_atomic(folder / "hydra.yaml", OmegaConf.to_yaml(OmegaConf.create({"hydra": hydra_cfg})))
         write_atomic(folder / "overrides.yaml", OmegaConf.to_yaml(hydra_cfg.overrides.task))
     return write
+
+
+class Callbacks:
+    """The config's hydra.callbacks (Hydra's Callback classes), called where Hydra calls them in a run."""
+
+    def __init__(self, configured):
+        from hydra.utils import instantiate
+
+        self.callbacks = [instantiate(c) for c in (configured or {}).values()]
+
+    def __getattr__(self, event: str):  # on_run_start, on_job_start, on_job_end, on_run_end, ...
+        if not event.startswith("on_"):
+            raise AttributeError(event)
+        ending = event.endswith("_end")  # as Hydra: the start events in order, the end events in reverse
+
+        def call(**kwargs):
+            for callback in reversed(self.callbacks) if ending else self.callbacks:
+                getattr(callback, event)(**kwargs)
+        return call
+
+
+def launch(cfg, task):
+    """`task(cfg)` run as Hydra runs one job (run directory, .hydra/, cli.log, callbacks), on a config that
+    `compose(..., with_hydra=True)` made: `dpgrid run` composes its config once."""
+    from hydra import initialize_config_dir
+    from hydra.core.global_hydra import GlobalHydra
+    from hydra.core.utils import run_job
+    from hydra.types import HydraContext, RunMode
+    from omegaconf import open_dict
+
+    from dpgrid.api import config_dir
+
+    with open_dict(cfg):
+        cfg.hydra.mode = RunMode.RUN
+    with initialize_config_dir(version_base="1.3", config_dir=config_dir(), job_name="dpgrid"):
+        callbacks = Callbacks(cfg.hydra.get("callbacks"))
+        callbacks.on_run_start(config=cfg, config_name="config")
+        context = HydraContext(config_loader=GlobalHydra.instance().config_loader(), callbacks=callbacks)
+        job = run_job(task, cfg, job_dir_key="hydra.run.dir", job_subdir_key=None, hydra_context=context,
+                      configure_logging=False)  # the task logs into cli.log itself; the process's logging is left alone
+        callbacks.on_run_end(config=cfg, config_name="config", job_return=job)
+    return job.return_value  # raises what the task raised

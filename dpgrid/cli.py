@@ -179,7 +179,7 @@ def grid_job(created: dict, spec=None):
         from dpgrid import DpgridError
         from dpgrid.config import compile
         from dpgrid.results.files import locked, remove_created
-        from dpgrid.jobs import hydra_record, run_log
+        from dpgrid.jobs import hydra_record, parallel_jobs, run_log
         from dpgrid.runner import describe_best, run_grid
 
         out = Path(HydraConfig.get().runtime.output_dir).absolute()
@@ -191,7 +191,8 @@ def grid_job(created: dict, spec=None):
                     remove_created(out, created.get(out))  # the job's folder, which Hydra made
                 raise
             with run_log(out / "cli.log"):
-                summary = run_grid(grid, out, on_lock=hydra_record(OmegaConf.to_yaml(cfg)), created=created.get(out))
+                summary = run_grid(grid, out, on_lock=hydra_record(OmegaConf.to_yaml(cfg)), created=created.get(out),
+                                   parallel_jobs=parallel_jobs(HydraConfig.get().launcher))
         except DpgridError as e:  # refused: nothing written into another grid's directory (files.Busy)
             fail(e)
         except KeyboardInterrupt as e:

@@ -46,6 +46,17 @@ def hydra_record(config_yaml: str):
     return write
 
 
+def parallel_jobs(launcher) -> int:
+    """How many grids the sweep's launcher runs side by side on this machine: joblib's n_jobs (-1: every core);
+    1 for the basic launcher (one after another) and for SLURM (each job has its own allocation)."""
+    n_jobs = launcher.get("n_jobs") if "joblib" in str(launcher.get("_target_", "")) else None
+    if n_jobs is None:
+        return 1
+    from dpgrid.training.threads import available_cores
+
+    return available_cores() if int(n_jobs) < 0 else max(1, int(n_jobs))
+
+
 class Callbacks:
     """The config's hydra.callbacks (Hydra's Callback classes), called where Hydra calls them in a run."""
 

@@ -25,6 +25,7 @@ from dpgrid.models import build_model
 from dpgrid.training.persample import make_engine
 from dpgrid.privacy.randomness import SecureRandom
 from dpgrid.results.runs import claim, commit_run, finished_runs, summarize, write_header
+from dpgrid.training import threads
 from dpgrid.training.train import train_run
 
 
@@ -88,7 +89,7 @@ def default_dtype(dtype):
         torch.set_default_dtype(previous)
 
 
-def run_row(spec, config, seed, result, draw=None) -> dict:
+def run_row(spec, config, seed, result, draw=None, n_threads=None) -> dict:
     plan = spec.plan
     row = dict(dataset=plan.dataset, strategy=plan.strategy, metric=tasks.get(spec.task).metric,
                epsilon=plan.epsilon, delta=plan.delta, k=plan.k, config_id=config["config_id"])
@@ -110,6 +111,7 @@ def run_row(spec, config, seed, result, draw=None) -> dict:
     if "lr" in plan.adapts:
         row["final_lr"] = result.final_lr
     row.update(diverged=result.diverged, seconds=round(result.seconds, 3), eval_seconds=round(result.eval_seconds, 3),
+               threads=n_threads,
                config_hash=spec.config_hash)
     return row
 
@@ -123,11 +125,14 @@ def check_run(spec, out_dir) -> None:
             claim(out, spec, None)  # the data's files: compared once it is loaded
 
 
-def run_grid(spec, out_dir, progress: bool = True, on_lock=None, created="unknown") -> pd.DataFrame:
+def run_grid(spec, out_dir, progress: bool = True, on_lock=None, created="unknown", parallel_jobs: int = 1
+             ) -> pd.DataFrame:
     """Train the compiled grid into out_dir, resuming what is there. The directory's lock is taken before
     anything is written into it and held to the end; `on_lock(out)` writes what the caller records beside the
     grid (the command line: Hydra's record). A grid refused after taking the lock removes the folders it
-    created (`created`: the outermost one, None for none; by default what did not exist when it was called)."""
+    created (`created`: the outermost one, None for none; by default what did not exist when it was called).
+    `parallel_jobs`: how many grids a launcher runs side by side on this machine (train.threads=auto shares
+    the cores among them)."""
     out = Path(out_dir)
     created = outermost_missing(out) if created == "unknown" else created
     check_writable(out)
@@ -137,7 +142,8 @@ def run_grid(spec, out_dir, progress: bool = True, on_lock=None, created="unknow
         try:
             if on_lock:
                 on_lock(out)
-            return train_grid(spec, out, progress)
+            with threads.using(threads.choose(spec.train.threads, spec.model_parameters, parallel_jobs)):
+                return train_grid(spec, out, progress)
         except DpgridError:
             remove_created(out, created)
             raise
@@ -166,7 +172,7 @@ def train_grid(spec, out: Path, progress: bool) -> pd.DataFrame:
     for finished, (config, seed) in enumerate(todo, start=total - len(todo) + 1):
         result = run_one(spec, data, config, seed, progress and not quiet)
         append_curves(out / "curves.csv", [dict(config_id=config["config_id"], seed=seed, **c) for c in result.curve])
-        commit_run(out / "runs.csv", run_row(spec, config, seed, result, draw))
+        commit_run(out / "runs.csv", run_row(spec, config, seed, result, draw, torch.get_num_threads()))
         if not quiet:
             report_run(plan, config["config_id"], seed, result, finished, total)
         bar.update()

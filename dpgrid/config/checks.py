@@ -150,6 +150,9 @@ def check_config(cfg, n_train: int = None) -> list:
         warnings.append("train.sampling=shuffle: fixed-size shuffled batches are NOT covered by the Poisson analysis; "
                         "these runs claim no epsilon (epsilon_spent is empty, rows marked 'not DP')")
     read.choice("train.engine", ("fast", "func"))
+    threads = str(read.get("train.threads"))
+    if threads != "auto" and not (threads.isdigit() and int(threads) >= 1):
+        raise DpgridError(f"train.threads must be auto or a whole number >= 1, got {threads!r}")
     read.choice("dataset.task", list(TASKS))
     if read.choice("dataset.normalize", ("unit", "standardize"), default="unit") == "standardize":
         if not read.has("dataset.mean"):

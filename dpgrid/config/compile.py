@@ -35,6 +35,7 @@ class Training:
     engine: str          # the per-sample engine this grid's model runs on (fast, or func where fast cannot serve)
     float64: bool
     secure_rng: bool
+    threads: str = "auto"  # torch threads: auto (chosen when the grid runs, dpgrid.training.threads) or a number
 
 
 @dataclass(frozen=True)
@@ -108,7 +109,8 @@ def compile(cfg, n_train: int = None) -> GridSpec:
                        eval_every=int(cfg.train.eval_every), seeds=int(cfg.train.seeds),
                        momentum=float(cfg.train.momentum) if strategy_cls.uses_momentum else 0.0,
                        sampling=str(cfg.train.sampling), device=str(device), engine=str(cfg.train.engine),
-                       float64=bool(cfg.train.float64), secure_rng=bool(cfg.privacy.secure_rng)),
+                       float64=bool(cfg.train.float64), secure_rng=bool(cfg.privacy.secure_rng),
+                       threads=str(cfg.train.threads)),
         dataset=read_only(cfg.dataset), model=read_only(cfg.model), model_parameters=0,
         data_root=str(cfg.data.root), task=task, normalize=str(cfg.dataset.get("normalize", "unit")),
         protocol=str(cfg.protocol), overwrite=bool(cfg.overwrite), stopping_seed=int(cfg.privacy.stopping_seed),

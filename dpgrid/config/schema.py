@@ -47,6 +47,7 @@ class TrainConfig:
     device: str = MISSING
     engine: str = MISSING
     float64: bool = False
+    threads: str = "auto"
 
 
 @dataclass

@@ -21,7 +21,7 @@ from dpgrid.results.files import environment, read_json, read_rows, write_atomic
 RESULT_FILES = ("runs.csv", "curves.csv", "summary.csv")
 # Settings that cannot change what a run computes. data.root: the data's content is recorded instead
 # (plan.json's data_files), so a moved data directory resumes and a changed file is named.
-NOT_HASHED = ("train.device", "train.engine", "grid.only", "overwrite", "grid.allow_large", "data.root")
+NOT_HASHED = ("train.device", "train.engine", "train.threads", "grid.only", "overwrite", "grid.allow_large", "data.root")
 RERUN = "fix or delete that line; the same command then trains that run again"
 # columns that must hold numbers (may be empty where a run has none, e.g. best_value of a diverged run)
 NUMERIC = ("epsilon", "delta", "k", "candidate", "seed", "steps", "best_value", "best_step", "lr", "clip", "quantile",

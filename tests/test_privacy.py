@@ -100,3 +100,39 @@ def test_nodp_has_no_noise_and_no_epsilon():
 def test_unreachable_epsilon_is_a_clear_error():
     with pytest.raises(DpgridError, match="unreachable"):
         calibrate(1e-6, 0.01, 100, 1e-5)
+
+
+def bisection(spent, epsilon, rtol):
+    """The plain search smallest_noise replays: double from 1, then halve until narrower than rtol * high."""
+    low, high = 0.0, 1.0
+    while spent(high) > epsilon:
+        low, high = high, 2 * high
+    while high - low > rtol * high:
+        mid = (low + high) / 2
+        low, high = (low, mid) if spent(mid) <= epsilon else (mid, high)
+    return high
+
+
+def test_the_replayed_search_returns_the_bisections_noise_bit_for_bit():
+    """smallest_noise evaluates spent about a third less often, and must answer exactly what the bisection
+    answers (ν recorded in every existing grid, and the golden data, stay as they are)."""
+    import random
+
+    from dpgrid.privacy.accountants import smallest_noise
+
+    rng = random.Random(0)
+    for _ in range(2000):  # decreasing curves of every steepness, targets everywhere
+        c, p, epsilon, rtol = 10 ** rng.uniform(-3, 3), rng.uniform(0.3, 3), 10 ** rng.uniform(-2, 1.5), rng.choice([1e-4, 1e-3])
+        spent = lambda nu, c=c, p=p: math.inf if nu == 0 else c / nu ** p  # noqa: E731
+        if spent(5e3) <= epsilon:
+            assert smallest_noise(spent, epsilon, rtol, "") == bisection(spent, epsilon, rtol)
+    spent = lambda nu: rdp_epsilon(MNIST_Q, nu, 7 * MNIST_T, 1e-5)  # noqa: E731  a real one
+    assert smallest_noise(spent, 3.0, 1e-4, "") == bisection(spent, 3.0, 1e-4)
+
+
+def test_a_search_that_cannot_be_replayed_falls_back_to_the_full_bisection():
+    """A curve the root finder cannot bracket (a step) still gets the bisection's answer."""
+    from dpgrid.privacy.accountants import smallest_noise
+
+    spent = lambda nu: 10.0 if nu < 2.7 else 1.0  # noqa: E731
+    assert smallest_noise(spent, 3.0, 1e-4, "") == bisection(spent, 3.0, 1e-4)

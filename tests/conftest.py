@@ -1,3 +1,5 @@
+import os
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -42,3 +44,8 @@ def shared_data():
 
 
 __all__ = ["load_cfg", "OmegaConf", "strategy_class"]
+
+
+def pytest_configure(config):
+    """The noise searches' cache in a folder of this session (shared by its processes), not the user's."""
+    os.environ.setdefault("DPGRID_CACHE", tempfile.mkdtemp(prefix="dpgrid-noise-"))

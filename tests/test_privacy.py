@@ -136,3 +136,28 @@ def test_a_search_that_cannot_be_replayed_falls_back_to_the_full_bisection():
 
     spent = lambda nu: 10.0 if nu < 2.7 else 1.0  # noqa: E731
     assert smallest_noise(spent, 3.0, 1e-4, "") == bisection(spent, 3.0, 1e-4)
+
+
+def test_a_remembered_search_is_checked_not_trusted(tmp_path, monkeypatch):
+    """The noise cache only proposes: a hit costs two evaluations and gives the search's own answer; an edited
+    or damaged entry gives the same answer too (full search); DPGRID_CACHE=off writes nothing."""
+    from dpgrid.privacy.accountants import NoiseCache, smallest_noise
+
+    monkeypatch.setenv("DPGRID_CACHE", str(tmp_path / "cache"))
+    calls = []
+
+    def spent(nu):
+        calls.append(nu)
+        return math.inf if nu == 0 else 7.3 / nu ** 1.7
+
+    key = ["test", 0.1, 100, 1e-5]
+    first = smallest_noise(spent, 3.0, 1e-4, "", key=key)
+    assert first == bisection(spent, 3.0, 1e-4) and len(list((tmp_path / "cache").iterdir())) == 1
+    calls.clear()
+    assert smallest_noise(spent, 3.0, 1e-4, "", key=key) == first and len(calls) == 2  # a hit: checked twice
+    for entry in ("7.0", "garbage", "1e400", "-3"):
+        NoiseCache(key, 3.0, 1e-4).path.write_text(entry)
+        assert smallest_noise(spent, 3.0, 1e-4, "", key=key) == first
+    monkeypatch.setenv("DPGRID_CACHE", "off")
+    assert smallest_noise(spent, 2.0, 1e-4, "", key=key) == bisection(spent, 2.0, 1e-4)
+    assert len(list((tmp_path / "cache").iterdir())) == 1

@@ -139,7 +139,8 @@ def alternatives(plan, eta: float, mean: float) -> dict:
         stopping = parameters(rule, eta, mean, plan.delta)
         spent = lambda nu: selection_epsilon(q, nu, seeds * steps, plan.delta, stopping)  # noqa: E731
         try:
-            found[f"{rule}, mean {mean:g} candidates of {seeds} runs"] = smallest_noise(spent, plan.epsilon, 1e-4, "")
+            found[f"{rule}, mean {mean:g} candidates of {seeds} runs"] = smallest_noise(
+                spent, plan.epsilon, 1e-4, "", key=["random_stopping", q, seeds * steps, plan.delta, stopping])
         except DpgridError:
             found[f"{rule}, mean {mean:g} candidates of {seeds} runs"] = None
     return found

@@ -8,6 +8,7 @@ values for grids accounted by composition.
 """
 
 import math
+import os
 import sys
 
 from dpgrid import DpgridError
@@ -54,21 +55,23 @@ def calibrate(epsilon: float, sample_rate: float, steps: int, delta: float, rtol
               accountant: str = "rdp") -> float:
     """Smallest noise multiplier (to relative precision rtol) whose epsilon is at most the target."""
     return smallest_noise(lambda nu: epsilon_of(accountant, sample_rate, nu, steps, delta), epsilon, rtol,
-                          f"for {steps} steps at sampling rate {sample_rate:.4g} and delta={delta}")
+                          f"for {steps} steps at sampling rate {sample_rate:.4g} and delta={delta}",
+                          key=[accountant, sample_rate, steps, delta])
 
 
-def smallest_noise(spent, epsilon: float, rtol: float, what: str) -> float:
+def smallest_noise(spent, epsilon: float, rtol: float, what: str, key=None) -> float:
     """Smallest nu (to relative precision rtol) with spent(nu) <= epsilon; spent falls as nu grows.
 
     The answer is the bisection's: double `high` from 1 until spent(high) <= epsilon, then halve [low, high]
     until it is narrower than rtol * high; return high. Each evaluation of spent is a whole accounting (0.1 s
-    to seconds), so the halving is replayed instead: a root finder (Brent) locates nu* with spent(nu*) =
-    epsilon far inside rtol, the halving is replayed against it without evaluating spent, and its final
-    interval is checked with two evaluations, spent(high) <= epsilon < spent(low). Every point the halving
-    visits ends at most `low` or at least `high` of that final interval, so as spent falls with nu, the two
-    checks give each of its comparisons the answer the evaluated halving would give: the same nu, bit for
-    bit. When a check fails (nu* closer to a halving point than Brent's precision), the halving runs in full.
-    Either way spent(answer) <= epsilon has been evaluated, never assumed."""
+    to seconds), so the search is replayed instead: given an estimate of nu* (spent(nu*) = epsilon), the
+    doubling and the halving are replayed against it without evaluating spent, and their final interval is
+    checked with two evaluations, spent(high) <= epsilon < spent(low). Every point the search visits ends at
+    most `low` or at least `high` of that final interval, so as spent falls with nu, the two checks give each
+    of its comparisons the answer the evaluated search would give: the same nu, bit for bit. The estimate is
+    the answer an earlier search with the same `key` found (`NoiseCache`), else Brent's root
+    of spent(nu) = epsilon, far inside rtol; when a check fails, the halving runs in full. Either way
+    spent(answer) <= epsilon has been evaluated here, never taken from the cache."""
     evaluated = {}
 
     def value(nu) -> float:  # each nu evaluated once
@@ -79,6 +82,16 @@ def smallest_noise(spent, epsilon: float, rtol: float, what: str) -> float:
     def over(nu) -> bool:
         return value(nu) > epsilon
 
+    def checked(estimate):  # the search's answer, when the estimate leads to it; else None
+        interval = replayed(estimate, rtol)
+        if interval is not None and (interval[0] == 0.0 or over(interval[0])) and not over(interval[1]):
+            return interval[1]
+        return None
+
+    cache = NoiseCache(key, epsilon, rtol)
+    answer = checked(cache.read()) if cache.read() is not None else None
+    if answer is not None:
+        return answer
     low, high = 0.0, 1.0
     while over(high):
         low, high = high, 2 * high
@@ -88,11 +101,79 @@ def smallest_noise(spent, epsilon: float, rtol: float, what: str) -> float:
                               f"{MAX_NOISE_MULTIPLIER:g} spends epsilon = {floor:.3g}; raise epsilon above that "
                               f"or shrink the grid")
     estimate = locate(lambda nu: value(nu) - epsilon, low, high, rtol * high * 1e-3)
-    if estimate is not None:
-        a, b = halving(low, high, rtol, lambda mid: mid < estimate)
-        if (a == 0.0 or over(a)) and not over(b):
-            return b
-    return halving(low, high, rtol, over)[1]
+    answer = checked(estimate) if estimate is not None else None
+    if answer is None:
+        answer = halving(low, high, rtol, over)[1]
+    cache.write(answer)
+    return answer
+
+
+def replayed(estimate: float, rtol: float):
+    """The search's final [low, high] if spent(nu) > epsilon exactly when nu < estimate; None beyond the range."""
+    low, high = 0.0, 1.0
+    while high < estimate:
+        low, high = high, 2 * high
+        if high > MAX_NOISE_MULTIPLIER:
+            return None
+    return halving(low, high, rtol, lambda mid: mid < estimate)
+
+
+class NoiseCache:
+    """The answers of earlier searches, one small file each under DPGRID_CACHE (default
+    $XDG_CACHE_HOME/dpgrid or ~/.cache/dpgrid; "off": none), keyed by what the search accounts (accountant,
+    q, T, delta, the libraries' versions), its target and precision. Only an estimate: smallest_noise
+    evaluates the answer again before using it, so a stale, edited or damaged entry costs time, never privacy."""
+
+    def __init__(self, key, epsilon: float, rtol: float):
+        self.path = None
+        folder = cache_folder()
+        if key is not None and folder is not None:
+            import hashlib
+            import json
+
+            text = json.dumps([key, epsilon, rtol, library_versions()], sort_keys=True, default=str)
+            self.path = folder / f"{hashlib.sha256(text.encode()).hexdigest()[:32]}.txt"
+
+    def read(self):
+        try:
+            found = float(self.path.read_text()) if self.path else None
+        except (OSError, ValueError):
+            return None
+        return found if found is not None and math.isfinite(found) and found > 0 else None
+
+    def write(self, noise_multiplier: float) -> None:
+        if self.path is None:
+            return
+        try:  # write-then-rename: a reader sees a whole entry or none
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            partial = self.path.with_suffix(f".{os.getpid()}.part")
+            partial.write_text(repr(noise_multiplier))
+            os.replace(partial, self.path)
+        except OSError:  # a read-only or full home: the search is just not remembered
+            pass
+
+
+def cache_folder():
+    from pathlib import Path
+
+    setting = os.environ.get("DPGRID_CACHE")
+    if setting == "off":
+        return None
+    if setting:
+        return Path(setting)
+    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "dpgrid" / "noise"
+
+
+def library_versions() -> list:
+    from importlib.metadata import PackageNotFoundError, version
+
+    found = []
+    for package in ("opacus", "dp-accounting"):
+        try:
+            found.append(f"{package} {version(package)}")
+        except PackageNotFoundError:
+            found.append(f"{package} absent")
+    return found
 
 
 def halving(low: float, high: float, rtol: float, over) -> tuple:

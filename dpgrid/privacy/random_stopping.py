@@ -125,7 +125,8 @@ class RandomStopping:
         steps = plan.seeds * plan.steps  # one candidate: its seeds' runs composed
         spent = lambda nu: selection_epsilon(plan.sample_rate, nu, steps, plan.delta, stopping)  # noqa: E731
         nu = smallest_noise(spent, plan.epsilon, 1e-4, f"by {stopping['rule']} selection among {mean:g} candidates "
-                            f"(expected) of {steps} steps each")
+                            f"(expected) of {steps} steps each",
+                            key=["random_stopping", plan.sample_rate, steps, plan.delta, stopping])
         epsilon = spent(nu)  # seeds accounted: the grid's, the published tables' and the budget's epsilon
         return dict(selection="random_stopping", account_seeds=True, composed_runs=plan.seeds, stopping=stopping,
                     noise_multiplier=nu, per_query=strategy_cls.split_noise(nu, options, plan.batch_size),

@@ -161,3 +161,18 @@ def test_a_remembered_search_is_checked_not_trusted(tmp_path, monkeypatch):
     monkeypatch.setenv("DPGRID_CACHE", "off")
     assert smallest_noise(spent, 2.0, 1e-4, "", key=key) == bisection(spent, 2.0, 1e-4)
     assert len(list((tmp_path / "cache").iterdir())) == 1
+
+
+def test_the_rdp_curve_gives_rdp_epsilon_bit_for_bit():
+    """A plan asks ε for several step counts at one ν: the one-step RDP curve is computed once and scaled,
+    and each value must be exactly Opacus's for that many steps."""
+    import random
+
+    from dpgrid.privacy.accountants import epsilon_curve
+
+    rng = random.Random(1)
+    for _ in range(60):
+        q, nu, delta = rng.uniform(0.001, 0.3), rng.uniform(0.5, 20), 10 ** rng.uniform(-8, -3)
+        epsilon = epsilon_curve("rdp", q, nu)
+        for steps in (rng.randint(1, 20000), rng.randint(1, 20000)):
+            assert epsilon(steps, delta) == rdp_epsilon(q, nu, steps, delta)

@@ -27,6 +27,29 @@ def rdp_epsilon(sample_rate: float, noise_multiplier: float, steps: int, delta: 
     return float(get_privacy_spent(orders=orders, rdp=rdp, delta=delta)[0])
 
 
+def epsilon_curve(accountant: str, sample_rate: float, noise_multiplier: float):
+    """epsilon_of(accountant, sample_rate, noise_multiplier, steps, delta) as a function of (steps, delta), each
+    asked once. For rdp the one-step RDP curve is computed once and scaled (RDP composes by adding; Opacus's
+    compute_rdp returns the one-step curve times steps, as here): each value is rdp_epsilon's, bit for bit."""
+    found = {}
+    if accountant == "rdp":
+        from opacus.accountants import RDPAccountant
+        from opacus.accountants.analysis.rdp import compute_rdp, get_privacy_spent
+
+        orders = RDPAccountant.DEFAULT_ALPHAS + RDP_ORDERS_EXTRA
+        one_step = compute_rdp(q=sample_rate, noise_multiplier=noise_multiplier, steps=1, orders=orders)
+        compute = lambda steps, delta: float(get_privacy_spent(orders=orders, rdp=one_step * steps,  # noqa: E731
+                                                               delta=delta)[0])
+    else:
+        compute = lambda steps, delta: epsilon_of(accountant, sample_rate, noise_multiplier, steps, delta)  # noqa: E731
+
+    def epsilon(steps: int, delta: float) -> float:
+        if (steps, delta) not in found:
+            found[steps, delta] = compute(steps, delta)
+        return found[steps, delta]
+    return epsilon
+
+
 def pld_epsilon(sample_rate: float, noise_multiplier: float, steps: int, delta: float) -> float:
     from dp_accounting import dp_event
     from dp_accounting.pld import pld_privacy_accountant

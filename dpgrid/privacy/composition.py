@@ -9,7 +9,7 @@ Liu-Talwar random-stopping selection (Mohapatra et al. 2022, Theorem 1) is recor
 
 import math
 
-from dpgrid.privacy.accountants import ACCOUNTANTS, calibrate, epsilon_of, rdp_epsilon
+from dpgrid.privacy.accountants import ACCOUNTANTS, calibrate, epsilon_curve
 from dpgrid.privacy.random_stopping import liu_talwar_parameters
 
 
@@ -22,23 +22,21 @@ class Composition:
         per_config = plan.seeds if plan.account_seeds else 1  # runs of one configuration that are accounted
         budget_runs = plan.composed_runs if plan.budget == "per_grid" else per_config
         nu = calibrate(plan.epsilon, q, budget_runs * steps, delta, accountant=accountant)
-        spent = epsilon_of(accountant, q, nu, budget_runs * steps, delta)
-        grid = spent if plan.budget == "per_grid" else epsilon_of(accountant, q, nu, plan.composed_runs * steps, delta)
+        epsilon = epsilon_curve(accountant, q, nu)  # each (steps, delta) asked once; RDP's curve computed once
         return dict(noise_multiplier=nu, per_query=strategy_cls.split_noise(nu, options, plan.batch_size),
-                    epsilon_spent=spent, epsilon_grid=grid,
-                    epsilon_per_run=spent if plan.budget == "per_run" else epsilon_of(accountant, q, nu,
-                                                                                      per_config * steps, delta),
-                    liu_talwar=liu_talwar_cost(plan.epsilon, delta, plan.n_configs, q, per_config * steps, nu),
-                    epsilon_with_seeds=(grid if plan.account_seeds or plan.seeds == 1 else
-                                        epsilon_of(accountant, q, nu, plan.n_configs * plan.seeds * steps, delta)))
+                    epsilon_spent=epsilon(budget_runs * steps, delta), epsilon_grid=epsilon(plan.composed_runs * steps, delta),
+                    epsilon_per_run=epsilon(per_config * steps, delta),
+                    liu_talwar=liu_talwar_cost(plan.epsilon, delta, plan.n_configs, q, per_config * steps, nu,
+                                               epsilon if accountant == "rdp" else epsilon_curve("rdp", q, nu)),
+                    epsilon_with_seeds=epsilon(plan.n_configs * plan.seeds * steps, delta))
 
 
 def liu_talwar_cost(epsilon: float, delta: float, n_candidates: int, sample_rate: float, run_steps: int,
-                    noise_multiplier: float) -> dict:
+                    noise_multiplier: float, rdp_curve) -> dict:
     """Both directions of the comparison: the nu LT needs for this (epsilon, delta), and the epsilon
     LT would spend with the composition's nu (RDP for the candidate, as Mohapatra et al.)."""
     eps1, delta1, upsilon = liu_talwar_parameters(epsilon, delta, n_candidates)
     nu = (calibrate(eps1, sample_rate, run_steps, delta1, rtol=1e-3) if eps1 > 0 else None)
-    eps_candidate = rdp_epsilon(sample_rate, noise_multiplier, run_steps, delta1)
+    eps_candidate = rdp_curve(run_steps, delta1)  # epsilon_curve("rdp", sample_rate, noise_multiplier)
     return {"noise_multiplier": nu, "candidate_epsilon": eps1, "candidate_delta": delta1, "max_iterations": upsilon,
             "epsilon_with_composition_nu": 3 * eps_candidate + 3 * math.sqrt(2 * delta1)}

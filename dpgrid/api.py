@@ -241,17 +241,13 @@ def run_grid(cfg, out_dir, progress: bool = True) -> GridResult:
     """Train the grid (a composed config, or the GridSpec `compile` made of one) into out_dir, resuming what
     is there, as `dpgrid run` does."""
     import json
-    import warnings
 
     import pandas as pd
 
     from dpgrid.config import GridSpec
     from dpgrid.runner import run_grid as run
 
-    spec = cfg if isinstance(cfg, GridSpec) else compile(cfg)
-    for warning in spec.warnings:
-        warnings.warn(warning)
-    run(spec, out_dir, progress)
+    run((cfg if isinstance(cfg, GridSpec) else compile(cfg)).announce(), out_dir, progress)
     out = Path(out_dir)
     read = lambda name: pd.read_csv(out / name, dtype={"config_id": str})  # noqa: E731
     return GridResult(out, json.loads((out / "plan.json").read_text()), read("runs.csv"), read("curves.csv"),

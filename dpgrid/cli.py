@@ -88,13 +88,6 @@ def on_sigterm(signum, frame):
 from dpgrid.api import config_dir  # noqa: E402  (Hydra's decorator needs it here)
 
 
-def announced(spec):
-    """The compiled grid, its warnings shown (once: a grid is compiled once)."""
-    for warning in spec.warnings:
-        warnings.warn(warning)
-    return spec
-
-
 def plan_command(args: list) -> None:
     from dpgrid.api import compose
 
@@ -104,7 +97,7 @@ def plan_command(args: list) -> None:
     from dpgrid.reporting.describe import print_alternatives, print_comparison, print_schedule, print_seeds_cost, print_selection
 
     start = time.perf_counter()
-    spec = announced(compile(cfg))
+    spec = compile(cfg).announce()
     plan, seconds = spec.plan, time.perf_counter() - start
     if as_json:
         print(json.dumps(plan.to_dict(), indent=2))
@@ -160,7 +153,7 @@ def run_command(args: list) -> None:
     cfg = compose(args, with_hydra=True)  # bad names and syntax refused here; bad values by compile, before torch
     from dpgrid.config import compile
 
-    spec = announced(compile(cfg))  # compiled once, before Hydra writes anything; the job trains this spec
+    spec = compile(cfg).announce()  # compiled once, before Hydra writes anything; the job trains this spec
     from dpgrid.runner import check_run
 
     check_run(spec, cfg.hydra.run.dir)
@@ -185,7 +178,7 @@ def grid_job(created: dict, spec=None):
         out = Path(HydraConfig.get().runtime.output_dir).absolute()
         try:
             try:
-                grid = spec or announced(compile(cfg))
+                grid = spec or compile(cfg).announce()
             except DpgridError:
                 with contextlib.suppress(DpgridError), locked(out):  # Busy: another grid's; left alone
                     remove_created(out, created.get(out))  # the job's folder, which Hydra made

@@ -142,7 +142,7 @@ def run_grid(spec, out_dir, progress: bool = True, on_lock=None, created="unknow
         try:
             if on_lock:
                 on_lock(out)
-            with threads.using(threads.choose(spec.train.threads, spec.model_parameters, parallel_jobs)):
+            with threads.using(threads.choose(spec.train.threads, spec.plan.model_parameters, parallel_jobs)):
                 return train_grid(spec, out, progress)
         except DpgridError:
             remove_created(out, created)

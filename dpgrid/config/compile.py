@@ -48,8 +48,7 @@ class GridSpec:
     only: Optional[tuple]       # grid.only as given (None: every configuration)
     train: Training
     dataset: Any                # the dataset config node (read-only): its loader and public constants
-    model: Any                  # the model config node (read-only)
-    model_parameters: int
+    model: Any                  # the model config node (read-only); its size is plan.model_parameters
     data_root: str
     task: str
     normalize: str
@@ -60,6 +59,14 @@ class GridSpec:
     settings: Mapping           # the resolved config without hydra: written as config.yaml, hashed
     config_hash: str
     warnings: tuple = ()        # to show once, when the grid starts or is planned
+
+    def announce(self) -> "GridSpec":
+        """Show the grid's warnings (once: a grid is compiled once); returns the spec."""
+        import warnings
+
+        for warning in self.warnings:
+            warnings.warn(warning)
+        return self
 
     def seed_names(self) -> tuple:
         """The names a grid's seeds derive from (a selection adds its repetition)."""
@@ -93,11 +100,12 @@ def compile(cfg, n_train: int = None) -> GridSpec:
     if strategy_cls.private and accountant not in method.accountants:
         raise DpgridError(f"privacy.accountant={accountant} does not apply to strategy={cfg.strategy.name} "
                           f"(accounted by {method.name}); valid: {', '.join(method.accountants)}")
-    if n_train is None:
-        n_train = int(cfg.dataset.n_train) if cfg.dataset.get("n_train") is not None else None
-    if n_train is not None:  # a huge grid is refused before its configurations are built
-        check_scale(size(cfg.strategy, cfg.grid), n_train, int(cfg.train.epochs), int(cfg.train.batch_size),
-                    int(cfg.train.seeds), cfg.dataset.get("seconds_per_step"), bool(cfg.grid.allow_large))
+    dataset = read_only(cfg.dataset)
+    if n_train is None:  # as the config states it, else the loaded data's
+        n_train = int(dataset.n_train) if dataset.get("n_train") is not None else loaded_n_train(dataset, cfg.data.root)
+    # a huge grid is refused before its configurations are built
+    check_scale(size(cfg.strategy, cfg.grid), n_train, int(cfg.train.epochs), int(cfg.train.batch_size),
+                int(cfg.train.seeds), dataset.get("seconds_per_step"), bool(cfg.grid.allow_large))
     device = resolve_device(str(cfg.train.device))
     configs = configurations(cfg.strategy, cfg.grid)
     only = tuple(str(o) for o in cfg.grid.only) if cfg.grid.only is not None else None
@@ -111,17 +119,16 @@ def compile(cfg, n_train: int = None) -> GridSpec:
                        sampling=str(cfg.train.sampling), device=str(device), engine=str(cfg.train.engine),
                        float64=bool(cfg.train.float64), secure_rng=bool(cfg.privacy.secure_rng),
                        threads=str(cfg.train.threads)),
-        dataset=read_only(cfg.dataset), model=read_only(cfg.model), model_parameters=0,
+        dataset=dataset, model=read_only(cfg.model),
         data_root=str(cfg.data.root), task=task, normalize=str(cfg.dataset.get("normalize", "unit")),
         protocol=str(cfg.protocol), overwrite=bool(cfg.overwrite), stopping_seed=int(cfg.privacy.stopping_seed),
         privacy=MappingProxyType(dict(plain["privacy"])), settings=MappingProxyType(plain),
         config_hash=config_hash(plain, strategy_cls.private),
         warnings=tuple(warnings))
-    plan = make_plan(spec, configs, loaded_n_train(spec) if n_train is None else n_train)  # reads the dataset's
-    model = build_model(cfg.model)  # constants first: a model key interpolated from one is named as the user set it
+    plan = make_plan(spec, configs, n_train, 0)  # reads the dataset's constants first: a model key
+    model = build_model(cfg.model)  # interpolated from one is named as the user set it
     engine, fallback = engine_for(model, spec.train.engine)  # refused before anything is written
-    parameters = count_parameters(model)
-    return replace(spec, plan=replace(plan, model_parameters=parameters), model_parameters=parameters,
+    return replace(spec, plan=replace(plan, model_parameters=count_parameters(model)),
                    train=replace(spec.train, engine=engine), warnings=spec.warnings + ((fallback,) if fallback else ()))
 
 
@@ -130,10 +137,13 @@ def planned(spec: GridSpec, n_train: int) -> GridSpec:
     loaded data's N differs from the config's dataset.n_train)."""
     if spec.plan.n_train == n_train:
         return spec
-    return replace(spec, plan=make_plan(spec, list(spec.plan.configurations), n_train))
+    t, configs = spec.train, list(spec.plan.configurations)
+    check_scale(len(configs), n_train, t.epochs, t.batch_size, t.seeds, spec.dataset.get("seconds_per_step"),
+                bool(spec.settings["grid"]["allow_large"]))
+    return replace(spec, plan=make_plan(spec, configs, n_train, spec.plan.model_parameters))
 
 
-def make_plan(spec: GridSpec, configs: list, n_train: int):
+def make_plan(spec: GridSpec, configs: list, n_train: int, model_parameters: int):
     from dpgrid.config.checks import Reader
     from dpgrid.privacy import make_plan as plan_privacy
 
@@ -144,8 +154,6 @@ def make_plan(spec: GridSpec, configs: list, n_train: int):
     if cls.full_batch and t.batch_size != n_train:
         raise DpgridError(f"strategy={strategy['name']} is full-batch gradient descent: train.batch_size must be "
                           f"N = {n_train}, got {t.batch_size}")
-    check_scale(len(configs), n_train, t.epochs, t.batch_size, t.seeds, dataset.get("seconds_per_step"),
-                bool(spec.settings["grid"]["allow_large"]))
     return plan_privacy(
         strategy_cls=cls, options=dict(spec.options), privacy=dict(spec.privacy),
         problem=cls.problem(Reader(dataset, prefix="dataset."), n_train), n_train=n_train,
@@ -153,7 +161,7 @@ def make_plan(spec: GridSpec, configs: list, n_train: int):
         dataset=dataset["name"], strategy=strategy["name"], k=int(spec.settings["grid"]["k"]),
         label=str(strategy.get("label") or cls.label or strategy["name"]), axes=list(strategy["grid"]),
         dataset_epsilons=[float(e) for e in dataset.get("epsilons") or [spec.privacy["epsilon"]]],
-        model_parameters=spec.model_parameters, configurations=configs)
+        model_parameters=model_parameters, configurations=configs)
 
 
 def check_scale(n_configs: int, n_train: int, epochs: int, batch_size: int, seeds: int, seconds_per_step,
@@ -164,11 +172,11 @@ def check_scale(n_configs: int, n_train: int, epochs: int, batch_size: int, seed
     check_size(n_configs, n_configs * seeds, steps, seconds_per_step, allow_large)
 
 
-def loaded_n_train(spec: GridSpec) -> int:
+def loaded_n_train(dataset, root) -> int:
     """N of the loaded data, for a dataset config that does not state it (dataset.n_train)."""
     from dpgrid.data import load
 
-    return load(spec.dataset, spec.data_root).n_train
+    return load(dataset, root).n_train
 
 
 def settings_of(cfg) -> dict:

@@ -19,27 +19,27 @@ RDP_ORDERS_EXTRA = [80, 96, 128, 256, 512]  # beyond Opacus's defaults: they mat
 
 def rdp_epsilon(sample_rate: float, noise_multiplier: float, steps: int, delta: float, orders=None) -> float:
     """epsilon of `steps` compositions of the Poisson-subsampled Gaussian mechanism (Opacus RDP)."""
+    return rdp_curve(sample_rate, noise_multiplier, orders)(steps, delta)
+
+
+def rdp_curve(sample_rate: float, noise_multiplier: float, orders=None):
+    """rdp_epsilon as a function of (steps, delta) at one noise multiplier: Opacus's one-step RDP curve,
+    computed once and scaled by the steps (RDP composes by adding; compute_rdp returns the one-step curve
+    times steps, as here, so every value is the same bit for bit whichever way it is asked)."""
     from opacus.accountants import RDPAccountant
     from opacus.accountants.analysis.rdp import compute_rdp, get_privacy_spent
 
     orders = orders or RDPAccountant.DEFAULT_ALPHAS + RDP_ORDERS_EXTRA
-    rdp = compute_rdp(q=sample_rate, noise_multiplier=noise_multiplier, steps=steps, orders=orders)
-    return float(get_privacy_spent(orders=orders, rdp=rdp, delta=delta)[0])
+    one_step = compute_rdp(q=sample_rate, noise_multiplier=noise_multiplier, steps=1, orders=orders)
+    return lambda steps, delta: float(get_privacy_spent(orders=orders, rdp=one_step * steps, delta=delta)[0])
 
 
 def epsilon_curve(accountant: str, sample_rate: float, noise_multiplier: float):
     """epsilon_of(accountant, sample_rate, noise_multiplier, steps, delta) as a function of (steps, delta), each
-    asked once. For rdp the one-step RDP curve is computed once and scaled (RDP composes by adding; Opacus's
-    compute_rdp returns the one-step curve times steps, as here): each value is rdp_epsilon's, bit for bit."""
+    asked once. For rdp the one-step RDP curve is computed once (rdp_curve)."""
     found = {}
     if accountant == "rdp":
-        from opacus.accountants import RDPAccountant
-        from opacus.accountants.analysis.rdp import compute_rdp, get_privacy_spent
-
-        orders = RDPAccountant.DEFAULT_ALPHAS + RDP_ORDERS_EXTRA
-        one_step = compute_rdp(q=sample_rate, noise_multiplier=noise_multiplier, steps=1, orders=orders)
-        compute = lambda steps, delta: float(get_privacy_spent(orders=orders, rdp=one_step * steps,  # noqa: E731
-                                                               delta=delta)[0])
+        compute = rdp_curve(sample_rate, noise_multiplier)
     else:
         compute = lambda steps, delta: epsilon_of(accountant, sample_rate, noise_multiplier, steps, delta)  # noqa: E731
 

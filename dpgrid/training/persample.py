@@ -77,12 +77,16 @@ def empty_batch(params, device, n_groups: int) -> PerSampleGrads:
                           lambda w: [torch.zeros_like(p) for p in params])
 
 
+def parametrised_layers(model: nn.Module) -> list:
+    """The modules that own parameters, in model order: the layers of the fast engine and the parameter groups."""
+    return [m for m in model.modules() if any(True for _ in m.parameters(recurse=False))]
+
+
 def parameter_groups(model: nn.Module) -> list:
     """The indices (in model.parameters() order) of each parametrised module's own parameters: one group
     per layer, in model order."""
     position = {id(p): i for i, p in enumerate(model.parameters())}
-    return [[position[id(p)] for p in m.parameters(recurse=False)]
-            for m in model.modules() if any(True for _ in m.parameters(recurse=False))]
+    return [[position[id(p)] for p in m.parameters(recurse=False)] for m in parametrised_layers(model)]
 
 
 def per_sample_losses(out: torch.Tensor, y: torch.Tensor, task: str) -> torch.Tensor:
@@ -136,14 +140,19 @@ def unsupported_layer(module: nn.Module):
     return type(module).__name__
 
 
+def unsupported_layers(model: nn.Module) -> dict:
+    """{layer type: why} for the parametrised layers the fast engine cannot handle (empty when it can)."""
+    return {type(m).__name__: why for m in parametrised_layers(model) if (why := unsupported_layer(m))}
+
+
 class FastEngine:
     """Book-keeping per-sample norms and weighted sums (see the module docstring)."""
 
     def __init__(self, model: nn.Module, task: str):
         self.model, self.task = model, task
         self.params = list(model.parameters())
-        self.layers = [m for m in model.modules() if any(True for _ in m.parameters(recurse=False))]
-        problems = {type(m).__name__: why for m in self.layers if (why := unsupported_layer(m))}
+        self.layers = parametrised_layers(model)
+        problems = unsupported_layers(model)
         if problems:
             raise NotImplementedError(f"layers the fast engine cannot handle: {problems}")
         position = {id(p): i for i, p in enumerate(self.params)}
@@ -223,9 +232,8 @@ def engine_for(model: nn.Module, name: str = "fast") -> tuple:
     """(the engine a grid of this model uses, a warning or None): fast when every parametrised layer is
     supported, else func. Asked once per grid, when it is compiled."""
     check_model(model, name)
-    problems = {type(m).__name__: why for m in model.modules()
-                if any(True for _ in m.parameters(recurse=False)) and (why := unsupported_layer(m))}
-    if name == "fast" and problems:
+    problems = unsupported_layers(model) if name == "fast" else {}
+    if problems:
         return "func", (f"layers the fast engine cannot handle: {problems}; falling back to the slower torch.func "
                         "engine (exact, more memory)")
     return name, None

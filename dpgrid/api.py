@@ -54,12 +54,19 @@ def compose(overrides=(), with_hydra: bool = False):
     except OverrideParseException:
         raise DpgridError(unparsable(overrides)) from None
     except (HydraException, OmegaConfBaseException) as e:
-        cause = e.__cause__
-        if isinstance(cause, OmegaConfBaseException) and getattr(cause, "full_key", None):
-            if " not in " in str(cause).splitlines()[0]:  # a misspelt key
-                raise DpgridError(readable(f"Could not override '{cause.full_key}'", overrides)) from None
-            raise DpgridError(wrong_type(cause)) from None  # a value of the wrong type
-        raise DpgridError(readable(str(e), overrides)) from None
+        raise refusal(e, overrides) from None
+
+
+def refusal(error: Exception, overrides: list) -> DpgridError:
+    """Hydra's error (or the OmegaConf error under it) for `overrides`, as dpgrid's one line."""
+    from omegaconf.errors import OmegaConfBaseException
+
+    cause = error if isinstance(error, OmegaConfBaseException) and getattr(error, "full_key", None) else error.__cause__
+    if isinstance(cause, OmegaConfBaseException) and getattr(cause, "full_key", None):
+        if " not in " in str(cause).splitlines()[0]:  # a misspelt key
+            return DpgridError(readable(f"Could not override '{cause.full_key}'", overrides))
+        return DpgridError(wrong_type(cause))  # a value of the wrong type
+    return DpgridError(readable(str(error), overrides))
 
 
 OPEN_GROUPS = ("dataset", "strategy", "model", "hydra")  # each option brings its own keys; the rest is the schema

@@ -5,6 +5,7 @@ undisturbed grid (issues: every failure is one line; privacy in every mode, poin
 import errno
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -55,10 +56,16 @@ def results(out):
 
 
 @pytest.fixture(scope="module")
-def reference(tmp_path_factory):
+def reference_grid(tmp_path_factory):
+    """The undisturbed grid, trained once; tests that damage a finished grid damage a copy of it."""
     out = tmp_path_factory.mktemp("reference") / "grid"
     assert dpgrid("run", *GRID, f"hydra.run.dir={out}").returncode == 0
-    return results(out)
+    return out
+
+
+@pytest.fixture(scope="module")
+def reference(reference_grid):
+    return results(reference_grid)
 
 
 def assert_same(out, reference):
@@ -99,9 +106,10 @@ def test_blocked_run_directories_are_refused_before_anything_is_written(tmp_path
     assert list(readonly.iterdir()) == []
 
 
-def run_then(tmp_path, damage):
+def run_then(finished, tmp_path, damage):
+    """A copy of the finished grid, damaged, then the same command run on it again."""
     out = tmp_path / "grid"
-    assert dpgrid("run", *GRID, f"hydra.run.dir={out}").returncode == 0
+    shutil.copytree(finished, out)
     damage(out)
     return out, dpgrid("run", *GRID, f"hydra.run.dir={out}")
 
@@ -127,8 +135,8 @@ DAMAGE = {"empty": lambda path: path.write_text(""), "garbage bytes": garbage, "
 
 @pytest.mark.parametrize("damage", DAMAGE)
 @pytest.mark.parametrize("name", ["runs.csv", "curves.csv", "plan.json", "summary.csv"])
-def test_a_damaged_result_file_is_repaired_by_the_same_command(name, damage, tmp_path, reference):
-    out, r = run_then(tmp_path, lambda out: DAMAGE[damage](out / name))
+def test_a_damaged_result_file_is_repaired_by_the_same_command(name, damage, tmp_path, reference_grid, reference):
+    out, r = run_then(reference_grid, tmp_path, lambda out: DAMAGE[damage](out / name))
     assert r.returncode == 0, r.stderr
     if name != "summary.csv":  # rewritten at every end anyway
         assert len(warnings_of(r)) == 1 and name in warnings_of(r)[0] and not errors(r)  # one warning naming the file
@@ -158,16 +166,16 @@ def joined(lines):
     (lambda lines: joined(lines[:2] + [cell(lines, 2, "config_hash", "0123456789abcdef")] + lines[3:]),
      "line 3: config_hash 0123456789abcdef is not this grid's"),  # a row of another config, pasted in
 ])
-def test_a_damaged_runs_csv_is_refused_naming_the_file_and_line(edit, message, tmp_path):
+def test_a_damaged_runs_csv_is_refused_naming_the_file_and_line(edit, message, tmp_path, reference_grid):
     def damage(out):
         lines = (out / "runs.csv").read_text().splitlines()
         (out / "runs.csv").write_text(edit(lines))
-    out, r = run_then(tmp_path, damage)
+    out, r = run_then(reference_grid, tmp_path, damage)
     assert r.returncode == 2 and len(errors(r)) == 1, r.stderr
     assert f"{out / 'runs.csv'}" in r.stderr and message in r.stderr, r.stderr
 
 
-def test_a_plan_that_disagrees_with_its_runs_is_refused_with_both_values(tmp_path):
+def test_a_plan_that_disagrees_with_its_runs_is_refused_with_both_values(tmp_path, reference_grid):
     import json
 
     def damage(out):
@@ -177,7 +185,7 @@ def test_a_plan_that_disagrees_with_its_runs_is_refused_with_both_values(tmp_pat
         runs = pd.read_csv(out / "runs.csv")
         runs["noise_multiplier"] = 0.01
         runs.to_csv(out / "runs.csv", index=False)
-    out, r = run_then(tmp_path, damage)
+    out, r = run_then(reference_grid, tmp_path, damage)
     assert r.returncode == 2 and len(errors(r)) == 1, r.stderr
     assert "has no config hash" in r.stderr and "noise_multiplier is 0.01" in r.stderr, r.stderr
 

@@ -69,12 +69,13 @@ def tree(tmp_path):
 
 def write(root, **kwargs):
     lines = []
+    kwargs.setdefault("figures", False)  # the tables' tests; the figures' own tests draw them
     written = write_tables(root, report=lines.append, **kwargs)
     return written, lines
 
 
 def test_paper_layout_cells(tree):
-    write_tables(tree)
+    write_tables(tree, figures=False)
     table = pd.read_csv(tree / "tables" / "mnist_k9.csv", dtype=str, keep_default_na=False)
     assert list(table["ε"]) == ["3", "5", "7", "9"]
     row3, row5, row7 = (table[table["ε"] == e].iloc[0] for e in ("3", "5", "7"))
@@ -98,14 +99,14 @@ def test_only_the_papers_own_k7_tables_drop_the_scores(tmp_path):
     shows its scores at k = 7 too, and is compared with nothing."""
     root = tmp_path / "outputs"
     make_grid(root, "digits", "online", 3, 7, [("lr3", {"lr": 0.316228}, [91.0, 93.0], 0)])
-    written = write_tables(root)
+    written = write_tables(root, figures=False)
     table = pd.read_csv(root / "tables" / "digits_k7.csv", dtype=str, keep_default_na=False)
     assert table.loc[table["ε"] == "3", "Online acc"].item() == "92.00"
     assert not any("vs_paper" in str(p) for p in written)
 
 
 def test_k7_layout_is_hyperparameters_only_and_mse_is_scaled(tree):
-    write_tables(tree)
+    write_tables(tree, figures=False)
     table = pd.read_csv(tree / "tables" / "fashion_mnist_k7.csv", dtype=str, keep_default_na=False)
     assert list(table["ε"]) == ["1", "2", "3", "4"]
     assert table.loc[0, "Online ρ"] == "0.3162"
@@ -116,7 +117,7 @@ def test_k7_layout_is_hyperparameters_only_and_mse_is_scaled(tree):
 
 
 def test_comparison_with_the_paper(tree):
-    write_tables(tree)
+    write_tables(tree, figures=False)
     comp = pd.read_csv(tree / "tables" / "mnist_k9_vs_paper.csv")
     assert len(comp) == 8  # the 2 strategies run here x 4 epsilons of Table 8
     online3 = comp[(comp.strategy == "online") & (comp.epsilon == 3)].iloc[0]
@@ -333,7 +334,7 @@ def test_a_read_only_tree_is_refused_before_any_table_is_written(tree, monkeypat
 
 
 def test_every_table_states_what_its_seeds_cost(tree):
-    write_tables(tree)
+    write_tables(tree, figures=False)
     results = pd.read_csv(tree / "tables" / "results.csv")
     online3 = results[(results.strategy == "online") & (results.epsilon == 3)].iloc[0]
     assert online3.epsilon_with_seeds == pytest.approx(3 * 0.999 * 2.3) and online3.accountant == "rdp"
@@ -391,7 +392,7 @@ def test_tables_publish_only_what_the_runs_produced(tree, damage, message):
 
 
 def test_the_k7_table_says_where_its_scores_are(tree):
-    write_tables(tree)
+    write_tables(tree, figures=False)
     assert "each cell's score (mean and std over seeds) is in results.csv" in (tree / "tables" / "fashion_mnist_k7.md").read_text()
 
 

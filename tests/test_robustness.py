@@ -1,8 +1,6 @@
 """Resume after SIGKILL, determinism, refusal of bad input, and the privacy invariants."""
 
 import signal
-import subprocess
-import sys
 
 import pandas as pd
 import pytest
@@ -17,8 +15,7 @@ from .command import dpgrid, start_paused
 from .conftest import load_cfg
 from .test_data import corrupt, make_idx_root
 
-GRID = ["strategy=online", "grid.k=4", "train.seeds=3", "train.epochs=4", "train.eval_every=10"]
-COMMAND = [sys.executable, "-m", "dpgrid.cli", "run"]
+GRID = ["strategy=online", "grid.k=4", "train.seeds=3", "train.epochs=2", "train.eval_every=10"]
 
 
 def run_ok(*args):
@@ -35,14 +32,14 @@ def results(out):
 @pytest.mark.slow
 def test_killed_grid_resumes_to_the_uninterrupted_result(tmp_path):
     reference, killed = tmp_path / "reference", tmp_path / "killed"
-    subprocess.run([*COMMAND, *GRID, f"hydra.run.dir={reference}"], check=True, capture_output=True)
+    run_ok(*GRID, f"hydra.run.dir={reference}")
 
     proc, _ = start_paused(["run", *GRID, f"hydra.run.dir={killed}"], after=3, folder=tmp_path)  # mid-grid
     proc.send_signal(signal.SIGKILL)
     proc.wait()
     assert len(pd.read_csv(killed / "runs.csv")) == 3
 
-    again = subprocess.run([*COMMAND, *GRID, f"hydra.run.dir={killed}"], capture_output=True, text=True)
+    again = dpgrid("run", *GRID, f"hydra.run.dir={killed}")
     assert again.returncode == 0, again.stderr
     runs, curves = results(killed)
     ref_runs, ref_curves = results(reference)

@@ -14,7 +14,8 @@ the configs (conf/strategy, conf/dataset), never listed here.
 the paper reports as best, with the noise of the whole grid (grid.only): a comparison with the paper in hours
 instead of weeks. A cell the paper does not report (a diverged row, a privacy level it did not run) is named
 and skipped. Each cell is an ordinary `dpgrid run` in RESULTS/<dataset>/<strategy>/eps<e>/k<k>: a killed
-reproduction resumes where it stopped, and ends with `dpgrid tables RESULTS` (the *_vs_paper tables).
+reproduction resumes where it stopped, and ends with `dpgrid tables RESULTS` (the *_vs_paper tables). With
+--launcher slurm each cell is submitted as a SLURM job, --jobs of them queued at once.
 
 Extra arguments after `--` go to every `dpgrid run` (e.g. protocol=literal, train.epochs=1).
 """
@@ -66,7 +67,8 @@ def main(argv=None, dpgrid=None):
     parser.add_argument("--data-root", default="./data")
     parser.add_argument("--results", default="outputs", help="hydra.sweep.dir: the results tree")
     parser.add_argument("--launcher", choices=["basic", "local", "slurm"], default="basic")
-    parser.add_argument("--jobs", type=int, default=2, help="parallel processes with --launcher local or --paper-cells")
+    parser.add_argument("--jobs", type=int, default=2, help="parallel processes with --launcher local or --paper-cells "
+                        "(with --paper-cells --launcher slurm: cells queued at once, each waited on by a light process)")
     parser.add_argument("--dry-run", action="store_true")
     parser.add_argument("--paper-cells", action="store_true",
                         help="only the paper's best configuration of each cell, with the whole grid's noise")
@@ -105,8 +107,18 @@ def main(argv=None, dpgrid=None):
     ]
     for command in commands:
         print("$", shlex.join(command))
-        if not args.dry_run:
+    if args.dry_run:
+        return 0
+    sweeps, tables = commands[:-1], commands[-1]
+    if args.launcher == "basic":  # one machine: one sweep after the other
+        for command in sweeps:
             subprocess.run(command, check=True)
+    else:  # the baselines' sweep is submitted beside the private one, not after it
+        started = [subprocess.Popen(command) for command in sweeps]
+        failed = [shlex.join(c) for c, proc in zip(sweeps, started) if proc.wait()]
+        if failed:
+            raise DpgridError(f"{len(failed)} sweep(s) did not finish (each said why above); the same command resumes")
+    subprocess.run(tables, check=True)
 
 
 # --- --paper-cells ------------------------------------------------------------------------------------
@@ -160,8 +172,18 @@ def matching_config(configs: list, paper_row):
     return None
 
 
-def in_a_process(command: list, threads: int) -> subprocess.CompletedProcess:
-    env = dict(os.environ, OMP_NUM_THREADS=str(threads))  # parallel cells share the cores
+def cell_command(args, name, epsilon, k, config_id) -> list:
+    """One cell's `dpgrid run`: in its folder of RESULTS on this machine, or (--launcher slurm) submitted as a
+    one-job sweep whose folder is the same deterministic tree (hydra.sweep.subdir)."""
+    overrides = [f"dataset={args.dataset}", f"data.root={args.data_root}", f"strategy={name}", f"privacy.epsilon={epsilon:g}",
+                 f"grid.k={k}", f"grid.only=[{config_id}]", f"train.seeds={args.seeds}", *args.extra]
+    if args.launcher == "slurm":
+        return ["dpgrid", "run", "-m", "hydra/launcher=slurm", *overrides, f"hydra.sweep.dir={args.results}"]
+    return ["dpgrid", "run", *overrides, f"hydra.run.dir={args.results}/{args.dataset}/{name}/eps{epsilon:g}/k{k}"]
+
+
+def in_a_process(command: list, threads) -> subprocess.CompletedProcess:
+    env = dict(os.environ, **({"OMP_NUM_THREADS": str(threads)} if threads else {}))  # parallel cells share the cores
     return subprocess.run(command, env=env, capture_output=True, text=True)
 
 
@@ -173,15 +195,13 @@ def reproduce_paper_cells(args, dpgrid=in_a_process):
     hours = sum(steps * seconds for *_, steps, seconds in cells) * args.seeds / 3600
     print(f"{args.dataset}: {len(cells)} paper cells x {args.seeds} seeds = {runs} training runs; about {hours:,.1f} "
           f"hours on one 2-core machine (dataset.seconds_per_step), divided by --jobs")
-    commands = [["dpgrid", "run", f"dataset={args.dataset}", f"data.root={args.data_root}", f"strategy={name}",
-                 f"privacy.epsilon={epsilon:g}", f"grid.k={k}", f"grid.only=[{config_id}]", f"train.seeds={args.seeds}",
-                 f"hydra.run.dir={args.results}/{args.dataset}/{name}/eps{epsilon:g}/k{k}", *args.extra]
-                for name, epsilon, k, config_id, *_ in cells]
+    commands = [cell_command(args, name, epsilon, k, config_id) for name, epsilon, k, config_id, *_ in cells]
     for command in commands:
         print("$", shlex.join(command))
     if args.dry_run:
         return 0
-    threads = max(1, (os.cpu_count() or 1) // args.jobs)
+    # on this machine the cells share its cores; on SLURM each job has its own allocation (train.threads=auto)
+    threads = None if args.launcher == "slurm" else max(1, (os.cpu_count() or 1) // args.jobs)
     if args.jobs == 1:
         done = [dpgrid(command, threads) for command in commands]
     else:

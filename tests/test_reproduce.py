@@ -1,6 +1,7 @@
 """scripts/reproduce.py --paper-cells: the paper's best configuration of each cell, found in dpgrid's grid."""
 
 import importlib.util
+import shlex
 from pathlib import Path
 
 import pandas as pd
@@ -62,3 +63,40 @@ def test_paper_cells_runs_one_cell_and_ends_with_the_comparison(reproduce, tmp_p
     assert reproduce.main(argv, dpgrid=lambda command, threads: dpgrid(*command[1:])) == 0
     again = pd.read_csv(out / "mnist" / "online" / "eps3" / "k9" / "runs.csv")
     assert again.seconds.tolist() == runs.seconds.tolist()
+
+
+@pytest.mark.slow  # composes and plans MNIST grids twice (4 s)
+def test_paper_cells_on_slurm_submit_each_cell_into_the_same_tree(reproduce, tmp_path, capsys):
+    """--paper-cells --launcher slurm: each cell a one-job sweep whose folder (hydra.sweep.subdir) is the folder
+    the cell has on this machine, so a cluster's cells and a local one's resume and tabulate alike."""
+    from dpgrid.api import compose
+
+    argv = ["mnist", "--paper-cells", "--k", "9", "--strategies", "online", "--epsilons", "3", "--dry-run",
+            "--results", str(tmp_path)]
+    reproduce.main(argv)
+    local = [shlex.split(line[2:]) for line in capsys.readouterr().out.splitlines() if line.startswith("$ ")]
+    reproduce.main([*argv, "--launcher", "slurm"])
+    slurm = [shlex.split(line[2:]) for line in capsys.readouterr().out.splitlines() if line.startswith("$ ")]
+    assert len(local) == len(slurm) == 1 and slurm[0][:4] == ["dpgrid", "run", "-m", "hydra/launcher=slurm"]
+    run_dir = next(a for a in local[0] if a.startswith("hydra.run.dir=")).split("=", 1)[1]
+    cfg = compose([a for a in slurm[0][4:]], with_hydra=True)
+    assert str(tmp_path / cfg.hydra.sweep.subdir) == run_dir and cfg.hydra.sweep.dir == str(tmp_path)
+
+
+@pytest.mark.slow  # plans every MNIST grid at k = 9 (4 s)
+def test_with_a_launcher_the_baselines_sweep_is_submitted_beside_the_private_one(reproduce, tmp_path, monkeypatch):
+    events = []
+
+    class Process:
+        def __init__(self, command):
+            events.append(("start", command[3] if command[1] == "run" else command[1]))
+
+        def wait(self):
+            events.append(("wait",))
+            return 0
+
+    monkeypatch.setattr(reproduce.subprocess, "Popen", Process)
+    monkeypatch.setattr(reproduce.subprocess, "run", lambda command, check: events.append(("run", command[1])))
+    reproduce.main(["mnist", "--k", "9", "--launcher", "slurm", "--results", str(tmp_path)])
+    assert [e[0] for e in events] == ["start", "start", "wait", "wait", "run"]  # both queued, then waited on
+    assert events[1][1].startswith("strategy=") and "nodp" in events[1][1] and events[-1] == ("run", "tables")

@@ -109,13 +109,20 @@ def check_sweep(overrides: list) -> list:
     from dpgrid.config import settings_of
     from dpgrid.config.compile import config_hash
     from dpgrid.results.files import check_writable
-    from dpgrid.strategies import resolve
 
-    by_dir = {}
-    for job in sweep_jobs(overrides):
+    checked = []
+    for job in sweep_jobs(overrides):  # every job's values first: nothing heavy is loaded for a bad sweep
         try:
             cfg = compose(job, with_hydra=True)
             check_config(cfg)
+        except DpgridError as e:
+            raise type(e)(f"sweep job {' '.join(job)}: {e}") from None
+        checked.append((job, cfg))
+    from dpgrid.strategies import resolve  # (a job's folder asks its strategy class whether it is private)
+
+    by_dir = {}
+    for job, cfg in checked:
+        try:
             out = (Path(str(cfg.hydra.sweep.dir)) / str(cfg.hydra.sweep.subdir)).absolute()
             check_writable(out)
         except DpgridError as e:

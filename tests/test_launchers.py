@@ -8,8 +8,10 @@ import sys
 
 import pytest
 
+from .command import dpgrid
+
 pytest.importorskip("hydra_plugins.hydra_submitit_launcher")
-pytestmark = pytest.mark.slow  # each test starts dpgrid processes
+pytestmark = pytest.mark.slow  # each test runs a sweep (in this process; Ctrl-C in a real one)
 
 SWEEP = ["-m", "hydra/launcher=slurm", "strategy=nodp", "grid.k=2", "train.seeds=1", "train.epochs=1",
          "train.eval_every=4", "privacy.epsilon=3,5"]
@@ -23,52 +25,53 @@ if [ "$FAKE_SLURM" = refuse ]; then
 fi
 echo "$@" >> "$FAKE_SLURM_LOG"
 if [ "$FAKE_SLURM" = fail ]; then  # the first job's grid refused something and said so in its log, as dpgrid does
-  mkdir -p "$(dirname "$1")/4242_0"
-  printf 'loading\ndpgrid: error: another dpgrid process is writing into /x\n' > "$(dirname "$1")/4242_0/4242_0_0_log.err"
+  log="$(dirname "$1")/${FAKE_SLURM_ID}_0"; mkdir -p "$log"
+  printf 'loading\ndpgrid: error: another dpgrid process is writing into /x\n' > "$log/${FAKE_SLURM_ID}_0_0_log.err"
 fi
-echo "Submitted batch job 4242"
+echo "Submitted batch job $FAKE_SLURM_ID"
 """,
     "sacct": """
 state=PENDING; [ "$FAKE_SLURM" = cancel ] && state="CANCELLED by 1000"; [ "$FAKE_SLURM" = fail ] && state=FAILED
-echo "JobID|State|NodeList"; echo "4242_0|$state|None assigned"; echo "4242_1|$state|None assigned"
+echo "JobID|State|NodeList"; echo "${FAKE_SLURM_ID}_0|$state|None assigned"; echo "${FAKE_SLURM_ID}_1|$state|None assigned"
 """,
     "srun": "exit 0\n",  # submitit checks it is there
     "squeue": """
-[ "$FAKE_SLURM" = pending ] && { echo "4242_0|PENDING|PartitionConfig"; echo "4242_1|PENDING|PartitionConfig"; }
+[ "$FAKE_SLURM" = pending ] && { echo "${FAKE_SLURM_ID}_0|PENDING|PartitionConfig"; echo "${FAKE_SLURM_ID}_1|PENDING|PartitionConfig"; }
 exit 0
 """,
 }
 
 
 @pytest.fixture
-def slurm(tmp_path):
-    """PATH with the fake SLURM commands first; returns the environment for a mode."""
+def slurm(tmp_path, monkeypatch):
+    """The fake SLURM commands first on PATH, answering in `mode`; each test's jobs have their own id (submitit
+    remembers job states for the process). Returns the environment, for a real process."""
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()
     for name, body in FAKES.items():
         (bin_dir / name).write_text("#!/bin/sh\n" + body)
         (bin_dir / name).chmod(0o755)
 
-    def env(mode):
-        return {**os.environ, "PATH": f"{bin_dir}{os.pathsep}{os.environ['PATH']}", "FAKE_SLURM": mode,
-                "FAKE_SLURM_LOG": str(tmp_path / "sbatch.log")}
-    return env
+    def use(mode, job_id):
+        monkeypatch.setenv("PATH", f"{bin_dir}{os.pathsep}{os.environ['PATH']}")
+        monkeypatch.setenv("FAKE_SLURM", mode)
+        monkeypatch.setenv("FAKE_SLURM_ID", str(job_id))
+        monkeypatch.setenv("FAKE_SLURM_LOG", str(tmp_path / "sbatch.log"))
+        return dict(os.environ)
+    return use
 
 
-def dpgrid(env, *args):
-    return subprocess.run([sys.executable, "-m", "dpgrid.cli", "run", *args], capture_output=True, text=True, env=env)
-
-
-def test_a_machine_without_slurm_is_one_line(tmp_path):
-    env = {**os.environ, "PATH": os.pathsep.join(p for p in os.environ["PATH"].split(os.pathsep)
-                                                  if not (os.path.isfile(os.path.join(p, "srun"))))}
-    r = dpgrid(env, *SWEEP, f"hydra.sweep.dir={tmp_path / 'sweep'}")
+def test_a_machine_without_slurm_is_one_line(tmp_path, monkeypatch):
+    monkeypatch.setenv("PATH", os.pathsep.join(p for p in os.environ["PATH"].split(os.pathsep)
+                                               if not os.path.isfile(os.path.join(p, "srun"))))
+    r = dpgrid("run", *SWEEP, f"hydra.sweep.dir={tmp_path / 'sweep'}")
     assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1, r.stderr
     assert r.stderr.startswith("dpgrid: error: no SLURM here (") and "hydra/launcher=local" in r.stderr, r.stderr
 
 
 def test_a_partition_slurm_refuses_is_one_line_and_nothing_is_queued(slurm, tmp_path):
-    r = dpgrid(slurm("refuse"), *SWEEP, "hydra.launcher.partition=nopart", f"hydra.sweep.dir={tmp_path / 'sweep'}")
+    slurm("refuse", 4241)
+    r = dpgrid("run", *SWEEP, "hydra.launcher.partition=nopart", f"hydra.sweep.dir={tmp_path / 'sweep'}")
     assert r.returncode == 2, r.stderr
     assert r.stderr.strip().splitlines() == [
         "dpgrid: error: SLURM refused the jobs, nothing was queued: sbatch: error: invalid partition specified: nopart; "
@@ -76,7 +79,8 @@ def test_a_partition_slurm_refuses_is_one_line_and_nothing_is_queued(slurm, tmp_
 
 
 def test_a_cancelled_job_is_one_line_saying_the_same_command_resumes(slurm, tmp_path):
-    r = dpgrid(slurm("cancel"), *SWEEP, f"hydra.sweep.dir={tmp_path / 'sweep'}")
+    slurm("cancel", 4242)
+    r = dpgrid("run", *SWEEP, f"hydra.sweep.dir={tmp_path / 'sweep'}")
     assert r.returncode == 2, r.stderr
     lines = r.stderr.strip().splitlines()
     assert lines[0].startswith("dpgrid: submitted 2 SLURM job(s) as 4242; their logs: ") and ".submitit" in lines[0]
@@ -91,23 +95,24 @@ def test_a_cancelled_job_is_one_line_saying_the_same_command_resumes(slurm, tmp_
 
 
 def test_a_job_whose_grid_failed_is_named_with_the_grids_own_error(slurm, tmp_path):
-    r = dpgrid(slurm("fail"), *SWEEP, f"hydra.sweep.dir={tmp_path / 'sweep'}")
+    slurm("fail", 4243)
+    r = dpgrid("run", *SWEEP, f"hydra.sweep.dir={tmp_path / 'sweep'}")
     assert r.returncode == 2, r.stderr
     assert r.stderr.strip().splitlines()[1:] == [
-        "dpgrid: error: 2 of 2 SLURM job(s) ended before their grid finished: 4242_0 (privacy.epsilon=3) ended FAILED: "
-        "another dpgrid process is writing into /x | 4242_1 (privacy.epsilon=5) ended FAILED, no log; the "
+        "dpgrid: error: 2 of 2 SLURM job(s) ended before their grid finished: 4243_0 (privacy.epsilon=3) ended FAILED: "
+        "another dpgrid process is writing into /x | 4243_1 (privacy.epsilon=5) ended FAILED, no log; the "
         "same command resumes them (finished runs are kept)"], r.stderr
 
 
 def test_an_interrupted_submitter_names_the_jobs_still_queued_and_how_to_cancel_them(slurm, tmp_path):
     proc = subprocess.Popen([sys.executable, "-m", "dpgrid.cli", "run", *SWEEP, f"hydra.sweep.dir={tmp_path / 'sweep'}"],
-                            stderr=subprocess.PIPE, stdout=subprocess.DEVNULL, text=True, env=slurm("pending"))
+                            stderr=subprocess.PIPE, stdout=subprocess.DEVNULL, text=True, env=slurm("pending", 4244))
     lines = [proc.stderr.readline(), proc.stderr.readline()]  # submitted; then why the jobs wait
-    assert lines[1].startswith("dpgrid: 2 SLURM job(s) pending (PartitionConfig: 4242_0, 4242_1) and they will not "
+    assert lines[1].startswith("dpgrid: 2 SLURM job(s) pending (PartitionConfig: 4244_0, 4244_1) and they will not "
                                "start"), lines
     proc.send_signal(signal.SIGINT)  # the submitter now waits on the queue: Ctrl-C
     rest = proc.stderr.read()
     assert proc.wait(timeout=60) == 130
     assert rest.strip().splitlines() == [
-        "dpgrid: error: interrupted: 2 SLURM job(s) go on queued or running without this process (4242_0, 4242_1): "
-        "squeue -j 4242 shows them, scancel 4242 cancels them; the same command resumes any grid left incomplete"], rest
+        "dpgrid: error: interrupted: 2 SLURM job(s) go on queued or running without this process (4244_0, 4244_1): "
+        "squeue -j 4244 shows them, scancel 4244 cancels them; the same command resumes any grid left incomplete"], rest

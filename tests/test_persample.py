@@ -26,11 +26,18 @@ def strided_conv():
                          nn.Linear(3 * 5 * 5, 3, bias=False))
 
 
+def wide_convs():  # layers wide enough to be unfolded (8 x 8 channels), a non-square kernel and padding
+    return nn.Sequential(nn.Conv2d(2, 8, 3), nn.Tanh(), nn.Conv2d(8, 8, (3, 2), padding=(1, 0)), nn.Tanh(),
+                         nn.ConvTranspose2d(8, 8, 3), nn.Tanh(), nn.ConvTranspose2d(8, 1, 3), nn.Flatten(),
+                         nn.Linear(11 * 10, 3))
+
+
 CASES = {
     "cnn": (small_cnn, (6, 1, 9, 9), "classification"),
     "bag_of_words": (lambda: bag_of_words(2, 50), (6, 100), "classification"),
     "autoencoder": (small_autoencoder, (6, 1, 8, 8), "reconstruction"),
     "strided_conv": (strided_conv, (6, 2, 9, 9), "classification"),
+    "wide_convs": (wide_convs, (6, 2, 9, 9), "classification"),
 }
 
 
@@ -181,3 +188,14 @@ def test_weighted_sums_of_disjoint_and_overlapping_weights(engine, clip_at):
                 assert flat.abs().max() == 0
             else:
                 assert relative_error(flat, weights @ reference) < 1e-6
+
+
+def test_unfolded_correlation_is_the_grouped_one_across_chunks():
+    """The two ways of computing per-sample correlations agree (float64), with chunks that split the batch."""
+    from dpgrid.training.layers import correlate_by_unfolding, correlate_per_sample
+
+    torch.manual_seed(2)
+    x, kernels = torch.randn(10, 3, 9, 8, dtype=torch.float64), torch.randn(10, 5, 7, 7, dtype=torch.float64)
+    for padding in ((0, 0), (1, 2)):
+        grouped = correlate_per_sample(x, kernels, padding).permute(1, 2, 0, 3, 4)
+        assert torch.allclose(correlate_by_unfolding(x, kernels, padding, chunk=4), grouped, rtol=1e-12, atol=1e-12)

@@ -28,15 +28,40 @@ def layer_factors(module, a, g):
         return LinearFactors(a, g, module.bias is not None)
     if isinstance(module, nn.Conv2d):
         per_sample = conv2d_per_sample_grads(a, g, module)
-    else:  # ConvTranspose2d, stride 1, no padding: dW[i, o, u, v] = sum_p a[i, p] G[o, p + (u, v)]
-        per_sample = correlate_per_sample(g, a).permute(1, 2, 0, 3, 4)  # (b, in, out, k, k)
+    else:  # ConvTranspose2d, stride 1, no padding: dW[i, c, o, u, v] = sum_p a[i, c, p] G[i, o, p + (u, v)]
+        per_sample = (correlate_by_unfolding(g, a) if wide(a.shape[1], g.shape[1])
+                      else correlate_per_sample(g, a).permute(1, 2, 0, 3, 4))  # (b, in, out, k, k)
     return MaterialisedFactors(per_sample, g.flatten(2).sum(2), module.bias is not None)
+
+
+def wide(channels_in, channels_out) -> bool:
+    """Whether a layer's per-sample correlation is cheaper unfolded (correlate_by_unfolding) than grouped
+    (correlate_per_sample): at b = 512 on a 2-core CPU, 1.5-2.2x cheaper from 8 x 16 channels on, and 2x
+    dearer for the autoencoder's 1-channel ends."""
+    return channels_in * channels_out >= 64
+
+
+def correlate_by_unfolding(x, kernels, padding=(0, 0), chunk=64):
+    """out[i, o, c, u, v] = sum_p kernels_i[o, p] x_i[c, p + (u, v) - padding], stride and dilation 1: x unfolded
+    into (c, u, v) columns and one batched matmul per `chunk` samples (whole-batch unfolding spends its time
+    moving memory; the grouped convolution is slower for these shapes on CPU). x: (b, C, H, W), kernels:
+    (b, O, h, w) -> (b, O, C, H + 2 padding - h + 1, W + ...)."""
+    b, c, height, width = x.shape
+    o, h, w = kernels.shape[1:]
+    size = (height + 2 * padding[0] - h + 1, width + 2 * padding[1] - w + 1)
+    out = x.new_empty((b, o, c * size[0] * size[1]))
+    flat = kernels.flatten(2)
+    for start in range(0, b, chunk):
+        part = slice(start, start + chunk)
+        columns = nn.functional.unfold(x[part], size, padding=padding)  # (n, C * |size|, h * w)
+        torch.bmm(flat[part], columns.transpose(1, 2), out=out[part])
+    return out.view(b, o, c, *size)
 
 
 def correlate_per_sample(x, kernels, padding=0, stride=1, dilation=1):
     """out[c, i, o] = x_i[c] correlated with kernels_i[o], for every sample i at once: a grouped
-    convolution with the batch as groups (3x faster on CPU than unfold + bmm, the same numbers).
-    x: (b, C, H, W), kernels: (b, O, h, w) -> (C, b, O, H', W')."""
+    convolution with the batch as groups (any stride and dilation; for plain wide layers
+    correlate_by_unfolding is cheaper). x: (b, C, H, W), kernels: (b, O, h, w) -> (C, b, O, H', W')."""
     b, c, o = len(x), x.shape[1], kernels.shape[1]
     out = nn.functional.conv2d(x.transpose(0, 1), kernels.reshape(b * o, 1, *kernels.shape[2:]),
                                padding=padding, stride=stride, dilation=dilation, groups=b)
@@ -47,6 +72,9 @@ def conv2d_per_sample_grads(a, g, module) -> torch.Tensor:
     """dW_i[o, c, u, v] = sum_{h,w} G_i[o, h, w] a_i[c, s h + d u - p, s w + d v - p]: a correlation of
     the input with the output gradient, dilated by the stride, sampled at multiples of the dilation."""
     kh, kw = module.kernel_size
+    if module.stride == (1, 1) and module.dilation == (1, 1) and wide(a.shape[1], g.shape[1]) and \
+            isinstance(module.padding, tuple):
+        return correlate_by_unfolding(a, g, module.padding)  # (b, out, in, kh, kw)
     out = correlate_per_sample(a, g, module.padding, stride=module.dilation, dilation=module.stride)
     return out[..., :kh, :kw].permute(1, 2, 0, 3, 4)  # (b, out, in, kh, kw)
 

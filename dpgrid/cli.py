@@ -94,7 +94,8 @@ def plan_command(args: list) -> None:
     as_json, compare = "--json" in args, "--compare" in args
     cfg = compose([a for a in args if a not in ("--json", "--compare")])
     from dpgrid.config import compile
-    from dpgrid.reporting.describe import print_alternatives, print_comparison, print_schedule, print_seeds_cost, print_selection
+    from dpgrid.reporting.describe import (print_alternatives, print_comparison, print_expected_time, print_schedule,
+                                           print_seeds_cost, print_selection)
 
     start = time.perf_counter()
     spec = compile(cfg).announce()
@@ -106,6 +107,7 @@ def plan_command(args: list) -> None:
           f"k = {plan.k}, {plan.model_parameters:,} parameters")
     print(f"  N = {plan.n_train}, B = {plan.batch_size}, q = {plan.sample_rate:.5g}, "
           f"T = {plan.steps} steps per run, {plan.epochs} epochs")
+    print_expected_time(plan, len(spec.selected) * spec.train.seeds, spec.dataset.get("seconds_per_step"))
     if plan.schedule:
         print_schedule(plan)
     elif plan.epsilon_spent is None:

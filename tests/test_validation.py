@@ -235,6 +235,19 @@ def test_a_large_grid_states_runs_steps_and_time_and_starts_when_allowed():
     compile(load_cfg("mnist", "fixed_threshold", **{"grid.k": 3, "grid.allow_large": "true", "train.epochs": 10 ** 5}), 60000)
 
 
+@pytest.mark.slow  # two whole plans, with their side-by-side calibrations (8 s)
+def test_plan_states_the_expected_training_time_of_the_runs_it_would_train():
+    """From the dataset's measured step time: the runs this command trains (grid.only's configurations times
+    the seeds) x T steps, one run at a time."""
+    seconds_per_step = float(load_cfg("digits", "online").dataset.seconds_per_step)
+    for only, runs in (([], 7 * 5), (["grid.only=[lr1,lr4]"], 2 * 5)):
+        r = dpgrid("plan", *only)
+        line = next(line for line in r.stdout.splitlines() if "expected time:" in line)
+        total = runs * 225 * seconds_per_step
+        assert line.startswith(f"  expected time: {runs} runs x 225 steps at {seconds_per_step:g} s per step ") and \
+            line.endswith(f"about {total:.0f} s of training, one run at a time"), line
+
+
 @pytest.mark.slow
 def test_an_unparsable_override_says_how_to_quote_it(tmp_path):
     run_dir = tmp_path / "outputs" / "eps=3" / "k=7"

@@ -25,6 +25,20 @@ def print_schedule(plan) -> None:
                   f"eps (rdp) = {s['epsilon_rdp']:.4g}")
 
 
+def print_expected_time(plan, runs: int, seconds_per_step) -> None:
+    """How long the runs this command trains take one at a time, from the dataset's measured step time (None:
+    the dataset states none). A selection trains a random number of candidates: its expected number."""
+    if not seconds_per_step:
+        return
+    if plan.selection == "random_stopping":
+        runs = plan.stopping["mean"] * plan.seeds
+    seconds = runs * plan.steps * float(seconds_per_step)
+    took = (f"{seconds:.0f} s" if seconds < 120 else f"{seconds / 60:.0f} min" if seconds < 7200
+            else f"{seconds / 3600:,.1f} h")
+    print(f"  expected time: {runs:,g} runs x {plan.steps:,} steps at {float(seconds_per_step):g} s per step "
+          f"(dataset.seconds_per_step, measured on a 2-core CPU) = about {took} of training, one run at a time")
+
+
 def print_seeds_cost(plan) -> None:
     """What a table of this grid publishes (means over seeds) costs, where the seeds are not accounted."""
     if plan.epsilon_with_seeds is not None and plan.epsilon_with_seeds > plan.epsilon_grid * (1 + 1e-9):

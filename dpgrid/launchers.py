@@ -10,12 +10,15 @@ from __future__ import annotations
 
 import contextlib
 import io
+import os
 import shutil
 import subprocess
 import sys
 import time
 from pathlib import Path
 
+NOT_ON_A_CLUSTER = ("hydra/launcher=slurm submits from a machine of a SLURM cluster (a login node); "
+                    "hydra/launcher=local runs the sweep's grids side by side on this machine")
 POLL_S = 10.0  # between two looks at the queue; submitit itself asks sacct at most this often
 # pending reasons that do not resolve by waiting: the job asks for what the partition, QOS or account cannot give
 HOPELESS = ("PartitionConfig", "PartitionNodeLimit", "PartitionTimeLimit", "ReqNodeNotAvail", "QOSMax", "AssocMax",
@@ -28,6 +31,8 @@ def launch(launcher, job_overrides, initial_job_idx) -> list:
 
     sweep_dir = Path(str(launcher.config.hydra.sweep.dir))
     sweep_dir.mkdir(parents=True, exist_ok=True)
+    if "mode" in launcher.config.hydra.sweep:  # as the plugin: hydra.sweep.mode sets the folder's permissions
+        os.chmod(sweep_dir, int(str(launcher.config.hydra.sweep.mode), 8))
     args = [(list(overrides), "hydra.sweep.dir", initial_job_idx + i, f"job_id_for_{initial_job_idx + i}",
              Singleton.get_state()) for i, overrides in enumerate(job_overrides)]
     try:
@@ -35,8 +40,7 @@ def launch(launcher, job_overrides, initial_job_idx) -> list:
     except RuntimeError as e:  # submitit looks for srun first
         from dpgrid.cli import fail
 
-        fail(f"no SLURM here ({e}): hydra/launcher=slurm submits from a machine of a SLURM cluster (a login node); "
-             "hydra/launcher=local runs the sweep's grids side by side on this machine")
+        fail(f"no SLURM here ({e}): {NOT_ON_A_CLUSTER}")
     jobs = submit(made, launcher, args)
     print(f"dpgrid: submitted {len(jobs)} SLURM job(s) as {array_id(jobs)}; their logs: {log_folder(jobs)}",
           file=sys.stderr, flush=True)
@@ -81,8 +85,7 @@ def submit(executor, task, args) -> list:
         with contextlib.redirect_stderr(said):
             return executor.map_array(task, *zip(*args))
     except FileNotFoundError:
-        fail("sbatch not found: hydra/launcher=slurm submits from a machine of a SLURM cluster (a login node); "
-             "hydra/launcher=local runs the sweep on this machine")
+        fail(f"sbatch not found: {NOT_ON_A_CLUSTER}")
     except FailedJobError as e:
         lines = [line.strip() for line in str(e).splitlines() if line.strip()]
         first = next((line for line in lines if "error" in line.lower()), lines[0] if lines else "no message")
@@ -106,7 +109,7 @@ def pending_reasons(jobs) -> dict:
     """{reason: [job ids]} of the pending jobs, as squeue gives them ({} without squeue)."""
     if shutil.which("squeue") is None:
         return {}
-    found = subprocess.run(["squeue", "-h", "-o", "%i|%T|%r", "-j", ",".join(sorted({array_id([j]) for j in jobs}))],
+    found = subprocess.run(["squeue", "-h", "-o", "%i|%T|%r", "-j", ",".join(sorted({array_of(j.job_id) for j in jobs}))],
                            capture_output=True, text=True)
     reasons = {}
     for line in found.stdout.splitlines():
@@ -122,7 +125,7 @@ def describe_pending(reasons: dict) -> str:
         part = f"{len(ids)} SLURM job(s) pending ({reason}: {compact(ids)})"
         if any(reason.startswith(h) for h in HOPELESS):
             part += (" and they will not start: they ask for more than the partition, QOS or account gives; scancel "
-                     f"{ids[0].split('_')[0]} and ask for less (hydra.launcher.cpus_per_task, mem_gb, timeout_min, "
+                     f"{array_of(ids[0])} and ask for less (hydra.launcher.cpus_per_task, mem_gb, timeout_min, "
                      "partition)")
         parts.append(part)
     return "; ".join(parts)
@@ -150,7 +153,12 @@ def outcomes(jobs, job_overrides) -> list:
 
 
 def array_id(jobs) -> str:
-    return str(jobs[0].job_id).split("_")[0]
+    return array_of(jobs[0].job_id)
+
+
+def array_of(job_id) -> str:
+    """The array job of a task's id (4242_0 -> 4242)."""
+    return str(job_id).split("_")[0]
 
 
 def log_folder(jobs) -> str:

@@ -110,10 +110,10 @@ def main(argv=None, dpgrid=None):
     if args.dry_run:
         return 0
     sweeps, tables = commands[:-1], commands[-1]
-    if args.launcher == "basic":  # one machine: one sweep after the other
+    if args.launcher != "slurm":  # this machine's cores: one sweep after the other
         for command in sweeps:
             subprocess.run(command, check=True)
-    else:  # the baselines' sweep is submitted beside the private one, not after it
+    else:  # on SLURM the baselines' sweep is queued beside the private one, not after it
         started = [subprocess.Popen(command) for command in sweeps]
         failed = [shlex.join(c) for c, proc in zip(sweeps, started) if proc.wait()]
         if failed:

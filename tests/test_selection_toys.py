@@ -15,7 +15,7 @@ import pytest
 
 from dpgrid.privacy.random_stopping import ORDERS, parameters, selection_rdp
 
-EXACT_ORDERS = np.array([a for a in ORDERS if a <= 64])  # larger orders overflow nothing but add nothing here
+EXACT_ORDERS = np.array([a for a in ORDERS if a <= 64])  # the orders at which the exact divergence is compared
 
 
 def pgf(stopping: dict):

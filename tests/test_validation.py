@@ -74,8 +74,9 @@ EXPECT = {
     "strategy.axes.sigma": (False, positive, None),                        # set as [v]
     "strategy.xi": (False, lambda v: 0 <= v <= F32, None),
 }
-LIST_FORM = {"grid.lr_range": "[{},1.5]", "grid.clip_range": "[{},2]", "grid.quantiles": "[{}]",
-             "dataset.epsilons": "[{}]", "strategy.axes.sigma": "[{}]"}
+# keys set as a list: the value under test first, then these (e.g. grid.lr_range=[v,1.5])
+LIST_FORM = {"grid.lr_range": [1.5], "grid.clip_range": [2], "grid.quantiles": [], "dataset.epsilons": [],
+             "strategy.axes.sigma": []}
 # where each key exists (mean and std are read only when standardizing)
 WHERE = {"model.max_words": ("ag_news", "online", []), "model.embedding_dim": ("ag_news", "online", []),
          "dataset.load.max_words": ("ag_news", "online", []), "dataset.mean": ("mnist", "online", ["dataset.normalize=standardize"]),
@@ -123,7 +124,9 @@ def test_every_numeric_key_has_an_expectation():
 def override(key, value) -> str:
     text = {math.inf: "inf", -math.inf: "-inf"}.get(value, "nan" if isinstance(value, float) and math.isnan(value)
                                                      else repr(value))
-    return f"{key}={LIST_FORM.get(key, '{}').format(text)}"
+    if key in LIST_FORM:
+        text = "[" + ",".join([text, *map(str, LIST_FORM[key])]) + "]"
+    return f"{key}={text}"
 
 
 CASES = [(key, value) for key in sorted(KEYS) for value in VALUES + ([2.5] if EXPECT[key][0] else [])]
@@ -147,16 +150,13 @@ def composed_with(dataset, strategy, extra, key, value):
     if base not in BASES:
         BASES[base] = load_cfg(dataset, strategy, **dict(a.split("=", 1) for a in extra))
     cfg = copy.deepcopy(BASES[base])
-    as_set = [value, *LIST_REST[key]] if key in LIST_FORM else value
+    as_set = [value, *LIST_FORM[key]] if key in LIST_FORM else value
     try:
         OmegaConf.update(cfg, key, as_set, merge=True)
     except OmegaConfBaseException as e:
         raise refusal(e, [override(key, value)]) from None
     return cfg
 
-
-LIST_REST = {"grid.lr_range": [1.5], "grid.clip_range": [2], "grid.quantiles": [], "dataset.epsilons": [],
-             "strategy.axes.sigma": []}  # LIST_FORM's lists, past the value under test
 
 
 def outcome(cfg_of):

@@ -40,7 +40,7 @@ def launch(launcher, job_overrides, initial_job_idx) -> list:
     except RuntimeError as e:  # submitit looks for srun first
         from dpgrid.cli import fail
 
-        fail(f"no SLURM here ({e}): {NOT_ON_A_CLUSTER}")
+        fail(f"no SLURM on this machine ({e}): {NOT_ON_A_CLUSTER}")
     jobs = submit(made, launcher, args)
     print(f"dpgrid: submitted {len(jobs)} SLURM job(s) as {array_id(jobs)}; their logs: {log_folder(jobs)}",
           file=sys.stderr, flush=True)

@@ -66,7 +66,7 @@ def test_a_machine_without_slurm_is_one_line(tmp_path, monkeypatch):
                                                if not os.path.isfile(os.path.join(p, "srun"))))
     r = dpgrid("run", *SWEEP, f"hydra.sweep.dir={tmp_path / 'sweep'}")
     assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1, r.stderr
-    assert r.stderr.startswith("dpgrid: error: no SLURM here (") and "hydra/launcher=local" in r.stderr, r.stderr
+    assert r.stderr.startswith("dpgrid: error: no SLURM on this machine (") and "hydra/launcher=local" in r.stderr, r.stderr
 
 
 def test_a_partition_slurm_refuses_is_one_line_and_nothing_is_queued(slurm, tmp_path):

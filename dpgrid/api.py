@@ -105,29 +105,19 @@ def check_sweep(overrides: list) -> list:
     """Every job of a sweep composed and checked in this process, before any is launched or queued; jobs
     of different configs that would write into one directory are refused, naming their overrides.
     Returns the jobs' directories."""
-    from dpgrid.config.checks import check_config
-    from dpgrid.config import settings_of
-    from dpgrid.config.compile import config_hash
+    from dpgrid.config import compile
     from dpgrid.results.files import check_writable
 
-    checked = []
-    for job in sweep_jobs(overrides):  # every job's values first: nothing heavy is loaded for a bad sweep
+    by_dir = {}
+    for job in sweep_jobs(overrides):
         try:
             cfg = compose(job, with_hydra=True)
-            check_config(cfg)
-        except DpgridError as e:
-            raise type(e)(f"sweep job {' '.join(job)}: {e}") from None
-        checked.append((job, cfg))
-    from dpgrid.strategies import resolve  # (a job's folder asks its strategy class whether it is private)
-
-    by_dir = {}
-    for job, cfg in checked:
-        try:
             out = (Path(str(cfg.hydra.sweep.dir)) / str(cfg.hydra.sweep.subdir)).absolute()
+            spec = compile(cfg, run_dir=out, plan=False)  # every check short of the plan, before torch
             check_writable(out)
         except DpgridError as e:
             raise type(e)(f"sweep job {' '.join(job)}: {e}") from None
-        by_dir.setdefault(out, {}).setdefault(config_hash(settings_of(cfg), resolve(cfg.strategy).private), job)
+        by_dir.setdefault(out, {}).setdefault(spec.config_hash, job)
     for out, jobs in by_dir.items():
         if len(jobs) > 1:
             first, second = list(jobs.values())[:2]

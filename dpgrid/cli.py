@@ -155,7 +155,9 @@ def run_command(args: list) -> None:
     cfg = compose(args, with_hydra=True)  # bad names and syntax refused here; bad values by compile, before torch
     from dpgrid.config import compile
 
-    spec = compile(cfg).announce()  # compiled once, before Hydra writes anything; the job trains this spec
+    # compiled once, before Hydra writes anything, the job trains this spec; a run directory holding another
+    # config's results is refused before torch is loaded
+    spec = compile(cfg, run_dir=cfg.hydra.run.dir).announce()
     from dpgrid.runner import check_run
 
     check_run(spec, cfg.hydra.run.dir)

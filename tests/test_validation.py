@@ -298,21 +298,37 @@ def test_an_unknown_key_of_an_option_names_that_options_keys():
 
 
 @pytest.mark.slow
-def test_refusals_answer_before_torch_opacus_and_pandas_are_imported():
-    """A bad value, a misspelt key, an unknown option and a bad grid are refused by dpgrid without loading the
-    heavy libraries (each refusal then takes about as long as starting Python and Hydra). A strategy's own
-    keys are checked by its class, whose module imports torch: those refusals load it (documented)."""
-    script = """
+def test_refusals_answer_before_torch_opacus_and_pandas_are_imported(tmp_path):
+    """A bad value (a strategy's own too), a misspelt key, an unknown option, a bad grid, a bad sweep and a run
+    directory holding another config's results are refused by dpgrid without loading the heavy libraries, so
+    each refusal takes about as long as starting Python and Hydra. torch counts as loaded once its compiled
+    core is (strategies name it at the top but load it at first use)."""
+    from omegaconf import OmegaConf
+
+    from dpgrid.api import compose
+    from dpgrid.config import settings_of
+
+    other = tmp_path / "other"  # results of train.epochs=2 (what dpgrid writes there: config.yaml, plan.json)
+    other.mkdir()
+    OmegaConf.save(OmegaConf.create(settings_of(compose(["train.epochs=2"]))), other / "config.yaml")
+    (other / "plan.json").write_text('{"config_hash": "0123456789abcdef"}')
+    (other / "runs.csv").write_text("config_id,seed\n")
+    script = f"""
 import sys
 from dpgrid.cli import main
 for args in (["run", "privacy.epsilon=-1"], ["run", "train.epoch=2"], ["run", "strategy=nosuch"],
-             ["plan", "dataset=mnist", "grid.k=0"], ["run", "-m", "privacy.epsilon=3,-1"]):
+             ["plan", "dataset=mnist", "grid.k=0"], ["run", "-m", "privacy.epsilon=3,-1"],
+             ["run", "strategy.clip0=-1"], ["run", "-m", "strategy=fixed_quantile", "strategy.clip0=1,-1"],
+             ["run", "train.epochs=3", "hydra.run.dir={other}"]):
     try:
         main(args)
     except SystemExit as e:
         assert e.code == 2, (args, e.code)
-print(sorted(m for m in ("torch", "opacus", "pandas") if m in sys.modules))
+print(sorted(m for m in ("torch._C", "opacus", "pandas") if m in sys.modules))
 """
     r = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True)
     assert r.returncode == 0 and r.stdout.strip() == "[]", r.stdout + r.stderr
-    assert len(r.stderr.strip().splitlines()) == 5, r.stderr  # one line per refusal
+    lines = r.stderr.strip().splitlines()
+    assert len(lines) == 8, r.stderr  # one line per refusal
+    assert "strategy.clip0 must be a positive" in lines[5] and "strategy.clip0=-1: strategy.clip0 must be a positive" in lines[6], r.stderr
+    assert "holds results of a different config (train.epochs is 2 there, 3 here)" in lines[7], r.stderr

@@ -10,16 +10,22 @@ grid. `dpgrid run` compiles before Hydra writes anything, and its job trains tha
 
 from __future__ import annotations
 
+import copy
 import hashlib
 import json
 import math
 from dataclasses import dataclass, replace
+from pathlib import Path
 from types import MappingProxyType
 from typing import Any, Mapping, Optional
 
 from omegaconf import OmegaConf
 
 from dpgrid import DpgridError
+
+# Settings that cannot change what a run computes. data.root: the data's content is recorded instead
+# (plan.json's data_files), so a moved data directory resumes and a changed file is named.
+NOT_HASHED = ("train.device", "train.engine", "train.threads", "grid.only", "overwrite", "grid.allow_large", "data.root")
 
 
 @dataclass(frozen=True)
@@ -75,15 +81,16 @@ class GridSpec:
         return key if p.selection == "composition" else (*key, "selection", self.stopping_seed)
 
 
-def compile(cfg, n_train: int = None) -> GridSpec:
+def compile(cfg, n_train: int = None, run_dir=None, plan: bool = True) -> GridSpec:
     """The frozen, validated grid of a composed config, for N = n_train (None: the config's dataset.n_train,
-    else the loaded data's). DpgridError (one line naming the key) for anything that cannot run."""
+    else the loaded data's). DpgridError (one line naming the key) for anything that cannot run, and, given the
+    directory the grid will run in, for one that holds another config's results. Everything up to that is
+    checked before torch is loaded (strategies load it at first use), so a refusal is as fast as Python starts;
+    plan=False stops there (the spec has no plan, its device is as configured): a sweep's jobs are all checked so."""
     from dpgrid.config.checks import Reader, check_config
 
     warnings = check_config(cfg, n_train)  # first, and before torch is imported: a bad value is refused at once
     from dpgrid.config.grid import configurations, select, size
-    from dpgrid.models import build_model, count_parameters
-    from dpgrid.training.persample import engine_for
     from dpgrid.plugins import arguments
     from dpgrid.strategies import resolve
 
@@ -106,7 +113,6 @@ def compile(cfg, n_train: int = None) -> GridSpec:
     # a huge grid is refused before its configurations are built
     check_scale(size(cfg.strategy, cfg.grid), n_train, int(cfg.train.epochs), int(cfg.train.batch_size),
                 int(cfg.train.seeds), dataset.get("seconds_per_step"), bool(cfg.grid.allow_large))
-    device = resolve_device(str(cfg.train.device))
     configs = configurations(cfg.strategy, cfg.grid)
     only = tuple(str(o) for o in cfg.grid.only) if cfg.grid.only is not None else None
     plain = settings_of(cfg)
@@ -116,7 +122,7 @@ def compile(cfg, n_train: int = None) -> GridSpec:
         train=Training(epochs=int(cfg.train.epochs), batch_size=int(cfg.train.batch_size),
                        eval_every=int(cfg.train.eval_every), seeds=int(cfg.train.seeds),
                        momentum=float(cfg.train.momentum) if strategy_cls.uses_momentum else 0.0,
-                       sampling=str(cfg.train.sampling), device=str(device), engine=str(cfg.train.engine),
+                       sampling=str(cfg.train.sampling), device=str(cfg.train.device), engine=str(cfg.train.engine),
                        float64=bool(cfg.train.float64), secure_rng=bool(cfg.privacy.secure_rng),
                        threads=str(cfg.train.threads)),
         dataset=dataset, model=read_only(cfg.model),
@@ -125,11 +131,20 @@ def compile(cfg, n_train: int = None) -> GridSpec:
         privacy=MappingProxyType(dict(plain["privacy"])), settings=MappingProxyType(plain),
         config_hash=config_hash(plain, strategy_cls.private),
         warnings=tuple(warnings))
-    plan = make_plan(spec, configs, n_train, 0)  # reads the dataset's constants first: a model key
+    if run_dir is not None:
+        refuse_other_config(Path(run_dir), spec)
+    if not plan:
+        return spec
+    device = resolve_device(spec.train.device)  # torch from here on
+    privacy_plan = make_plan(spec, configs, n_train, 0)  # reads the dataset's constants first: a model key
+    from dpgrid.models import build_model, count_parameters
+    from dpgrid.training.persample import engine_for
+
     model = build_model(cfg.model)  # interpolated from one is named as the user set it
     engine, fallback = engine_for(model, spec.train.engine)  # refused before anything is written
-    return replace(spec, plan=replace(plan, model_parameters=count_parameters(model)),
-                   train=replace(spec.train, engine=engine), warnings=spec.warnings + ((fallback,) if fallback else ()))
+    return replace(spec, plan=replace(privacy_plan, model_parameters=count_parameters(model)),
+                   train=replace(spec.train, device=str(device), engine=engine),
+                   warnings=spec.warnings + ((fallback,) if fallback else ()))
 
 
 def planned(spec: GridSpec, n_train: int) -> GridSpec:
@@ -191,9 +206,71 @@ def read_only(node):
 
 
 def config_hash(settings: dict, private: bool = True) -> str:
-    from dpgrid.results.runs import hashed
-
     return hashlib.sha256(json.dumps(hashed(settings, private), sort_keys=True).encode()).hexdigest()[:16]
+
+
+def hashed(settings: dict, private: bool = True) -> dict:
+    """The resolved config (plain values), less the settings that cannot change the results.
+
+    train.seeds is left out unless the seeds are accounted: seed s's run does not depend on how many
+    seeds there are, so a grid can be extended with more seeds in place (its resume runs only the new ones).
+    A non-private strategy's runs do not depend on the privacy settings, which are then left out too."""
+    plain = copy.deepcopy(dict(settings))
+    seeds_matter = plain["privacy"]["account_seeds"] or plain["privacy"].get("selection") == "random_stopping"
+    unhashed = NOT_HASHED if seeds_matter else (*NOT_HASHED, "train.seeds")
+    if not private:
+        unhashed = (*unhashed, *(f"privacy.{key}" for key in plain["privacy"] if key != "secure_rng"))
+    for key in unhashed:
+        section, _, name = key.rpartition(".")
+        (plain.get(section, {}) if section else plain).pop(name, None)
+    if not plain["train"].get("float64"):  # a key added later is hashed only when set: older grids keep their hash
+        plain["train"].pop("float64", None)
+    return plain
+
+
+def config_difference(out: Path, settings: dict, private: bool = True) -> str:
+    """The first hashed setting whose value differs between the config recorded in out/config.yaml and
+    `settings`, e.g. "train.epochs is 1 there, 2 here"; '' when it cannot be told."""
+    try:
+        there = flat(hashed(OmegaConf.to_container(OmegaConf.load(out / "config.yaml"), resolve=False), private))
+    except Exception:  # a missing or damaged record: the hashes are named instead
+        return ""
+    here = flat(hashed(settings, private))
+    for key in sorted(set(there) | set(here)):
+        if there.get(key) != here.get(key):
+            return f"{key} is {there.get(key, '(absent)')} there, {here.get(key, '(absent)')} here"
+    return ""
+
+
+def flat(tree: dict, prefix: str = "") -> dict:
+    out = {}
+    for key, value in tree.items():
+        if isinstance(value, dict):
+            out.update(flat(value, f"{prefix}{key}."))
+        else:
+            out[f"{prefix}{key}"] = value
+    return out
+
+
+def other_config(out: Path, settings: dict, private: bool, recorded: str, digest: str) -> str:
+    """The refusal of a run directory whose results were made by another config (hash `recorded`)."""
+    difference = config_difference(out, settings, private) or f"hash {recorded} != {digest}"
+    return (f"{out} holds results of a different config ({difference}); choose another hydra.run.dir, or pass "
+            "overwrite=true to delete them")
+
+
+def refuse_other_config(out: Path, spec: GridSpec) -> None:
+    """Refuse, before the plan is made, a run directory holding a different config's results (plan.json names
+    their config hash). What needs the plan or the data (a damaged plan.json, changed data files) is judged by
+    dpgrid.results.runs.claim once they are known."""
+    if spec.overwrite or not (out / "runs.csv").exists():
+        return
+    try:
+        recorded = json.loads((out / "plan.json").read_text()).get("config_hash")
+    except (OSError, ValueError, AttributeError):
+        return
+    if recorded and recorded != spec.config_hash:
+        raise DpgridError(other_config(out, dict(spec.settings), spec.strategy_cls.private, recorded, spec.config_hash))
 
 
 def resolve_device(name: str):

@@ -7,11 +7,16 @@ noise) from the operating system's cryptographically secure generator instead, a
 does: `SecureRandom` below, which never touches torch's Mersenne Twister.
 """
 
+from __future__ import annotations
+
 import math
 import os
 
 import numpy as np
-import torch
+
+from dpgrid.lazy import lazy_import
+
+torch = lazy_import("torch")
 
 
 class SecureRandom:

@@ -5,7 +5,6 @@ curves.csv is appended and fsynced before its run's commit, so on resume its row
 are dropped. Damage is named in one line, with whether the same command repairs it.
 """
 
-import copy
 import math
 import warnings
 from pathlib import Path
@@ -15,13 +14,11 @@ import pandas as pd
 from omegaconf import OmegaConf
 
 from dpgrid import DpgridError, tasks
+from dpgrid.config.compile import other_config
 from dpgrid.results.curves import read_curves, whole_curve
 from dpgrid.results.files import environment, read_json, read_rows, write_atomic, write_csv, write_json
 
 RESULT_FILES = ("runs.csv", "curves.csv", "summary.csv")
-# Settings that cannot change what a run computes. data.root: the data's content is recorded instead
-# (plan.json's data_files), so a moved data directory resumes and a changed file is named.
-NOT_HASHED = ("train.device", "train.engine", "train.threads", "grid.only", "overwrite", "grid.allow_large", "data.root")
 RERUN = "fix or delete that line; the same command then trains that run again"
 # columns that must hold numbers (may be empty where a run has none, e.g. best_value of a diverged run)
 NUMERIC = ("epsilon", "delta", "k", "candidate", "seed", "steps", "best_value", "best_step", "lr", "clip", "quantile",
@@ -29,49 +26,6 @@ NUMERIC = ("epsilon", "delta", "k", "candidate", "seed", "steps", "best_value", 
            "count_noise_std")
 OPTIONAL = ("best_value", "final_clip", "final_lr", "epsilon_spent", "epsilon_grid", "noise_multiplier", "epsilon_zcdp",
             "epsilon_rdp")
-
-
-def hashed(settings: dict, private: bool = True) -> dict:
-    """The resolved config (plain values), less the settings that cannot change the results.
-
-    train.seeds is left out unless the seeds are accounted: seed s's run does not depend on how many
-    seeds there are, so a grid can be extended with more seeds in place (its resume runs only the new ones).
-    A non-private strategy's runs do not depend on the privacy settings, which are then left out too."""
-    plain = copy.deepcopy(dict(settings))
-    seeds_matter = plain["privacy"]["account_seeds"] or plain["privacy"].get("selection") == "random_stopping"
-    unhashed = NOT_HASHED if seeds_matter else (*NOT_HASHED, "train.seeds")
-    if not private:
-        unhashed = (*unhashed, *(f"privacy.{key}" for key in plain["privacy"] if key != "secure_rng"))
-    for key in unhashed:
-        section, _, name = key.rpartition(".")
-        (plain.get(section, {}) if section else plain).pop(name, None)
-    if not plain["train"].get("float64"):  # a key added later is hashed only when set: older grids keep their hash
-        plain["train"].pop("float64", None)
-    return plain
-
-
-def config_difference(out: Path, settings: dict, private: bool = True) -> str:
-    """The first hashed setting whose value differs between the config recorded in out/config.yaml and
-    `settings`, e.g. "train.epochs is 1 there, 2 here"; '' when it cannot be told."""
-    try:
-        there = flat(hashed(OmegaConf.to_container(OmegaConf.load(out / "config.yaml"), resolve=False), private))
-    except Exception:  # a missing or damaged record: the hashes are named instead
-        return ""
-    here = flat(hashed(settings, private))
-    for key in sorted(set(there) | set(here)):
-        if there.get(key) != here.get(key):
-            return f"{key} is {there.get(key, '(absent)')} there, {here.get(key, '(absent)')} here"
-    return ""
-
-
-def flat(tree: dict, prefix: str = "") -> dict:
-    out = {}
-    for key, value in tree.items():
-        if isinstance(value, dict):
-            out.update(flat(value, f"{prefix}{key}."))
-        else:
-            out[f"{prefix}{key}"] = value
-    return out
 
 
 def claim(out: Path, spec, data_files: dict) -> None:
@@ -96,9 +50,7 @@ def claim(out: Path, spec, data_files: dict) -> None:
         problem = (f"{out} was run on other data: {changed[0]} is not the file its results were made with (size "
                    "or checksum differ); restore that file, or pass overwrite=true to delete the results")
     elif recorded:
-        difference = config_difference(out, spec.settings, plan.private) or f"hash {recorded} != {digest}"
-        problem = (f"{out} holds results of a different config ({difference}); choose another "
-                   "hydra.run.dir, or pass overwrite=true to delete them")
+        problem = other_config(out, spec.settings, plan.private, recorded, digest)
     else:
         why = "has no config hash" if previous else "is damaged or missing"
         mismatch = runs_disagree(out / "runs.csv", plan)

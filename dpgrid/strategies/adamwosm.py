@@ -1,6 +1,9 @@
-import torch
+from __future__ import annotations
 
-from dpgrid.strategies.base import Strategy
+from dpgrid.lazy import lazy_import
+from dpgrid.strategies.base import Strategy, no_grad
+
+torch = lazy_import("torch")
 
 
 class AdamWOSM(Strategy):
@@ -32,7 +35,7 @@ class AdamWOSM(Strategy):
         self.t = 0
         self.m = [torch.zeros_like(p) for p in self.params]
 
-    @torch.no_grad()
+    @no_grad
     def step(self, grads) -> None:
         clipped_sum = grads.weighted_sum(self.clip_weights(grads.norms))
         g_tilde = self.noisy_mean(clipped_sum, self.multipliers["noise_multiplier"] * self.clip)

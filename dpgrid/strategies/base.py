@@ -1,8 +1,22 @@
 """What every strategy shares: the Gaussian mechanism on a sum, and the (momentum) SGD step."""
 
-import torch
+from __future__ import annotations
 
+import functools
+
+from dpgrid.lazy import lazy_import
 from dpgrid.privacy.randomness import standard_normal  # noqa: F401  (strategies draw their noise through it)
+
+torch = lazy_import("torch")  # loaded at first use: checking a config does not load it
+
+
+def no_grad(step):
+    """torch.no_grad() for a method, named without loading torch when the class is defined."""
+    @functools.wraps(step)
+    def wrapped(*args, **kwargs):
+        with torch.no_grad():
+            return step(*args, **kwargs)
+    return wrapped
 
 
 class Strategy:
@@ -72,7 +86,7 @@ class Strategy:
         """w_i = min(1, C / n_i), so that ||w_i g_i|| <= C (Eq. 4)."""
         return torch.clamp(self.clip / norms.clamp_min(1e-12), max=1.0)
 
-    @torch.no_grad()
+    @no_grad
     def descend(self, direction: list, lr) -> None:
         """theta <- theta - lr * v, v = momentum * v + direction (heavy ball; v = direction when 0)."""
         if self.momentum:

@@ -1,7 +1,10 @@
-import torch
+from __future__ import annotations
 
+from dpgrid.lazy import lazy_import
 from dpgrid import DpgridError
 from dpgrid.strategies.base import Strategy
+
+torch = lazy_import("torch")
 
 
 class FixedQuantile(Strategy):

@@ -1,6 +1,9 @@
-import torch
+from __future__ import annotations
 
+from dpgrid.lazy import lazy_import
 from dpgrid.strategies.base import Strategy
+
+torch = lazy_import("torch")
 
 
 class NoDP(Strategy):

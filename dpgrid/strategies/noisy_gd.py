@@ -1,11 +1,14 @@
 """Full-batch noisy gradient descent with a noise schedule: the family of the PUR paper's strategies."""
 
+from __future__ import annotations
+
 import math
 
-import torch
-
+from dpgrid.lazy import lazy_import
 from dpgrid.privacy import noise_schedule as zcdp
-from dpgrid.strategies.base import Strategy
+from dpgrid.strategies.base import Strategy, no_grad
+
+torch = lazy_import("torch")
 
 
 class NoisyGD(Strategy):
@@ -60,7 +63,7 @@ class NoisyGD(Strategy):
     def sigma(self, gradient_norm: float) -> float:
         return next(self.schedule)
 
-    @torch.no_grad()
+    @no_grad
     def step(self, grads) -> None:
         n = self.batch_size
         sums = grads.weighted_sum(self.clip_weights(grads.norms))

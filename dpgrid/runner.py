@@ -26,7 +26,8 @@ from dpgrid.training.persample import make_engine
 from dpgrid.privacy.randomness import SecureRandom
 from dpgrid.results.runs import claim, commit_run, finished_runs, summarize, write_header
 from dpgrid.training import threads
-from dpgrid.training.train import train_run
+from dpgrid.training.stacked import StackedEngine, StackedModel, group_size
+from dpgrid.training.train import train_group, train_run
 
 
 def derive_seed(*parts) -> int:
@@ -48,31 +49,56 @@ def planned_runs(out: Path, spec, selected: list) -> tuple:
     return [(c, i * plan.seeds + s) for i, c in enumerate(drawn) for s in range(plan.seeds)], draw
 
 
+def initial_model(spec, seed: int, device):
+    """Seed s's starting point, the same for every strategy and configuration."""
+    with torch.random.fork_rng(devices=[]), default_dtype(torch.float64 if spec.train.float64 else None):
+        torch.manual_seed(derive_seed(spec.plan.dataset, "init", seed))
+        return build_model(spec.model).to(device)
+
+
+def sources(spec, config: dict, seed: int, device) -> tuple:
+    """(batch sampler, noise source) of one run: its own, whichever group it trains in."""
+    if spec.train.secure_rng:  # batches and noise unpredictable; such runs are not reproducible
+        source = SecureRandom()
+        return source, source
+    # public seeds: reproducible, and predictable by anyone who knows these names
+    names = (*spec.seed_names(), config["config_id"], seed)
+    noise = torch.Generator(device=device)
+    noise.manual_seed(derive_seed(*names, "noise"))
+    return torch.Generator().manual_seed(derive_seed(*names, "sampling")), noise
+
+
 def run_one(spec, data, config: dict, seed: int, progress: bool):
-    plan, train = spec.plan, spec.train
-    with torch.random.fork_rng(devices=[]), default_dtype(torch.float64 if train.float64 else None):
-        torch.manual_seed(derive_seed(plan.dataset, "init", seed))  # same start for every strategy
-        model = build_model(spec.model).to(data.x_train.device)
-    if train.secure_rng:  # batches and noise unpredictable; such runs are not reproducible
-        sampler = noise = SecureRandom()
-    else:  # public seeds: reproducible, and predictable by anyone who knows these names
-        names = (*spec.seed_names(), config["config_id"], seed)
-        sampler = torch.Generator().manual_seed(derive_seed(*names, "sampling"))
-        noise = torch.Generator(device=data.x_train.device)
-        noise.manual_seed(derive_seed(*names, "noise"))
-    strategy = build_strategy(spec, model, config, noise)
+    plan, train, device = spec.plan, spec.train, data.x_train.device
+    model = initial_model(spec, seed, device)
+    sampler, noise = sources(spec, config, seed, device)
+    strategy = build_strategy(spec, model.parameters(), config, noise)
     engine = make_engine(model, data.task, train.engine)
     steps = plan.schedule.get(config["config_id"], {}).get("steps", plan.steps)
     return train_run(model, engine, strategy, data, steps, plan.sample_rate, train.eval_every, sampler, progress,
                      sampling=train.sampling)
 
 
-def build_strategy(spec, model, config: dict, generator):
-    """The strategy of one run of the grid: its configuration's hyperparameters, the plan's multipliers."""
+def run_group(spec, data, runs: list) -> list:
+    """The results of `runs` ((configuration, seed) pairs) trained stacked: the same numbers as run_one's,
+    within float rounding (dpgrid.training.stacked)."""
+    device = data.x_train.device
+    models = [initial_model(spec, seed, device) for _, seed in runs]
+    stack = StackedModel(models)
+    pairs = [sources(spec, config, seed, device) for config, seed in runs]
+    configs = [config for config, _ in runs]
+    hp = {k: tuple(c[k] for c in configs) for k in configs[0] if k != "config_id"}
+    strategy = build_strategy(spec, stack.params, hp, [noise for _, noise in pairs])
+    return train_group(models, StackedEngine(stack, data.task), strategy, data, spec.plan.steps, spec.plan.sample_rate,
+                       spec.train.eval_every, [sampler for sampler, _ in pairs], spec.train.sampling)
+
+
+def build_strategy(spec, params, hp: dict, generator):
+    """The strategy of one run of the grid (or of a stacked group: hp values and generators one per run)."""
     plan = spec.plan
     multipliers = {"noise_multiplier": plan.noise_multiplier, **plan.per_query, "delta": plan.delta,
                    "accountant": plan.accountant}
-    return spec.strategy_cls(model.parameters(), hp={k: v for k, v in config.items() if k != "config_id"},
+    return spec.strategy_cls(params, hp={k: v for k, v in hp.items() if k != "config_id"},
                              multipliers=multipliers, batch_size=plan.batch_size, options=dict(spec.options),
                              generator=generator, momentum=spec.train.momentum)
 
@@ -169,13 +195,25 @@ def train_grid(spec, out: Path, progress: bool) -> pd.DataFrame:
         print(SELECTION_QUIET, file=sys.stderr, flush=True)
     bar = tqdm(total=total, initial=total - len(todo), desc=f"{plan.strategy} {plan.dataset} eps={plan.epsilon:g} "
                f"k={plan.k}", disable=None if progress and not quiet else True)
-    for finished, (config, seed) in enumerate(todo, start=total - len(todo) + 1):
-        result = run_one(spec, data, config, seed, progress and not quiet)
-        append_curves(out / "curves.csv", [dict(config_id=config["config_id"], seed=seed, **c) for c in result.curve])
-        commit_run(out / "runs.csv", run_row(spec, config, seed, result, draw, torch.get_num_threads()))
-        if not quiet:
-            report_run(plan, config["config_id"], seed, result, finished, total)
-        bar.update()
+    # Groups are fixed slices of the grid's runs, whatever is done: a group with a run left trains whole and
+    # commits what is left, so a resumed grid's runs get the numbers of an uninterrupted one (padding, kernels).
+    size = stacking(spec, data, len(work)) if todo else 1
+    finished = total - len(todo)
+    for start in range(0, len(work), size):
+        group = work[start:start + size]
+        left = [(c, s) for c, s in group if (c["config_id"], s) not in done]
+        if not left:
+            continue
+        results = run_group(spec, data, group) if size > 1 else [run_one(spec, data, *group[0], progress and not quiet)]
+        for (config, seed), result in zip(group, results):  # each run committed on its own, as when trained alone
+            if (config, seed) not in left:
+                continue
+            append_curves(out / "curves.csv", [dict(config_id=config["config_id"], seed=seed, **c) for c in result.curve])
+            commit_run(out / "runs.csv", run_row(spec, config, seed, result, draw, torch.get_num_threads()))
+            finished += 1
+            if not quiet:
+                report_run(plan, config["config_id"], seed, result, finished, total)
+            bar.update()
     bar.close()
     runs = pd.read_csv(out / "runs.csv", dtype={"config_id": str}) if work else None
     if plan.selection == "random_stopping":
@@ -185,6 +223,19 @@ def train_grid(spec, out: Path, progress: bool) -> pd.DataFrame:
         summary = summarize(runs, plan.axes, data.task)
     write_csv(out / "summary.csv", summary)
     return summary
+
+
+def stacking(spec, data, runs: int) -> int:
+    """How many of the grid's `runs` train together (train.parallel_runs); says in one line why one at a time
+    when stacking was asked for or would serve and cannot."""
+    device = data.x_train.device
+    size, why = group_size(spec.train.parallel_runs, initial_model(spec, 0, device), spec.strategy_cls, runs,
+                           spec.plan.batch_size, data.x_train[0].numel(), device)
+    if why and runs > 1 and spec.train.parallel_runs != "1":
+        line = f"train.parallel_runs: one run at a time: {why}"
+        logging.getLogger("dpgrid").info(line)
+        print(line, file=sys.stderr, flush=True)
+    return size
 
 
 SELECTION_QUIET = ("random-stopping selection: training the drawn candidates; how many there are and their scores "

@@ -91,7 +91,7 @@ def strategy_step(model_name, strategy, engine_name):
     spec = dpgrid.compile(dpgrid.compose([f"dataset={MODELS[model_name][4]}", f"strategy={strategy}",
                                           f"model={model_name}", f"train.batch_size={BATCH}", *searchpath()]))
     configs = spec.plan.configurations
-    s = build_strategy(spec, model, configs[len(configs) // 2], torch.Generator().manual_seed(0))
+    s = build_strategy(spec, model.parameters(), configs[len(configs) // 2], torch.Generator().manual_seed(0))
     engine = make_engine(model, task, engine_name)
     return lambda: s.step(engine(x, y))
 

@@ -153,6 +153,9 @@ def check_config(cfg, n_train: int = None) -> list:
     threads = str(read.get("train.threads"))
     if threads != "auto" and not (threads.isdigit() and int(threads) >= 1):
         raise DpgridError(f"train.threads must be auto or a whole number >= 1, got {threads!r}")
+    parallel = str(read.get("train.parallel_runs"))
+    if parallel != "auto" and not (parallel.isdigit() and int(parallel) >= 1):
+        raise DpgridError(f"train.parallel_runs must be auto or a whole number >= 1, got {parallel!r}")
     read.choice("dataset.task", list(TASKS))
     if read.choice("dataset.normalize", ("unit", "standardize"), default="unit") == "standardize":
         if not read.has("dataset.mean"):

@@ -25,7 +25,7 @@ from dpgrid import DpgridError
 
 # Settings that cannot change what a run computes. data.root: the data's content is recorded instead
 # (plan.json's data_files), so a moved data directory resumes and a changed file is named.
-NOT_HASHED = ("train.device", "train.engine", "train.threads", "grid.only", "overwrite", "grid.allow_large", "data.root")
+NOT_HASHED = ("train.device", "train.engine", "train.threads", "train.parallel_runs", "grid.only", "overwrite", "grid.allow_large", "data.root")
 
 
 @dataclass(frozen=True)
@@ -42,6 +42,7 @@ class Training:
     float64: bool
     secure_rng: bool
     threads: str = "auto"  # torch threads: auto (chosen when the grid runs, dpgrid.training.threads) or a number
+    parallel_runs: str = "auto"  # runs trained stacked: auto (dpgrid.training.stacked.group_size) or a number
 
 
 @dataclass(frozen=True)
@@ -124,7 +125,7 @@ def compile(cfg, n_train: int = None, run_dir=None, plan: bool = True) -> GridSp
                        momentum=float(cfg.train.momentum) if strategy_cls.uses_momentum else 0.0,
                        sampling=str(cfg.train.sampling), device=str(cfg.train.device), engine=str(cfg.train.engine),
                        float64=bool(cfg.train.float64), secure_rng=bool(cfg.privacy.secure_rng),
-                       threads=str(cfg.train.threads)),
+                       threads=str(cfg.train.threads), parallel_runs=str(cfg.train.parallel_runs)),
         dataset=dataset, model=read_only(cfg.model),
         data_root=str(cfg.data.root), task=task, normalize=str(cfg.dataset.get("normalize", "unit")),
         protocol=str(cfg.protocol), overwrite=bool(cfg.overwrite), stopping_seed=int(cfg.privacy.stopping_seed),
@@ -263,9 +264,9 @@ def refuse_other_config(out: Path, spec: GridSpec) -> None:
     """Refuse, before the plan is made, a run directory holding a different config's results (plan.json names
     their config hash). What needs the plan or the data (a damaged plan.json, changed data files) is judged by
     dpgrid.results.runs.claim once they are known."""
-    if spec.overwrite or not (out / "runs.csv").exists():
-        return
-    try:
+    try:  # an unreadable directory is said in one line by the run directory's own checks
+        if spec.overwrite or not (out / "runs.csv").exists():
+            return
         recorded = json.loads((out / "plan.json").read_text()).get("config_hash")
     except (OSError, ValueError, AttributeError):
         return

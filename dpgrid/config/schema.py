@@ -48,6 +48,7 @@ class TrainConfig:
     engine: str = MISSING
     float64: bool = False
     threads: str = "auto"
+    parallel_runs: str = "auto"
 
 
 @dataclass

@@ -19,6 +19,7 @@ class AdamWOSM(Strategy):
 
     label = "Adam WOSM"
     uses_momentum = False  # beta1 is its momentum
+    stacks = True
 
     @classmethod
     def check_options(cls, options) -> None:
@@ -29,8 +30,10 @@ class AdamWOSM(Strategy):
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
         c = self.options
-        self.lr.fill_(float(c["lr"]) / (self.multipliers["noise_multiplier"] * float(self.hp["clip"]) / self.batch_size
-                                     + float(c["xi"])))  # ESS, constant within a run
+        def ess(clip):  # constant within a run
+            return float(c["lr"]) / (self.multipliers["noise_multiplier"] * float(clip) / self.batch_size + float(c["xi"]))
+        clips = self.hp["clip"]
+        self.lr = self.per_run_value([ess(v) for v in clips] if self.stacked else ess(clips))
         self.beta1 = float(c["beta1"])
         self.t = 0
         self.m = [torch.zeros_like(p) for p in self.params]
@@ -43,5 +46,5 @@ class AdamWOSM(Strategy):
         correction = 1 - self.beta1 ** self.t
         for p, m, g in zip(self.params, self.m, g_tilde):
             m.mul_(self.beta1).add_(g, alpha=1 - self.beta1)
-            p.addcmul_(m, self.lr, value=-1 / correction)  # theta -= ESS m_hat, no temporaries
+            p.addcmul_(m, self.per_run(self.lr, p), value=-1 / correction)  # theta -= ESS m_hat, no temporaries
 

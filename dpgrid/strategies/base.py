@@ -28,6 +28,12 @@ class Strategy:
     `options` the strategy config's own keys as a plain dict (e.g. {"clip0": 0.1, ...}); `generator` the
     run's noise source (a seeded torch.Generator or a SecureRandom); `momentum` the heavy-ball coefficient
     (0 when the strategy says `uses_momentum = False`).
+
+    Stacked runs (train.parallel_runs): a strategy that says `stacks = True` also trains G runs at once. It is
+    then built with `generator` a list of the G runs' own sources, `hp` values as G-tuples, and each parameter
+    stacked as (G, *shape); per-sample norms are (G, b) and sums (G, *shape). `self.lr`, `self.clip` are then
+    (G,): the helpers below (per_run, dot, normal, noisy_mean, clip_weights, descend) serve both forms, so a
+    step written with them is one code for one run and for G.
     """
 
     label = ""       # its name in tables and figures (the config's `label`, then this, then its `name`)
@@ -38,6 +44,7 @@ class Strategy:
     finished = False  # set True in `step` to end the run before that step (e.g. its budget is spent)
     tasks = None      # the dataset tasks it runs on (e.g. ("logistic",)); None: any
     full_batch = False  # True: every step uses the whole training set (train.batch_size must be N)
+    stacks = False    # True: `step` also serves G runs stacked (see above); a group then trains as one model
 
     @classmethod
     def check_options(cls, options) -> None:
@@ -61,11 +68,35 @@ class Strategy:
         self.params = list(params)
         self.hp, self.multipliers, self.batch_size, self.options = hp, multipliers, batch_size, options
         self.generator = generator
+        self.stacked = isinstance(generator, (list, tuple))  # G runs, each with its own source
         self.momentum = momentum
         self._velocity = None
-        device, dtype = self.params[0].device, self.params[0].dtype  # state in the parameters' precision
-        self.lr = torch.tensor(float(hp.get("lr", 0.0)), device=device, dtype=dtype)
-        self.clip = torch.tensor(float(hp.get("clip", float("nan"))), device=device, dtype=dtype)
+        self.lr, self.clip = self.per_run_value(hp.get("lr", 0.0)), self.per_run_value(hp.get("clip", float("nan")))
+
+    def per_run_value(self, value):
+        """A hyperparameter as a tensor in the parameters' precision: () for one run, (G,) for stacked runs
+        (`value` one number for all, or G of them)."""
+        p = self.params[0]
+        value = torch.tensor(value, device=p.device, dtype=p.dtype)
+        return value.expand(len(self.generator)).clone() if self.stacked and not value.dim() else value
+
+    @staticmethod
+    def per_run(value, like):
+        """`value` (a number, a () or (G,) tensor) shaped to broadcast against `like` ((G, ...) when stacked)."""
+        if torch.is_tensor(value) and value.dim():
+            return value.view(*value.shape, *[1] * (like.dim() - value.dim()))
+        return value
+
+    @staticmethod
+    def dot(a, b):
+        """The dot product of flat vectors, per run: () for one run, (G,) for stacked (G, P) vectors."""
+        return torch.dot(a, b) if a.dim() == 1 else torch.linalg.vecdot(a, b)
+
+    def normal(self, shape, like):
+        """N(0, 1) numbers of `shape` from the run's source; stacked: (G, *shape), run r's from its own."""
+        if not self.stacked:
+            return standard_normal(shape, self.generator, like.device, like.dtype)
+        return torch.stack([standard_normal(shape, g, like.device, like.dtype) for g in self.generator])
 
     def noisy_mean(self, sums: list, std) -> list:
         """Gaussian mechanism: (sum + N(0, std^2 I)) / B, with B the expected batch size."""
@@ -74,17 +105,19 @@ class Strategy:
     def noisy_mean_flat(self, sums: list, std):
         """noisy_mean as one flat vector and per-parameter views of it (a dot product is then one op).
         The noise is drawn sum by sum: the same numbers as one standard_normal per sum."""
-        flat, views = flat_like(sums)
-        for view in views:
-            standard_normal(view.shape, self.generator, flat.device, flat.dtype, out=view)
-        flat.mul_(std / self.batch_size)
+        flat, views = flat_like(sums, self.stacked)
+        for run, generator in enumerate(self.generator) if self.stacked else [(None, self.generator)]:
+            for view in views:  # a run's draws in the same order whether it trains alone or stacked
+                out = view if run is None else view[run]
+                standard_normal(out.shape, generator, flat.device, flat.dtype, out=out)
+        flat.mul_(self.per_run(std / self.batch_size, flat))
         for view, s in zip(views, sums):
             view.add_(s, alpha=1 / self.batch_size)
         return flat, views
 
     def clip_weights(self, norms: torch.Tensor) -> torch.Tensor:
         """w_i = min(1, C / n_i), so that ||w_i g_i|| <= C (Eq. 4)."""
-        return torch.clamp(self.clip / norms.clamp_min(1e-12), max=1.0)
+        return torch.clamp(self.per_run(self.clip, norms) / norms.clamp_min(1e-12), max=1.0)
 
     @no_grad
     def descend(self, direction: list, lr) -> None:
@@ -96,7 +129,7 @@ class Strategy:
                 v.mul_(self.momentum).add_(d)
             direction = self._velocity
         for p, d in zip(self.params, direction):
-            p.addcmul_(d, lr, value=-1)  # no lr * d temporary, and lr stays a tensor (no host sync)
+            p.addcmul_(d, self.per_run(lr, p), value=-1)  # no lr * d temporary; lr stays a tensor (no host sync)
 
     def step(self, grads) -> None:
         raise NotImplementedError
@@ -106,20 +139,22 @@ class Strategy:
         return {}
 
 
-def flat_like(tensors: list):
+def flat_like(tensors: list, stacked: bool = False):
     """An uninitialised flat vector as long as `tensors` together, and its consecutive pieces as views
-    shaped like them."""
-    flat = tensors[0].new_empty(sum(t.numel() for t in tensors))
+    shaped like them; stacked: (G, P) and (G, *shape) views, run by run."""
+    runs = tensors[0].shape[:1] if stacked else ()
+    lengths = [t[0].numel() if stacked else t.numel() for t in tensors]
+    flat = tensors[0].new_empty((*runs, sum(lengths)))
     views, start = [], 0
-    for t in tensors:
-        views.append(flat[start:start + t.numel()].view(t.shape))
-        start += t.numel()
+    for t, length in zip(tensors, lengths):
+        views.append(flat[..., start:start + length].view(t.shape))
+        start += length
     return flat, views
 
 
-def flatten(tensors: list) -> torch.Tensor:
-    """The tensors concatenated into one flat vector (one copy, whatever their strides)."""
-    flat, views = flat_like(tensors)
+def flatten(tensors: list, stacked: bool = False) -> torch.Tensor:
+    """The tensors concatenated into one flat vector (one copy, whatever their strides); stacked: (G, P)."""
+    flat, views = flat_like(tensors, stacked)
     for view, t in zip(views, tensors):
         view.copy_(t)
     return flat

@@ -22,6 +22,7 @@ class DPAdam(Strategy):
 
     label = "DPAdam"
     uses_momentum = False  # beta1 is its momentum
+    stacks = True
 
     @classmethod
     def check_options(cls, options) -> None:
@@ -50,9 +51,9 @@ class DPAdam(Strategy):
             m.mul_(self.beta1).add_(g, alpha=1 - self.beta1)
             v.mul_(self.beta2).addcmul_(g, g, value=1 - self.beta2)
             step = m.div(v.div(second).sqrt_().add_(self.xi))  # m / (sqrt(v_hat) + xi)
-            p.addcmul_(step, self.lr, value=-1 / first)  # lr stays a tensor: no host sync
+            p.addcmul_(step, self.per_run(self.lr, p), value=-1 / first)  # lr stays a tensor: no host sync
 
     def effective_step_size(self) -> list:
         """alpha / (sqrt(v_hat) + xi) per coordinate (Theorem 3's quantity)."""
         second = 1 - self.beta2 ** self.t
-        return [self.lr / (v.div(second).sqrt() + self.xi) for v in self.v]
+        return [self.per_run(self.lr, v) / (v.div(second).sqrt() + self.xi) for v in self.v]

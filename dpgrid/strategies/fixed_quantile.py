@@ -21,6 +21,7 @@ class FixedQuantile(Strategy):
 
     label = "Fixed Quantile"
     adapts = ("clip",)
+    stacks = True
 
     @classmethod
     def check_options(cls, options) -> None:
@@ -41,13 +42,14 @@ class FixedQuantile(Strategy):
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
         self.clip.fill_(float(self.options["clip0"]))
-        self.quantile = float(self.hp["quantile"])
+        self.quantile = self.per_run_value(self.hp["quantile"])
         self.clip_lr = float(self.options["clip_lr"])  # eta_C (config reads are slow in the hot loop)
 
     def step(self, grads) -> None:
         clipped_sum = grads.weighted_sum(self.clip_weights(grads.norms))
         g_tilde = self.noisy_mean(clipped_sum, self.multipliers["noise_multiplier_grad"] * self.clip)
-        unclipped = ((grads.norms <= self.clip).to(self.clip.dtype) - 0.5).sum()
+        below = (grads.norms <= self.per_run(self.clip, grads.norms)).to(self.clip.dtype)
+        unclipped = ((below - 0.5) * grads.in_batch().to(below.dtype)).sum(-1)  # sum_i (1[n_i <= C_t] - 1/2)
         b_tilde = self.noisy_mean([unclipped], self.multipliers["count_noise_std"])[0] + 0.5
         self.descend(g_tilde, self.lr)
         self.clip = self.clip * torch.exp(-self.clip_lr * (b_tilde - self.quantile))

@@ -10,6 +10,8 @@ class FixedThreshold(Strategy):
     """
 
     label = "Fixed Threshold"
+    stacks = True
+
     def step(self, grads) -> None:
         clipped_sum = grads.weighted_sum(self.clip_weights(grads.norms))
         g_tilde = self.noisy_mean(clipped_sum, self.multipliers["noise_multiplier"] * self.clip)

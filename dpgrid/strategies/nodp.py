@@ -14,8 +14,8 @@ class NoDP(Strategy):
 
     label = "NoDP"
     private = False
+    stacks = True
 
     def step(self, grads) -> None:
-        weights = torch.full((grads.size,), 1.0 / max(grads.size, 1), device=self.lr.device)
-        self.descend(grads.weighted_sum(weights), self.lr)
+        self.descend(grads.weighted_sum(grads.mean_weights()), self.lr)
 

@@ -1,7 +1,7 @@
 from __future__ import annotations
 
 from dpgrid.lazy import lazy_import
-from dpgrid.strategies.base import Strategy, flatten, standard_normal
+from dpgrid.strategies.base import Strategy, flatten
 
 torch = lazy_import("torch")
 
@@ -28,6 +28,7 @@ class Online(Strategy):
 
     label = "Online"
     adapts = ("clip", "lr")
+    stacks = True
 
     @classmethod
     def check_options(cls, options) -> None:
@@ -50,23 +51,23 @@ class Online(Strategy):
 
     def step(self, grads) -> None:
         norms, clip = grads.norms, self.clip
-        unclipped = (norms <= clip).to(norms.dtype)
+        unclipped = (norms <= self.per_run(clip, norms)).to(norms.dtype)
         q_weights = (1 - unclipped) / norms.clamp_min(1e-12)
         # A clipped sample contributes g_i C / n_i = C q_i: sum_i g_bar_i = sum_{n_i <= C} g_i + C sum_i q_i,
         # two sums over disjoint samples, which the engine computes for the price of one.
         unclipped_sum, q_sum = grads.weighted_sums(unclipped, q_weights)
-        clipped_sum = [u.addcmul_(q, clip) for u, q in zip(unclipped_sum, q_sum)]  # in place: u is ours
+        clipped_sum = [u.addcmul_(q, self.per_run(clip, q)) for u, q in zip(unclipped_sum, q_sum)]  # u is ours
         g_flat, g_tilde = self.noisy_mean_flat(clipped_sum, self.multipliers["noise_multiplier_g"] * clip)
         self.descend(g_tilde, self.lr)
         if self.prev_g is not None:  # sign(0) = 0 at t = 1: C and rho stay
             self.clip = clip * torch.exp(self.clip_lr * torch.sign(self.q_alignment(g_flat)))
-            self.lr = self.lr * torch.exp(self.lr_lr * torch.sign(torch.dot(g_flat, self.prev_g)))
-        self.prev_g, self.prev_q_sum = g_flat, flatten(q_sum)
+            self.lr = self.lr * torch.exp(self.lr_lr * torch.sign(self.dot(g_flat, self.prev_g)))
+        self.prev_g, self.prev_q_sum = g_flat, flatten(q_sum, self.stacked)
 
     def q_alignment(self, g_tilde: torch.Tensor) -> torch.Tensor:
         """g_tilde_t . q_tilde_{t-1} = (g_tilde_t . sum_i q_i + nu_q ||g_tilde_t|| xi) / B, xi ~ N(0, 1)
         (Eq. 17 with the noise projected on g_tilde_t; see the class docstring). Flat vectors."""
-        g_norm = torch.linalg.vector_norm(g_tilde)
-        xi = standard_normal((), self.generator, g_norm.device, g_norm.dtype)
-        return (torch.dot(g_tilde, self.prev_q_sum) + self.multipliers["noise_multiplier_q"] * g_norm * xi) / self.batch_size
+        g_norm = torch.linalg.vector_norm(g_tilde, dim=-1)
+        xi = self.normal((), g_norm)
+        return (self.dot(g_tilde, self.prev_q_sum) + self.multipliers["noise_multiplier_q"] * g_norm * xi) / self.batch_size
 

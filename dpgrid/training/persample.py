@@ -41,8 +41,8 @@ class PerSampleGrads:
     """
 
     def __init__(self, size: int, norms_fn: Callable, sum_fn: Callable, group_norms_fn: Callable = None,
-                 group_sum_fn: Callable = None):
-        self.size = size
+                 group_sum_fn: Callable = None, device=None):
+        self.size, self.device = size, device
         self._norms_fn, self._sum_fn, self._norms = norms_fn, sum_fn, None
         self._group_norms_fn, self._group_sum_fn, self._group_norms = group_norms_fn, group_sum_fn, None
 
@@ -68,13 +68,21 @@ class PerSampleGrads:
     def weighted_sum(self, weights: torch.Tensor) -> list:
         return self.weighted_sums(weights)[0]
 
+    def in_batch(self) -> torch.Tensor:
+        """1 for each sample of the batch: (b,); stacked runs' padded batches override it with their mask (G, b)."""
+        return torch.ones(self.size, device=self.device)
+
+    def mean_weights(self) -> torch.Tensor:
+        """1 / b for each of the batch's b samples (the realised size: for the non-private baseline only)."""
+        return torch.full((self.size,), 1.0 / max(self.size, 1), device=self.device)
+
 
 def empty_batch(params, device, n_groups: int) -> PerSampleGrads:
     """Poisson sampling can draw an empty batch: no gradients (the noise is still added)."""
     return PerSampleGrads(0, lambda: torch.zeros(0, device=device),
                           lambda w: [p.new_zeros((len(w), *p.shape)) for p in params],
                           lambda: torch.zeros((0, n_groups), device=device),
-                          lambda w: [torch.zeros_like(p) for p in params])
+                          lambda w: [torch.zeros_like(p) for p in params], device)
 
 
 def parametrised_layers(model: nn.Module) -> list:
@@ -122,7 +130,7 @@ class FuncEngine:
         return PerSampleGrads(len(x), lambda: torch.sqrt(sum(sq)),
                               lambda w: [torch.tensordot(w.to(g.dtype), g, dims=1) for g in grads],  # (m, *shape)
                               lambda: torch.sqrt(torch.stack([sum(sq[i] for i in group) for group in self.groups], 1)),
-                              group_sum)
+                              group_sum, x.device)
 
 
 # --- the fast engine --------------------------------------------------------------------------------
@@ -205,7 +213,7 @@ class FastEngine:
                     sums[ib] = bias[0]
             return sums
 
-        return PerSampleGrads(len(x), norms, weighted_sum, group_norms, group_sum)
+        return PerSampleGrads(len(x), norms, weighted_sum, group_norms, group_sum, x.device)
 
 
 def check_model(model: nn.Module, engine: str = "fast") -> None:

@@ -94,12 +94,15 @@ def train_run(model, engine, strategy, data, steps: int, sample_rate: float, eva
     return result
 
 
-def validate(model, strategy, data, step: int, result: RunResult) -> bool:
-    """One validation into result's curve; False when the run has diverged."""
+def validate(model, strategy, data, step: int, result: RunResult, run: int = None) -> bool:
+    """One validation into result's curve; False when the run has diverged. `run`: its index in a stacked
+    strategy (the run's parameters, clip and lr are its slices)."""
     eval_start = time.perf_counter()
-    finite = all(bool(torch.isfinite(p).all()) for p in strategy.params)
+    params = strategy.params if run is None else [p[run] for p in strategy.params]
+    finite = all(bool(torch.isfinite(p).all()) for p in params)
     value, test_loss = evaluate(model, data.x_test, data.y_test, data.task) if finite else (math.nan, math.nan)
-    clip, lr = float(strategy.clip), float(strategy.lr)
+    clip, lr = (float(strategy.clip), float(strategy.lr)) if run is None else \
+        (float(strategy.clip[run]), float(strategy.lr[run]))
     extra = strategy.curve_values()
     result.curve.append(dict(step=step, value=value, clip=clip, lr=lr, test_loss=test_loss, **extra))
     result.eval_seconds += time.perf_counter() - eval_start
@@ -110,3 +113,32 @@ def validate(model, strategy, data, step: int, result: RunResult) -> bool:
         result.best_value, result.best_step = value, step
     result.final_clip, result.final_lr = clip, lr
     return True
+
+
+def train_group(models: list, engine, strategy, data, steps: int, sample_rate: float, eval_every: int,
+                sample_generators: list, sampling: str = "poisson") -> list:
+    """G runs stacked (dpgrid.training.stacked): each run's batch from its own generator, one step for all,
+    each run validated as train_run validates it. A diverged run is finished and left out of validation; its
+    slice goes on computing (nothing crosses between runs) until the group ends. Each run's seconds are its
+    share of the group's time."""
+    from dpgrid.training.stacked import padded_batch
+
+    results = [RunResult() for _ in models]
+    start = time.perf_counter()
+    samplers = [batches(data.n_train, sample_rate, strategy.batch_size, sampling, g) for g in sample_generators]
+    training = list(range(len(models)))
+    for step in range(1, steps + 1):
+        strategy.step(engine(*padded_batch(data, [next(s) for s in samplers])))
+        for run in training:
+            results[run].steps = step
+        if step % eval_every and step != steps:
+            continue
+        training = [run for run in training if validate(models[run], strategy, data, step, results[run], run)]
+        if not training:
+            break
+    seconds = (time.perf_counter() - start) / len(models)
+    for result in results:
+        if result.diverged:
+            result.best_value, result.best_step = math.nan, -1
+        result.seconds = seconds
+    return results

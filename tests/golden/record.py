@@ -43,13 +43,14 @@ def in_a_process(*args) -> None:
     subprocess.run([sys.executable, "-m", "dpgrid.cli", *args], check=True, capture_output=True)
 
 
-def run_all(results: Path, names: list, dpgrid=in_a_process) -> dict:
-    """{strategy: its grid's folder}, from one `dpgrid run -m` over the strategies of each dataset."""
+def run_all(results: Path, names: list, dpgrid=in_a_process, extra: tuple = ()) -> dict:
+    """{strategy: its grid's folder}, from one `dpgrid run -m` over the strategies of each dataset (`extra`: more
+    overrides that must not change the numbers, e.g. train.parallel_runs)."""
     by_dataset = {}
     for name in names:
         by_dataset.setdefault(dataset_of(name), []).append(name)
     for dataset, group in by_dataset.items():
-        dpgrid("run", "-m", f"dataset={dataset}", f"strategy={','.join(group)}", *OVERRIDES[dataset],
+        dpgrid("run", "-m", f"dataset={dataset}", f"strategy={','.join(group)}", *OVERRIDES[dataset], *extra,
                f"hydra.sweep.dir={results}")
     return {name: next(results.glob(f"*/{name}/*/k*")) for name in names}
 

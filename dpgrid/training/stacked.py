@@ -1,0 +1,150 @@
+"""Runs that train together (train.parallel_runs): G runs of one grid as one stacked model.
+
+Small models are overhead-bound: the digits MLP's private step is a few dozen tiny kernels and Python calls, the
+same for one run as for forty. A group stacks its runs' parameters, (G, *shape) per parameter, and takes each
+step for all of them at once: one forward and one backward over the stacked weights (batched matmuls), per-sample
+norms and weighted sums for every run, one strategy step over (G, ...) tensors (`Strategy.stacks`).
+
+Nothing is shared between the runs of a group but the kernels. Each run keeps its own model initialisation, its
+own Poisson batch (drawn from its own generator, padded to the group's largest), its own noise (from its own
+generator), learning rate, clip and adaptive state: a run draws the same masks and noise in any group, and its
+numbers match the one-at-a-time run within float rounding. A padded row is given a zero loss weight and an
+infinite norm, so it is in no weighted sum and in no count (clip weights min(1, C/inf) = 0; 1[inf <= C] = 0);
+a sum over the batch that counts every sample weighs them by `grads.in_batch()` (the mask).
+
+Per-sample gradients of a Linear layer with 2-D input are never materialised (ghost norms, as the fast engine):
+  ||g_i||^2 = ||G_i||^2 ||a_i||^2 (+ ||G_i||^2 for the bias),   sum_i w_i g_i = (w * G)^T A   per run.
+Only Sequential models of Linear layers and parameter-free modules stack; others train one run at a time.
+"""
+
+import os
+
+import torch
+from torch import nn
+
+from dpgrid.training.persample import PerSampleGrads, check_model, per_sample_losses
+
+STATE_COPIES = 8  # tensors as large as the parameters a stacked step holds (weights, noise, sums, moments, ...)
+MAX_GROUP = 64    # auto's largest group: a group's runs are committed when it ends, so a kill loses at most one
+
+
+def why_not_stacked(model: nn.Module, strategy_cls) -> str:
+    """Why a grid's runs cannot train stacked ('' when they can), in words for a one-line message."""
+    if not strategy_cls.stacks:
+        return f"{strategy_cls.__name__}'s step is written for one run (it does not say `stacks = True`)"
+    if not isinstance(model, nn.Sequential):
+        return f"the model is a {type(model).__name__}, not an nn.Sequential of Linear layers"
+    for layer in model:
+        if type(layer) is not nn.Linear and any(True for _ in layer.parameters()):
+            return f"the model has {type(layer).__name__} layers (only Linear layers stack)"
+    return ""
+
+
+def available_memory(device: torch.device) -> int:
+    """Bytes free for a group: the CUDA device's free memory, or the machine's available memory."""
+    if device.type == "cuda":
+        return torch.cuda.mem_get_info(device)[0]
+    try:
+        return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    except (ValueError, OSError, AttributeError):  # not Linux: assume 4 GiB
+        return 4 << 30
+
+
+def bytes_per_run(model: nn.Module, batch_size: int, features: int) -> int:
+    """What one run adds to a group: its state (STATE_COPIES x the parameters) and its batch's activations and
+    output gradients (a Poisson batch padded to 1.5 B)."""
+    itemsize = next(model.parameters()).element_size()
+    widths = features + sum(layer.out_features for layer in model if isinstance(layer, nn.Linear))
+    return itemsize * (STATE_COPIES * sum(p.numel() for p in model.parameters()) + 3 * int(1.5 * batch_size) * widths)
+
+
+def group_size(setting: str, model: nn.Module, strategy_cls, runs: int, batch_size: int, features: int,
+               device: torch.device) -> tuple:
+    """(how many runs train together, why one at a time or ''): train.parallel_runs as set (at most the runs
+    left), or auto's choice: up to MAX_GROUP runs, within a quarter of the free memory."""
+    why = why_not_stacked(model, strategy_cls)
+    if why or runs <= 1:
+        return 1, why
+    if str(setting) != "auto":
+        return min(int(setting), runs), ""
+    fits = available_memory(device) // 4 // max(1, bytes_per_run(model, batch_size, features))
+    return max(1, min(runs, MAX_GROUP, fits)), ""
+
+
+class StackedModel:
+    """G runs' models as one: their parameters stacked, (G, *shape) each. Each run's own nn.Module keeps working
+    (validation, the checkpoint of a finished run): its parameters are made views of its slice."""
+
+    def __init__(self, models: list):
+        check_model(models[0])
+        self.layers = list(models[0])
+        self.params = [torch.stack([p.detach() for p in ps]) for ps in zip(*(m.parameters() for m in models))]
+        for run, model in enumerate(models):
+            for p, stacked in zip(model.parameters(), self.params):
+                p.data = stacked[run]
+
+    def forward(self, x: torch.Tensor) -> tuple:
+        """(outputs (G, b, ...), [(input, output) of each Linear layer]) for inputs x of shape (G, b, ...)."""
+        records, params = [], iter(self.params)
+        for layer in self.layers:
+            if type(layer) is nn.Linear:
+                weight = next(params)
+                bias = next(params) if layer.bias is not None else None
+                inputs = x
+                x = torch.bmm(inputs, weight.transpose(1, 2)) if bias is None else \
+                    torch.baddbmm(bias.unsqueeze(1), inputs, weight.transpose(1, 2))
+                if not x.requires_grad:  # the first layer: its output starts the graph the backward walks
+                    x.requires_grad_(True)
+                records.append((inputs.detach(), x, bias is not None))
+            else:  # parameter-free and per sample: applied to the runs' samples as one batch
+                x = layer(x.flatten(0, 1)).unflatten(0, x.shape[:2])
+        return x, records
+
+
+class StackedEngine:
+    """Per-sample norms and weighted sums of a group's runs, each on its own (padded) Poisson batch."""
+
+    def __init__(self, stack: StackedModel, task: str):
+        self.stack, self.task = stack, task
+
+    def __call__(self, x: torch.Tensor, y: torch.Tensor, mask: torch.Tensor) -> PerSampleGrads:
+        """x (G, b, ...), y (G, b, ...), mask (G, b): 1 for a run's sampled rows, 0 for padding."""
+        runs, b = mask.shape
+        out, records = self.stack.forward(x)
+        losses = per_sample_losses(out.flatten(0, 1), y.flatten(0, 1), self.task).view(runs, b)
+        # gradients of sum_i loss_i w.r.t. each layer's output: G_i of every sample (0 for padding)
+        out_grads = torch.autograd.grad((losses * mask.to(losses.dtype)).sum(), [r[1] for r in records])
+        factors = [(a, g, has_bias) for (a, _, has_bias), g in zip(records, out_grads)]
+        padding = mask == 0
+
+        def norms():
+            sq = sum(g.pow(2).sum(-1) * (a.pow(2).sum(-1) + has_bias) for a, g, has_bias in factors)
+            return sq.sqrt().masked_fill(padding, float("inf"))
+
+        def weighted_sums(w):  # w (m, G, b) -> per parameter (m, G, *shape)
+            sums = []
+            for a, g, has_bias in factors:
+                wg = w.to(g.dtype).unsqueeze(-1) * g  # (m, G, b, out)
+                sums.append(torch.einsum("mgbo,gbi->mgoi", wg, a))
+                if has_bias:
+                    sums.append(wg.sum(2))
+            return sums
+
+        grads = PerSampleGrads(b, norms, weighted_sums, device=x.device)
+        counts = mask.double().sum(1, keepdim=True).clamp_min(1)
+        grads.in_batch = lambda: mask
+        # the non-private baseline's 1 / b_r, rounded as PerSampleGrads.mean_weights rounds it
+        grads.mean_weights = lambda: (mask.double() / counts).to(torch.get_default_dtype())
+        return grads
+
+
+def padded_batch(data, indices: list) -> tuple:
+    """(x, y, mask) of G runs' batches (index tensors of their own sizes), padded to the largest."""
+    b = max(1, max(len(i) for i in indices))
+    rows = torch.zeros((len(indices), b), dtype=torch.long)
+    mask = torch.zeros((len(indices), b), dtype=data.x_train.dtype)
+    for run, idx in enumerate(indices):
+        rows[run, :len(idx)] = idx
+        mask[run, :len(idx)] = 1
+    rows, mask = rows.to(data.x_train.device), mask.to(data.x_train.device)
+    return data.x_train[rows], data.y_train[rows], mask

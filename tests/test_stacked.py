@@ -1,0 +1,89 @@
+"""Runs that train together (train.parallel_runs): a stacked group gives every run the numbers it gets alone."""
+
+import math
+
+import pytest
+import torch
+
+from dpgrid.config import compile, planned
+from dpgrid.data import load
+from dpgrid.runner import build_strategy, run_group, run_one, sources
+from dpgrid.training.stacked import StackedModel, group_size, why_not_stacked
+
+from .conftest import load_cfg, strategy_class
+
+STACKED = ["online", "fixed_threshold", "fixed_quantile", "adamwosm", "dpadam", "nodp"]
+
+
+def small_grid(strategy, **overrides):
+    """A digits grid in float64 (rounding cannot flip online's sign decisions), 24 steps, validated every 5."""
+    settings = {"train.float64": True, "train.epochs": 2, "train.eval_every": 5, "train.seeds": 2, "grid.k": 2,
+                **overrides}
+    spec = compile(load_cfg("digits", strategy, **settings))
+    data = load(spec.dataset, spec.data_root, "cpu").in_float64()
+    return planned(spec, data.n_train), data
+
+
+@pytest.mark.parametrize("strategy", STACKED)
+def test_a_group_matches_each_run_trained_alone(strategy):
+    """Each run's masks and noise come from its own names, so stacking changes no number: its curve (value,
+    test loss, clip, lr at every validation) is the one-at-a-time run's, in float64, for every built-in strategy
+    that stacks. Runs of different configurations and seeds share the group."""
+    spec, data = small_grid(strategy)
+    runs = [(c, s) for c in spec.plan.configurations for s in range(2)]
+    alone = [run_one(spec, data, c, s, progress=False) for c, s in runs]
+    stacked = run_group(spec, data, runs)
+    for a, b in zip(alone, stacked):
+        assert (a.steps, a.best_step, a.diverged) == (b.steps, b.best_step, b.diverged)
+        assert len(a.curve) == len(b.curve) > 2
+        for ca, cb in zip(a.curve, b.curve):
+            for key in ("value", "test_loss", "clip", "lr"):
+                assert ca[key] == pytest.approx(cb[key], rel=1e-9, abs=1e-12, nan_ok=True), (key, ca, cb)
+
+
+def test_a_diverged_run_ends_alone_and_the_others_go_on():
+    spec, data = small_grid("fixed_threshold")
+    config = dict(spec.plan.configurations[0])
+    wild = {**config, "config_id": "wild", "lr": 1e300, "clip": 1e300}  # overflows to inf at its first step
+    alone = run_one(spec, data, config, 0, progress=False)
+    calm, diverged = run_group(spec, data, [(config, 0), (wild, 0)])
+    assert diverged.diverged and math.isnan(diverged.best_value) and diverged.steps < spec.plan.steps
+    assert not calm.diverged and calm.steps == spec.plan.steps
+    assert calm.best_value == pytest.approx(alone.best_value, rel=1e-9)
+    assert [c["value"] for c in calm.curve] == pytest.approx([c["value"] for c in alone.curve], rel=1e-9)
+
+
+@pytest.mark.parametrize("secure", [False, True])
+def test_every_run_of_a_group_draws_its_own_noise(secure):
+    """Three slots of the same configuration and seed: seeded, their streams are derived from the same names and
+    they stay identical; in secure mode each slot draws from the OS generator on its own, and no two agree."""
+    spec, data = small_grid("fixed_threshold", **{"privacy.secure_rng": secure})
+    config = spec.plan.configurations[0]
+    models = [torch.nn.Linear(3, 2, dtype=torch.float64) for _ in range(3)]
+    for m in models:
+        m.load_state_dict(models[0].state_dict())
+    stack = StackedModel([torch.nn.Sequential(m) for m in models])
+    pairs = [sources(spec, config, 0, "cpu") for _ in models]
+    strategy = build_strategy(spec, stack.params, {"lr": (1.0,) * 3, "clip": (1.0,) * 3}, [n for _, n in pairs])
+    before = [p.clone() for p in stack.params]
+    strategy.noisy_mean([torch.zeros_like(p) for p in stack.params], 1.0)  # noise only
+    noise = strategy.noisy_mean([torch.zeros_like(p) for p in stack.params], 1.0)
+    weight = noise[0].flatten(1)
+    same = [torch.equal(weight[0], weight[r]) for r in (1, 2)] + [torch.equal(weight[1], weight[2])]
+    assert same == ([True] * 3 if not secure else [False] * 3)
+    assert all(torch.equal(a, b) for a, b in zip(before, stack.params))  # noisy_mean itself changes nothing
+    batches = [next(iter([s.poisson_indices(1000, 0.5)])) if secure else None for s, _ in pairs]
+    if secure:  # the masks too: each slot's own draw
+        assert not torch.equal(batches[0], batches[1])
+
+
+def test_what_cannot_stack_trains_one_run_at_a_time_and_says_why():
+    cnn = load_cfg("mnist", "online")
+    from dpgrid.models import build_model
+    assert "Conv2d" in why_not_stacked(build_model(cnn.model), strategy_class("online"))
+    mlp = build_model(load_cfg("digits", "online").model)
+    assert "written for one run" in why_not_stacked(mlp, strategy_class("pur"))
+    assert group_size("auto", mlp, strategy_class("pur"), 35, 128, 64, torch.device("cpu"))[0] == 1
+    assert group_size("auto", mlp, strategy_class("online"), 35, 128, 64, torch.device("cpu")) == (35, "")
+    assert group_size("4", mlp, strategy_class("online"), 35, 128, 64, torch.device("cpu")) == (4, "")
+    assert group_size("64", mlp, strategy_class("online"), 10, 128, 64, torch.device("cpu")) == (10, "")

@@ -87,3 +87,32 @@ def test_what_cannot_stack_trains_one_run_at_a_time_and_says_why():
     assert group_size("auto", mlp, strategy_class("online"), 35, 128, 64, torch.device("cpu")) == (35, "")
     assert group_size("4", mlp, strategy_class("online"), 35, 128, 64, torch.device("cpu")) == (4, "")
     assert group_size("64", mlp, strategy_class("online"), 10, 128, 64, torch.device("cpu")) == (10, "")
+
+
+def test_a_grid_resumed_mid_group_ends_with_the_uninterrupted_grids_csvs(tmp_path):
+    """A kill after some runs of a group were committed: the same command trains the whole group again (its
+    padding and kernels as before) and commits only what is missing. Same machine, same process: the CSVs are
+    the uninterrupted grid's up to float rounding far below what another grouping would move (float32 here)."""
+    import pandas as pd
+
+    from dpgrid.runner import run_grid
+
+    spec = compile(load_cfg("digits", "online", **{"train.epochs": 1, "train.eval_every": 4, "train.seeds": 2,
+                                                   "grid.k": 3, "train.parallel_runs": 4}))
+    whole, resumed = tmp_path / "whole", tmp_path / "resumed"
+    run_grid(spec, whole, progress=False)
+    run_grid(spec, resumed, progress=False)
+    runs = pd.read_csv(resumed / "runs.csv")
+    runs.iloc[:5].to_csv(resumed / "runs.csv", index=False)  # the 6th run lost: the second group (5, 6) half committed
+    run_grid(spec, resumed, progress=False)
+    key = ["config_id", "seed"]
+    a = pd.read_csv(whole / "runs.csv").sort_values(key).reset_index(drop=True)
+    b = pd.read_csv(resumed / "runs.csv").sort_values(key).reset_index(drop=True)
+    assert len(a) == len(b) == 6
+    for column in ("best_value", "final_clip", "final_lr", "best_step", "steps"):
+        assert b[column].tolist() == pytest.approx(a[column].tolist(), rel=1e-12), column
+    ca = pd.read_csv(whole / "curves.csv").sort_values([*key, "step"]).reset_index(drop=True)
+    cb = pd.read_csv(resumed / "curves.csv").sort_values([*key, "step"]).reset_index(drop=True)
+    assert len(ca) == len(cb)
+    for column in ("test_loss", "clip", "lr"):  # the test loss moves with any rounding of the run's steps
+        assert cb[column].tolist() == pytest.approx(ca[column].tolist(), rel=1e-12), column

@@ -7,6 +7,7 @@ steps after warm-up; peak memory of each step in a fresh subprocess (ru_maxrss a
 
     python scripts/bench.py [--steps 7] [--models cnn autoencoder bag_of_words] [--engine fast] [--json]
     python scripts/bench.py --secure --no-opacus --strategies fixed_threshold   # the cost of secure mode
+    python scripts/bench.py --grid [--models mlp bag_of_words cnn] [--parallel-runs auto] [--json]  # whole grids
     PYTHONPATH=examples python scripts/bench.py --searchpath file://$PWD/examples/dpgrid_example/conf \
         --strategies fixed_threshold per_layer --no-opacus       # a plugin's strategies, from its config folder
 
@@ -168,6 +169,74 @@ def peak_memory_mb(model_name, method, engine_name) -> float:
     return float(out.stdout.strip().splitlines()[-1])
 
 
+# --grid: a whole grid (K configurations x 5 seeds) of online, trained one run at a time and stacked
+# (train.parallel_runs=auto); (dataset config, K, steps per run, N of the synthetic training set)
+GRIDS = {"mlp": ("digits", 7, 100, 1437), "bag_of_words": ("ag_news", 7, 20, 8192), "cnn": ("mnist", 2, 4, 8192)}
+
+
+def grid_job(model_name, mode, setting="auto"):
+    """A callable training the whole --grid grid of `model_name` one at a time (mode "sequential") or as
+    `dpgrid run` groups it with train.parallel_runs=`setting` ("parallel"); validation once, at the end."""
+    from dpgrid.config import planned
+    from dpgrid.data import Data, load
+    from dpgrid.runner import run_group, run_one
+    from dpgrid.training.stacked import group_size
+
+    dataset, k, steps, n = GRIDS[model_name]
+    spec = dpgrid.compile(dpgrid.compose([f"dataset={dataset}", "strategy=online", f"grid.k={k}", "train.seeds=5",
+                                          f"train.eval_every={steps}", "train.device=cpu"]), n)
+    if model_name == "mlp":  # the real digits
+        data = load(spec.dataset, spec.data_root, "cpu")
+    else:
+        shape, task, classes = MODELS[model_name][1:4]
+        g = torch.Generator().manual_seed(0)
+        x = torch.rand((n + 512, *shape), generator=g)
+        y = x if task == "reconstruction" else torch.randint(0, classes, (n + 512,), generator=g)
+        data = Data(x[:n], y[:n], x[n:], y[n:], task)
+    spec = planned(spec, data.n_train)
+    spec = type(spec)(**{**spec.__dict__, "plan": type(spec.plan)(**{**spec.plan.__dict__, "steps": steps})})
+    runs = [(c, s) for c in spec.plan.configurations for s in range(5)]
+    size = 1 if mode == "sequential" else group_size(
+        setting, MODELS[model_name][0]() if model_name != "mlp" else __import__("dpgrid.models").models.mlp(),
+        spec.strategy_cls, len(runs), spec.plan.batch_size, data.x_train[0].numel(), torch.device("cpu"))[0]
+
+    def job():
+        for start in range(0, len(runs), size):
+            group = runs[start:start + size]
+            run_group(spec, data, group) if size > 1 else run_one(spec, data, *group[0], progress=False)
+    job.runs, job.size = len(runs), size
+    return job
+
+
+def grid_peak_mb(model_name, mode, setting) -> float:
+    """Peak resident memory of one pass of grid_job above its set-up, in a fresh process."""
+    code = (f"import sys; sys.path.insert(0, {os.path.dirname(os.path.abspath(__file__))!r}); "
+            f"import bench; job = bench.grid_job({model_name!r}, {mode!r}, {setting!r}); "
+            "base = bench.peak_rss_mb(); job(); print(bench.peak_rss_mb() - base)")
+    out = subprocess.run([sys.executable, "-W", "ignore", "-c", code], capture_output=True, text=True, check=True)
+    return float(out.stdout.strip().splitlines()[-1])
+
+
+def bench_grids(models: list, repeats: int, memory: bool, setting: str = "auto") -> list:
+    """{"model", "runs", "group", "sequential_s", "parallel_s", "speedup", "peak_mb"} per model: medians of
+    `repeats` passes, the two modes interleaved (a noisy machine slows both alike)."""
+    rows = []
+    for model_name in models:
+        jobs = {mode: grid_job(model_name, mode, setting) for mode in ("sequential", "parallel")}
+        times = {mode: [] for mode in jobs}
+        for _ in range(repeats):
+            for mode, job in jobs.items():
+                start = time.perf_counter()
+                job()
+                times[mode].append(time.perf_counter() - start)
+        sequential, parallel = statistics.median(times["sequential"]), statistics.median(times["parallel"])
+        rows.append({"model": model_name, "runs": jobs["parallel"].runs, "group": jobs["parallel"].size,
+                     "steps_per_run": GRIDS[model_name][2], "sequential_s": sequential, "parallel_s": parallel,
+                     "speedup": sequential / parallel,
+                     "peak_mb": grid_peak_mb(model_name, "parallel", setting) if memory else None})
+    return rows
+
+
 def main():
     if "--searchpath" in sys.argv:  # before the strategies are listed: its folder adds to them
         os.environ["DPGRID_BENCH_SEARCHPATH"] = sys.argv[sys.argv.index("--searchpath") + 1]
@@ -185,8 +254,30 @@ def main():
     parser.add_argument("--secure", action="store_true", help="also time seeded vs secure sampling and noise")
     parser.add_argument("--no-memory", action="store_true", help="skip the peak-memory subprocesses")
     parser.add_argument("--json", action="store_true", help="print only one JSON object")
+    parser.add_argument("--grid", action="store_true", help="time whole grids one run at a time vs stacked "
+                        "(train.parallel_runs=auto) instead of single steps; --models from " + ", ".join(GRIDS))
+    parser.add_argument("--repeats", type=int, default=3, help="--grid: passes per mode (median reported)")
+    parser.add_argument("--parallel-runs", default="auto", help="--grid: train.parallel_runs of the stacked mode")
+    if "--grid" in sys.argv:
+        parser.set_defaults(models=list(GRIDS))
+        for action in parser._actions:
+            if action.dest == "models":
+                action.choices = list(GRIDS)
     args = parser.parse_args()
     warnings.filterwarnings("ignore")
+    if args.grid:
+        machine = {"cpu": platform.processor() or platform.machine(), "cores": os.cpu_count(),
+                   "torch_threads": torch.get_num_threads(), "torch": torch.__version__}
+        rows = bench_grids(args.models, args.repeats, not args.no_memory, args.parallel_runs)
+        if args.json:
+            print(json.dumps({"machine": machine, "grid": rows}, indent=2))
+            return
+        print(f"machine: {machine}")
+        print(f"{'model':<13} {'runs':>5} {'group':>6} {'one at a time s':>16} {'stacked s':>10} {'speedup':>8} {'peak MB':>8}")
+        for r in rows:
+            print(f"{r['model']:<13} {r['runs']:>5} {r['group']:>6} {r['sequential_s']:>16.2f} {r['parallel_s']:>10.2f} "
+                  f"{r['speedup']:>8.2f} {r['peak_mb'] if r['peak_mb'] is not None else float('nan'):>8.0f}")
+        return
 
     report = {"machine": {"cpu": platform.processor() or platform.machine(), "cores": os.cpu_count(),
                           "torch_threads": torch.get_num_threads(), "torch": torch.__version__,

@@ -87,6 +87,10 @@ def test_what_cannot_stack_trains_one_run_at_a_time_and_says_why():
     assert group_size("auto", mlp, strategy_class("online"), 35, 128, 64, torch.device("cpu")) == (35, "")
     assert group_size("4", mlp, strategy_class("online"), 35, 128, 64, torch.device("cpu")) == (4, "")
     assert group_size("64", mlp, strategy_class("online"), 10, 128, 64, torch.device("cpu")) == (10, "")
+    words = build_model(load_cfg("ag_news", "online").model)  # compute-bound on a CPU: stacked only when asked
+    size, why = group_size("auto", words, strategy_class("online"), 35, 512, 750, torch.device("cpu"))
+    assert size == 1 and "bound by its matmuls" in why
+    assert group_size("8", words, strategy_class("online"), 35, 512, 750, torch.device("cpu")) == (8, "")
 
 
 def test_a_grid_resumed_mid_group_ends_with_the_uninterrupted_grids_csvs(tmp_path):

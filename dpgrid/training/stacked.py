@@ -26,6 +26,10 @@ from dpgrid.training.persample import PerSampleGrads, check_model, per_sample_lo
 
 STATE_COPIES = 8  # tensors as large as the parameters a stacked step holds (weights, noise, sums, moments, ...)
 MAX_GROUP = 64    # auto's largest group: a group's runs are committed when it ends, so a kill loses at most one
+# auto stacks on a CPU only below this much work per step (parameters x batch size): above it a step is bound by
+# its matmuls, which stacking does not make cheaper (scripts/bench.py --grid, 2-core CPU: digits MLP, 2,410 x 128,
+# 5.1x faster stacked; AG News bag-of-words, 113,156 x 512, 0.96x)
+CPU_STACK_WORK = 10_000_000
 
 
 def why_not_stacked(model: nn.Module, strategy_cls) -> str:
@@ -61,12 +65,17 @@ def bytes_per_run(model: nn.Module, batch_size: int, features: int) -> int:
 def group_size(setting: str, model: nn.Module, strategy_cls, runs: int, batch_size: int, features: int,
                device: torch.device) -> tuple:
     """(how many runs train together, why one at a time or ''): train.parallel_runs as set (at most the runs
-    left), or auto's choice: up to MAX_GROUP runs, within a quarter of the free memory."""
+    left), or auto's choice: on a CPU, one at a time for compute-bound models (CPU_STACK_WORK), else up to
+    MAX_GROUP runs within a quarter of the free memory (a GPU's free memory on CUDA)."""
     why = why_not_stacked(model, strategy_cls)
     if why or runs <= 1:
         return 1, why
     if str(setting) != "auto":
         return min(int(setting), runs), ""
+    work = sum(p.numel() for p in model.parameters()) * batch_size
+    if device.type == "cpu" and work > CPU_STACK_WORK:
+        return 1, (f"a step of this model is bound by its matmuls on a CPU ({work:,} parameter-samples per step), "
+                   "which stacking does not make cheaper; train.parallel_runs=N stacks N runs anyway")
     fits = available_memory(device) // 4 // max(1, bytes_per_run(model, batch_size, features))
     return max(1, min(runs, MAX_GROUP, fits)), ""
 

@@ -107,7 +107,7 @@ def plan_command(args: list) -> None:
           f"k = {plan.k}, {plan.model_parameters:,} parameters")
     print(f"  N = {plan.n_train}, B = {plan.batch_size}, q = {plan.sample_rate:.5g}, "
           f"T = {plan.steps} steps per run, {plan.epochs} epochs")
-    print_expected_time(plan, len(spec.selected) * spec.train.seeds, spec.dataset.get("seconds_per_step"))
+    print_expected_time(spec, len(spec.selected) * spec.train.seeds)
     if plan.schedule:
         print_schedule(plan)
     elif plan.epsilon_spent is None:

@@ -230,7 +230,7 @@ def stacking(spec, data, runs: int) -> int:
     when stacking was asked for or would serve and cannot."""
     device = data.x_train.device
     size, why = group_size(spec.train.parallel_runs, initial_model(spec, 0, device), spec.strategy_cls, runs,
-                           spec.plan.batch_size, data.x_train[0].numel(), device)
+                           spec.plan.batch_size, device)
     if why and runs > 1 and spec.train.parallel_runs != "1":
         line = f"train.parallel_runs: one run at a time: {why}"
         logging.getLogger("dpgrid").info(line)

@@ -198,7 +198,7 @@ def grid_job(model_name, mode, setting="auto"):
     runs = [(c, s) for c in spec.plan.configurations for s in range(5)]
     size = 1 if mode == "sequential" else group_size(
         setting, MODELS[model_name][0]() if model_name != "mlp" else __import__("dpgrid.models").models.mlp(),
-        spec.strategy_cls, len(runs), spec.plan.batch_size, data.x_train[0].numel(), torch.device("cpu"))[0]
+        spec.strategy_cls, len(runs), spec.plan.batch_size, torch.device("cpu"))[0]
 
     def job():
         for start in range(0, len(runs), size):

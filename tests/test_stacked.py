@@ -83,14 +83,14 @@ def test_what_cannot_stack_trains_one_run_at_a_time_and_says_why():
     assert "Conv2d" in why_not_stacked(build_model(cnn.model), strategy_class("online"))
     mlp = build_model(load_cfg("digits", "online").model)
     assert "written for one run" in why_not_stacked(mlp, strategy_class("pur"))
-    assert group_size("auto", mlp, strategy_class("pur"), 35, 128, 64, torch.device("cpu"))[0] == 1
-    assert group_size("auto", mlp, strategy_class("online"), 35, 128, 64, torch.device("cpu")) == (35, "")
-    assert group_size("4", mlp, strategy_class("online"), 35, 128, 64, torch.device("cpu")) == (4, "")
-    assert group_size("64", mlp, strategy_class("online"), 10, 128, 64, torch.device("cpu")) == (10, "")
+    assert group_size("auto", mlp, strategy_class("pur"), 35, 128, torch.device("cpu"))[0] == 1
+    assert group_size("auto", mlp, strategy_class("online"), 35, 128, torch.device("cpu")) == (35, "")
+    assert group_size("4", mlp, strategy_class("online"), 35, 128, torch.device("cpu")) == (4, "")
+    assert group_size("64", mlp, strategy_class("online"), 10, 128, torch.device("cpu")) == (10, "")
     words = build_model(load_cfg("ag_news", "online").model)  # compute-bound on a CPU: stacked only when asked
-    size, why = group_size("auto", words, strategy_class("online"), 35, 512, 750, torch.device("cpu"))
+    size, why = group_size("auto", words, strategy_class("online"), 35, 512, torch.device("cpu"))
     assert size == 1 and "bound by its matmuls" in why
-    assert group_size("8", words, strategy_class("online"), 35, 512, 750, torch.device("cpu")) == (8, "")
+    assert group_size("8", words, strategy_class("online"), 35, 512, torch.device("cpu")) == (8, "")
 
 
 def test_a_grid_resumed_mid_group_ends_with_the_uninterrupted_grids_csvs(tmp_path):
@@ -120,3 +120,11 @@ def test_a_grid_resumed_mid_group_ends_with_the_uninterrupted_grids_csvs(tmp_pat
     assert len(ca) == len(cb)
     for column in ("test_loss", "clip", "lr"):  # the test loss moves with any rounding of the run's steps
         assert cb[column].tolist() == pytest.approx(ca[column].tolist(), rel=1e-12), column
+
+
+@pytest.mark.parametrize("value", ["0", "-2", "two", "1.5"])
+def test_a_bad_parallel_runs_is_one_line(value):
+    from dpgrid import DpgridError
+
+    with pytest.raises(DpgridError, match=rf"^train.parallel_runs must be auto or a whole number >= 1, got '{value}'$"):
+        compile(load_cfg("digits", "online", **{"train.parallel_runs": value}), plan=False)

@@ -47,6 +47,7 @@ EXPECT = {
     "dataset.default_epsilon": (False, lambda v: 0 < v <= 100, "privacy.epsilon"),
     "dataset.epsilons": (False, lambda v: 0 < v <= 100, None),             # set as [v]
     "dataset.seconds_per_step": (False, positive, None),
+    "dataset.stacked_seconds_per_step": (False, positive, None),
     "dataset.load.max_words": (True, whole(), "max_words"),  # the model's width follows it: the first to refuse it
     "model.max_words": (True, whole(), None),
     "model.embedding_dim": (True, whole(), None),
@@ -238,10 +239,11 @@ def test_a_large_grid_states_runs_steps_and_time_and_starts_when_allowed():
 @pytest.mark.slow  # two whole plans, with their side-by-side calibrations (8 s)
 def test_plan_states_the_expected_training_time_of_the_runs_it_would_train():
     """From the dataset's measured step time: the runs this command trains (grid.only's configurations times
-    the seeds) x T steps, one run at a time."""
+    the seeds) x T steps, one run at a time, and the groups train.parallel_runs makes of them."""
     seconds_per_step = float(load_cfg("digits", "online").dataset.seconds_per_step)
     for only, runs in (([], 7 * 5), (["grid.only=[lr1,lr4]"], 2 * 5)):
         r = dpgrid("plan", *only)
+        assert f"  train.parallel_runs=auto: groups of up to {runs} runs trained together" in r.stdout.splitlines()
         line = next(line for line in r.stdout.splitlines() if "expected time:" in line)
         total = runs * 225 * seconds_per_step
         assert line.startswith(f"  expected time: {runs} runs x 225 steps at {seconds_per_step:g} s per step ") and \

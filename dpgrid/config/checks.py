@@ -165,8 +165,9 @@ def check_config(cfg, n_train: int = None) -> list:
         read.real("dataset.std", "in (0, 1] (pixels are in [0, 1])", lambda v: 0 < v <= 1)
     if read.has("dataset.classes"):
         read.whole("dataset.classes", low=2)
-    if read.has("dataset.seconds_per_step"):
-        read.positive("dataset.seconds_per_step")
+    for key in ("dataset.seconds_per_step", "dataset.stacked_seconds_per_step"):
+        if read.has(key):
+            read.positive(key)
     if read.has("dataset.features"):
         read.whole("dataset.features")
     return warnings

@@ -224,6 +224,7 @@ def hashed(settings: dict, private: bool = True) -> dict:
     for key in unhashed:
         section, _, name = key.rpartition(".")
         (plain.get(section, {}) if section else plain).pop(name, None)
+    plain.get("dataset", {}).pop("stacked_seconds_per_step", None)  # a time estimate only (added later: unhashed)
     if not plain["train"].get("float64"):  # a key added later is hashed only when set: older grids keep their hash
         plain["train"].pop("float64", None)
     return plain

@@ -25,18 +25,41 @@ def print_schedule(plan) -> None:
                   f"eps (rdp) = {s['epsilon_rdp']:.4g}")
 
 
-def print_expected_time(plan, runs: int, seconds_per_step) -> None:
-    """How long the runs this command trains take one at a time, from the dataset's measured step time (None:
-    the dataset states none). A selection trains a random number of candidates: its expected number."""
-    if not seconds_per_step:
-        return
+def print_expected_time(spec, runs: int) -> None:
+    """How long the runs this command trains take, one at a time and in the groups train.parallel_runs makes, from
+    the dataset's measured step times (dataset.seconds_per_step, one run; dataset.stacked_seconds_per_step, one
+    run's share of a stacked step). A selection trains a random number of candidates: its expected number."""
+    plan, seconds_per_step = spec.plan, spec.dataset.get("seconds_per_step")
     if plan.selection == "random_stopping":
         runs = plan.stopping["mean"] * plan.seeds
-    seconds = runs * plan.steps * float(seconds_per_step)
-    took = (f"{seconds:.0f} s" if seconds < 120 else f"{seconds / 60:.0f} min" if seconds < 7200
-            else f"{seconds / 3600:,.1f} h")
+    group, why = grouping(spec, max(1, round(runs)))
+    print(f"  train.parallel_runs={spec.train.parallel_runs}: " + (f"groups of up to {group} runs trained together"
+                                                                  if group > 1 else f"one run at a time{why}"))
+    if not seconds_per_step:
+        return
+    alone = runs * plan.steps * float(seconds_per_step)
     print(f"  expected time: {runs:,g} runs x {plan.steps:,} steps at {float(seconds_per_step):g} s per step "
-          f"(dataset.seconds_per_step, measured on a 2-core CPU) = about {took} of training, one run at a time")
+          f"(dataset.seconds_per_step, measured on a 2-core CPU) = about {duration(alone)} of training, one run at a time")
+    stacked = spec.dataset.get("stacked_seconds_per_step")
+    if group > 1 and stacked:
+        print(f"    stacked: about {duration(runs * plan.steps * float(stacked))} ({float(stacked):g} s per run and step "
+              "in a group, dataset.stacked_seconds_per_step)")
+
+
+def grouping(spec, runs: int) -> tuple:
+    """(group size, '' or ': why one at a time') for `runs` runs of this grid on its device."""
+    import torch
+
+    from dpgrid.models import build_model
+    from dpgrid.training.stacked import group_size
+
+    size, why = group_size(spec.train.parallel_runs, build_model(spec.model), spec.strategy_cls, runs,
+                           spec.plan.batch_size, torch.device(spec.train.device))
+    return size, f": {why}" if why else ""
+
+
+def duration(seconds: float) -> str:
+    return f"{seconds:.0f} s" if seconds < 120 else f"{seconds / 60:.0f} min" if seconds < 7200 else f"{seconds / 3600:,.1f} h"
 
 
 def print_seeds_cost(plan) -> None:

@@ -35,7 +35,7 @@ CPU_STACK_WORK = 10_000_000
 def why_not_stacked(model: nn.Module, strategy_cls) -> str:
     """Why a grid's runs cannot train stacked ('' when they can), in words for a one-line message."""
     if not strategy_cls.stacks:
-        return f"{strategy_cls.__name__}'s step is written for one run (it does not say `stacks = True`)"
+        return f"{strategy_cls.__name__}'s step is written for one run, it does not say `stacks = True`"
     if not isinstance(model, nn.Sequential):
         return f"the model is a {type(model).__name__}, not an nn.Sequential of Linear layers"
     for layer in model:
@@ -54,16 +54,17 @@ def available_memory(device: torch.device) -> int:
         return 4 << 30
 
 
-def bytes_per_run(model: nn.Module, batch_size: int, features: int) -> int:
+def bytes_per_run(model: nn.Module, batch_size: int) -> int:
     """What one run adds to a group: its state (STATE_COPIES x the parameters) and its batch's activations and
     output gradients (a Poisson batch padded to 1.5 B)."""
     itemsize = next(model.parameters()).element_size()
-    widths = features + sum(layer.out_features for layer in model if isinstance(layer, nn.Linear))
+    linear = [layer for layer in model if isinstance(layer, nn.Linear)]
+    widths = linear[0].in_features + sum(layer.out_features for layer in linear)
     return itemsize * (STATE_COPIES * sum(p.numel() for p in model.parameters()) + 3 * int(1.5 * batch_size) * widths)
 
 
-def group_size(setting: str, model: nn.Module, strategy_cls, runs: int, batch_size: int, features: int,
-               device: torch.device) -> tuple:
+def group_size(setting: str, model: nn.Module, strategy_cls, runs: int, batch_size: int, device: torch.device
+               ) -> tuple:
     """(how many runs train together, why one at a time or ''): train.parallel_runs as set (at most the runs
     left), or auto's choice: on a CPU, one at a time for compute-bound models (CPU_STACK_WORK), else up to
     MAX_GROUP runs within a quarter of the free memory (a GPU's free memory on CUDA)."""
@@ -74,9 +75,9 @@ def group_size(setting: str, model: nn.Module, strategy_cls, runs: int, batch_si
         return min(int(setting), runs), ""
     work = sum(p.numel() for p in model.parameters()) * batch_size
     if device.type == "cpu" and work > CPU_STACK_WORK:
-        return 1, (f"a step of this model is bound by its matmuls on a CPU ({work:,} parameter-samples per step), "
+        return 1, (f"a step of this model is bound by its matmuls on a CPU, {work:,} parameter-samples per step, "
                    "which stacking does not make cheaper; train.parallel_runs=N stacks N runs anyway")
-    fits = available_memory(device) // 4 // max(1, bytes_per_run(model, batch_size, features))
+    fits = available_memory(device) // 4 // max(1, bytes_per_run(model, batch_size))
     return max(1, min(runs, MAX_GROUP, fits)), ""
 
 

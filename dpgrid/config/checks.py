@@ -182,12 +182,32 @@ def check_selection(read: Reader) -> None:
     if read.has("privacy.stopping_mean"):
         read.real("privacy.stopping_mean", "a number > 1 (the expected number of candidates)", lambda v: v > 1)
     read.whole("privacy.stopping_seed", low=0)
+    analysis = read.choice("privacy.selection_accountant", ("rdp", "profile"))
+    from dpgrid.privacy.random_stopping import COVERS
+
+    if read.get("privacy.stopping") not in COVERS[analysis]:
+        raise DpgridError(f"privacy.stopping={read.get('privacy.stopping')} is not covered by "
+                          f"privacy.selection_accountant={analysis}; it covers {', '.join(COVERS[analysis])}")
+    if read.get("privacy.stopping") == "binomial":
+        if not read.has("privacy.stopping_rounds"):
+            raise DpgridError("privacy.stopping=binomial needs privacy.stopping_rounds, its number of rounds m (a whole "
+                              "number > the expected number of candidates; each round trains a candidate with "
+                              "probability mean / m)")
+        read.whole("privacy.stopping_rounds", low=2)
+    elif read.has("privacy.stopping_rounds"):
+        read.whole("privacy.stopping_rounds", low=2)  # unused by this rule, but never a bad value
+    # the candidate's accountant: Renyi curves for the RDP theorems, dp-accounting's PLD for the profile bound
+    accountant = {"rdp": ("rdp", "the stopping theorems are Renyi bounds"),
+                  "profile": ("pld", "the profile bound needs the candidate's privacy profile, which RDP and PRV "
+                                     "curves do not give here")}[analysis]
     refusals = {"privacy.budget": ("per_grid", "a selection's budget is the whole selection's; per_run means nothing"),
-                "privacy.accountant": ("rdp", "the stopping theorems are Renyi bounds"),
+                "privacy.accountant": accountant,
                 "train.sampling": ("poisson", "shuffled batches claim no epsilon to select with")}
     for key, (needed, why) in refusals.items():
         if str(read.get(key)) != needed:
-            raise DpgridError(f"privacy.selection=random_stopping needs {key}={needed}, got {read.get(key)}: {why}")
+            setting = f"privacy.selection_accountant={analysis}" if key == "privacy.accountant" else \
+                "privacy.selection=random_stopping"
+            raise DpgridError(f"{setting} needs {key}={needed}, got {read.get(key)}: {why}")
     if read.has("grid.only"):
         raise DpgridError("privacy.selection=random_stopping cannot run with grid.only: a selection draws its "
                           "candidates from the whole grid and cannot be split by hand")

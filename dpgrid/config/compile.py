@@ -225,6 +225,10 @@ def hashed(settings: dict, private: bool = True) -> dict:
         section, _, name = key.rpartition(".")
         (plain.get(section, {}) if section else plain).pop(name, None)
     plain.get("dataset", {}).pop("stacked_seconds_per_step", None)  # a time estimate only (added later: unhashed)
+    privacy = plain.get("privacy", {})
+    for key, default in (("selection_accountant", "rdp"), ("stopping_rounds", None)):  # added later: hashed when set
+        if key in privacy and privacy[key] == default:
+            privacy.pop(key)
     if not plain["train"].get("float64"):  # a key added later is hashed only when set: older grids keep their hash
         plain["train"].pop("float64", None)
     return plain

@@ -23,6 +23,8 @@ class PrivacyConfig:
     stopping: str = MISSING
     stopping_eta: float = MISSING
     stopping_mean: Optional[float] = None
+    stopping_rounds: Optional[int] = None
+    selection_accountant: str = "rdp"
     stopping_seed: int = MISSING
 
 

@@ -76,6 +76,8 @@ class Plan:
     liu_talwar: dict = field(default_factory=dict)  # the cost of Liu-Talwar selection, for comparison
     selection: str = "composition"  # or random_stopping: only the best candidate is released (dpgrid.results.selection)
     stopping: dict = field(default_factory=dict)    # random stopping's rule and parameters
+    selection_accountant: str = None  # random stopping's analysis: rdp (Papernot & Steinke) or profile
+    epsilon_by_analysis: dict = field(default_factory=dict)  # the selection's epsilon at this nu under each analysis
     schedule: dict = field(default_factory=dict)    # noise schedules: per configuration, its steps and epsilons
     model_parameters: int = 0
     label: str = ""           # the strategy's name in tables and figures
@@ -125,7 +127,7 @@ def check_spent(plan: Plan) -> None:
 def alternatives(plan, eta: float, mean: float) -> dict:
     """nu for this plan's (epsilon, delta) under composition and under each stopping rule, side by side
     (None where unreachable): `dpgrid plan` prints them."""
-    from dpgrid.privacy.random_stopping import RULES, parameters, selection_epsilon
+    from dpgrid.privacy.random_stopping import COVERS, parameters, selection_epsilon
 
     q, steps, seeds, k = plan.sample_rate, plan.steps, plan.seeds, plan.n_configs
     found = {}
@@ -135,7 +137,7 @@ def alternatives(plan, eta: float, mean: float) -> dict:
             found[name] = calibrate(plan.epsilon, q, runs * steps, plan.delta)  # the plan's own precision
         except DpgridError:
             found[name] = None
-    for rule in RULES:
+    for rule in COVERS["rdp"]:  # the Renyi analysis (the default); plan --compare adds the profile bound's
         stopping = parameters(rule, eta, mean, plan.delta)
         spent = lambda nu: selection_epsilon(q, nu, seeds * steps, plan.delta, stopping)  # noqa: E731
         try:

@@ -25,7 +25,7 @@ import numpy as np
 
 from dpgrid.privacy.accountants import rdp_epsilon, smallest_noise
 
-RULES = ("truncated_negative_binomial", "poisson", "liu_talwar")
+RULES = ("truncated_negative_binomial", "poisson", "binomial", "liu_talwar")
 # orders lambda (and lambda-hat): fine near 1, where the log(E[K]) / (lambda - 1) term is steep
 ORDERS = [1 + x / 20 for x in range(1, 80)] + [5 + x / 2 for x in range(0, 30)] + list(range(20, 64)) + \
          [64, 80, 96, 128, 192, 256, 384, 512, 1024]
@@ -63,12 +63,18 @@ def liu_talwar_parameters(epsilon_f: float, delta_f: float, n_candidates: int, d
     return (epsilon_f - 3 * root) / 3, root ** 2 / 2, upsilon
 
 
-def parameters(rule: str, eta: float, mean: float, delta: float) -> dict:
+def parameters(rule: str, eta: float, mean: float, delta: float, rounds: int = None) -> dict:
     """The stopping rule's parameters as plan.json records them."""
     if rule == "truncated_negative_binomial":
         return {"rule": rule, "eta": eta, "mean": mean, "gamma": tnb_gamma(eta, mean)}
     if rule == "poisson":
         return {"rule": rule, "mean": mean, "mu": mean}
+    if rule == "binomial":  # m rounds, each trains a candidate with probability p = mean / m
+        if rounds is None or rounds <= mean:
+            from dpgrid import DpgridError
+            raise DpgridError(f"privacy.stopping_rounds must be a whole number > the expected number of candidates "
+                              f"{mean:g} (the binomial's p = mean / rounds < 1), got {rounds}")
+        return {"rule": rule, "mean": mean, "rounds": int(rounds), "p": mean / rounds}
     eps1, delta1, upsilon = liu_talwar_parameters(1.0, delta, mean)
     return {"rule": rule, "mean": mean, "gamma": 1 / mean, "max_candidates": math.ceil(upsilon), "delta_2": 1e-20,
             "candidate_delta": delta1}
@@ -113,22 +119,47 @@ def selection_epsilon(sample_rate: float, noise_multiplier: float, steps: int, d
     return float(get_privacy_spent(orders=ORDERS, rdp=selection_rdp(ORDERS, candidate, stopping), delta=delta)[0])
 
 
+def profile_epsilon(sample_rate: float, noise_multiplier: float, steps: int, delta: float, stopping: dict) -> float:
+    from dpgrid.privacy import selection_profiles
+
+    return selection_profiles.selection_epsilon(sample_rate, noise_multiplier, steps, delta, stopping)
+
+
+# privacy.selection_accountant -> the selection's epsilon at (q, nu, one candidate's steps, delta, stopping rule)
+ANALYSES = {"rdp": selection_epsilon, "profile": profile_epsilon}
+COVERS = {"rdp": ("truncated_negative_binomial", "poisson", "liu_talwar"),
+          "profile": ("truncated_negative_binomial", "poisson", "binomial")}
+
+
+def epsilon_by_analysis(sample_rate: float, noise_multiplier: float, steps: int, delta: float, stopping: dict) -> dict:
+    """The selection's epsilon at this nu under each analysis that covers its rule (plan.json records both)."""
+    return {name: spent(sample_rate, noise_multiplier, steps, delta, stopping) for name, spent in ANALYSES.items()
+            if stopping["rule"] in COVERS[name]}
+
+
 class RandomStopping:
     """nu at which the whole random-stopping selection spends (epsilon, delta): the candidate's RDP curve (its
-    seeds x T subsampled Gaussian steps, Opacus), the stopping rule's theorem on top, then RDP -> (epsilon, delta)."""
+    seeds x T subsampled Gaussian steps, Opacus) with the stopping rule's theorem on top, then RDP -> (epsilon,
+    delta); or, under privacy.selection_accountant=profile, the candidate's PLD profile and the profile bound
+    (dpgrid.privacy.selection_profiles)."""
     name = "random_stopping"
-    accountants = ("rdp",)
+    accountants = ("rdp", "pld")
 
     def plan(self, plan, strategy_cls, options: dict, privacy: dict, problem: dict) -> dict:
         mean = float(privacy["stopping_mean"]) if privacy.get("stopping_mean") is not None else float(plan.n_configs)
-        stopping = parameters(str(privacy["stopping"]), float(privacy["stopping_eta"]), mean, plan.delta)
+        stopping = parameters(str(privacy["stopping"]), float(privacy["stopping_eta"]), mean, plan.delta,
+                              privacy.get("stopping_rounds"))
         steps = plan.seeds * plan.steps  # one candidate: its seeds' runs composed
-        spent = lambda nu: selection_epsilon(plan.sample_rate, nu, steps, plan.delta, stopping)  # noqa: E731
+        analysis = str(privacy.get("selection_accountant", "rdp"))
+        spent = lambda nu: ANALYSES[analysis](plan.sample_rate, nu, steps, plan.delta, stopping)  # noqa: E731
         nu = smallest_noise(spent, plan.epsilon, 1e-4, f"by {stopping['rule']} selection among {mean:g} candidates "
                             f"(expected) of {steps} steps each",
-                            key=["random_stopping", plan.sample_rate, steps, plan.delta, stopping])
+                            key=["random_stopping", plan.sample_rate, steps, plan.delta, stopping]
+                            + ([] if analysis == "rdp" else [analysis]))
         epsilon = spent(nu)  # seeds accounted: the grid's, the published tables' and the budget's epsilon
         return dict(selection="random_stopping", account_seeds=True, composed_runs=plan.seeds, stopping=stopping,
+                    selection_accountant=analysis,
+                    epsilon_by_analysis=epsilon_by_analysis(plan.sample_rate, nu, steps, plan.delta, stopping),
                     noise_multiplier=nu, per_query=strategy_cls.split_noise(nu, options, plan.batch_size),
                     epsilon_spent=epsilon, epsilon_grid=epsilon, epsilon_with_seeds=epsilon,
                     epsilon_per_run=rdp_epsilon(plan.sample_rate, nu, steps, plan.delta))

@@ -31,6 +31,10 @@ def draw_count(stopping: dict, u: float) -> int:
     if rule == "poisson":
         k, p = 0, math.exp(-mean)
         pmf = lambda k, previous: previous * mean / k  # noqa: E731
+    elif rule == "binomial":
+        m, q = stopping["rounds"], stopping["p"]
+        k, p = 0, (1 - q) ** m
+        pmf = lambda k, previous: previous * (m - k + 1) / k * q / (1 - q)  # noqa: E731
     elif rule == "liu_talwar":
         gamma = stopping["gamma"]
         k, p = 1, gamma
@@ -45,6 +49,8 @@ def draw_count(stopping: dict, u: float) -> int:
         k += 1
         p = pmf(k, p)
         cumulative += p
+    if rule == "binomial":
+        return min(k, stopping["rounds"])
     return min(k, stopping["max_candidates"]) if rule == "liu_talwar" else k
 
 

@@ -2,6 +2,7 @@
 
     python scripts/selection_study.py            # both parts, about 10 minutes on 2 CPU cores
     python scripts/selection_study.py --plan     # part A only (no training, about 2 minutes)
+    python scripts/selection_study.py --profile  # parts C and D: the profile bound (privacy.selection_accountant)
 
 A. The noise multiplier nu each way of tuning needs for the same (epsilon, delta), from dpgrid's plans (no
    training): MNIST and FashionMNIST, k = 5, 7, 9, epsilon = 3, 9, for every grid size K the private strategies
@@ -10,7 +11,11 @@ B. Measured on digits (the offline set), every private strategy, epsilon = 3 and
    configuration's score under composition (each configuration trained once, the K runs composed; the best one
    chosen) and under truncated-negative-binomial stopping (eta = 0, E[K] = K, candidates of one run), each
    procedure repeated 5 times (composition: training seeds 0-4; stopping: privacy.stopping_seed 0-4).
-Writes docs/selection/plan.csv and docs/selection/digits.csv and prints both as markdown.
+C. nu by random stopping under the Renyi analysis and the profile bound, per stopping rule, for MNIST at
+   epsilon = 1, 3, 8 and E[K] = 7, 25, 49 candidates of one run, beside composition of K runs.
+D. Part B's stopping procedures again, accounted by the profile bound (less noise at the same epsilon).
+Writes docs/selection/plan.csv and digits.csv (A, B), profile.csv and digits_profile.csv (C, D) and prints them
+as markdown.
 """
 
 import argparse
@@ -65,7 +70,8 @@ def selected_score(cfg_overrides: list, out: Path) -> tuple:
 PROTOCOL = "protocol=literal"  # docs/selection.md was measured with plain SGD; pinned so that it regenerates
 
 
-def digits_table() -> pd.DataFrame:
+def digits_table(accounting: list = ()) -> pd.DataFrame:
+    """Part B; `accounting`: overrides for the stopping procedures (PROFILE: part D)."""
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
         for strategy in private_strategies():
@@ -73,7 +79,7 @@ def digits_table() -> pd.DataFrame:
                 common = [f"strategy={strategy}", f"privacy.epsilon={epsilon}", PROTOCOL]
                 _, nu_c, runs = selected_score([*common, f"train.seeds={REPEATS}"], Path(tmp) / f"{strategy}{epsilon}c")
                 composed = runs.loc[runs.groupby("seed").best_value.idxmax()].best_value  # the best config per seed
-                picks = [selected_score([*common, "train.seeds=1", "privacy.selection=random_stopping",
+                picks = [selected_score([*common, "train.seeds=1", "privacy.selection=random_stopping", *accounting,
                                          f"privacy.stopping_seed={r}"], Path(tmp) / f"{strategy}{epsilon}s{r}")
                          for r in range(REPEATS)]
                 stopped = pd.Series([p[0] for p in picks])
@@ -82,6 +88,30 @@ def digits_table() -> pd.DataFrame:
                                  nu_stopping=picks[0][1], stopping_mean=stopped.mean(), stopping_std=stopped.std(ddof=0),
                                  candidates_drawn=" ".join(str(p[2]) for p in picks)))
                 print(rows[-1], flush=True)
+    return pd.DataFrame(rows)
+
+
+PROFILE = ["privacy.selection_accountant=profile", "privacy.accountant=pld"]
+
+
+def profile_table() -> pd.DataFrame:
+    from dpgrid.privacy import calibrate
+    from dpgrid.privacy.random_stopping import COVERS, parameters, selection_noise
+
+    rows = []
+    for epsilon in (1, 3, 8):
+        plan = dpgrid.plan(dpgrid.compose(["dataset=mnist", "train.seeds=1", f"privacy.epsilon={epsilon}"]))
+        for mean in (7, 25, 49):
+            row = dict(epsilon=epsilon, K=mean, composition=calibrate(epsilon, plan.sample_rate, mean * plan.steps,
+                                                                       plan.delta))
+            for rule in ("truncated_negative_binomial", "poisson", "binomial"):
+                stopping = parameters(rule, 0.0, mean, plan.delta, rounds=2 * mean)
+                for analysis in ("rdp", "profile"):
+                    if rule in COVERS[analysis]:
+                        row[f"{rule} {analysis}"] = selection_noise(plan.sample_rate, plan.steps, epsilon, plan.delta,
+                                                                    stopping, analysis)
+            rows.append(row)
+            print(row, flush=True)
     return pd.DataFrame(rows)
 
 
@@ -94,8 +124,17 @@ def markdown(frame: pd.DataFrame) -> str:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--plan", action="store_true", help="part A only (no training)")
+    parser.add_argument("--profile", action="store_true", help="parts C and D only (the profile bound)")
     args = parser.parse_args()
     OUT.mkdir(parents=True, exist_ok=True)
+    if args.profile:
+        table = profile_table()
+        table.to_csv(OUT / "profile.csv", index=False)
+        print(markdown(table), flush=True)
+        digits = digits_table(PROFILE)
+        digits.to_csv(OUT / "digits_profile.csv", index=False)
+        print(markdown(digits))
+        return
     plan = plan_table()
     plan.to_csv(OUT / "plan.csv", index=False)
     print(markdown(plan), flush=True)

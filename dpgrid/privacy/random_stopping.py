@@ -137,6 +137,17 @@ def epsilon_by_analysis(sample_rate: float, noise_multiplier: float, steps: int,
             if stopping["rule"] in COVERS[name]}
 
 
+def selection_noise(sample_rate: float, steps: int, epsilon: float, delta: float, stopping: dict,
+                    analysis: str = "rdp") -> float:
+    """The smallest nu at which the selection spends (epsilon, delta) under `analysis` (ANALYSES); `steps` = one
+    candidate's (seeds x T)."""
+    spent = lambda nu: ANALYSES[analysis](sample_rate, nu, steps, delta, stopping)  # noqa: E731
+    return smallest_noise(spent, epsilon, 1e-4, f"by {stopping['rule']} selection among {stopping['mean']:g} "
+                          f"candidates (expected) of {steps} steps each",
+                          key=["random_stopping", sample_rate, steps, delta, stopping] + ([] if analysis == "rdp"
+                                                                                           else [analysis]))
+
+
 class RandomStopping:
     """nu at which the whole random-stopping selection spends (epsilon, delta): the candidate's RDP curve (its
     seeds x T subsampled Gaussian steps, Opacus) with the stopping rule's theorem on top, then RDP -> (epsilon,
@@ -151,12 +162,9 @@ class RandomStopping:
                               privacy.get("stopping_rounds"))
         steps = plan.seeds * plan.steps  # one candidate: its seeds' runs composed
         analysis = str(privacy.get("selection_accountant", "rdp"))
-        spent = lambda nu: ANALYSES[analysis](plan.sample_rate, nu, steps, plan.delta, stopping)  # noqa: E731
-        nu = smallest_noise(spent, plan.epsilon, 1e-4, f"by {stopping['rule']} selection among {mean:g} candidates "
-                            f"(expected) of {steps} steps each",
-                            key=["random_stopping", plan.sample_rate, steps, plan.delta, stopping]
-                            + ([] if analysis == "rdp" else [analysis]))
-        epsilon = spent(nu)  # seeds accounted: the grid's, the published tables' and the budget's epsilon
+        nu = selection_noise(plan.sample_rate, steps, plan.epsilon, plan.delta, stopping, analysis)
+        epsilon = ANALYSES[analysis](plan.sample_rate, nu, steps, plan.delta, stopping)  # seeds accounted: the
+        # grid's, the published tables' and the budget's epsilon
         return dict(selection="random_stopping", account_seeds=True, composed_runs=plan.seeds, stopping=stopping,
                     selection_accountant=analysis,
                     epsilon_by_analysis=epsilon_by_analysis(plan.sample_rate, nu, steps, plan.delta, stopping),

@@ -73,6 +73,7 @@ def print_selection(plan) -> None:
     stop = plan.stopping
     shape = {"truncated_negative_binomial": f"eta = {stop.get('eta', 0):g}, gamma = {stop.get('gamma', 0):.4g}",
              "poisson": f"mu = {stop['mean']:g}",
+             "binomial": f"{stop.get('rounds')} rounds, p = {stop.get('p', 0):.4g}",
              "liu_talwar": f"stop probability {stop.get('gamma', 0):.4g}, at most {stop.get('max_candidates')}"}
     print(f"  random-stopping selection, {stop['rule']} ({shape[stop['rule']]}): {stop['mean']:g} candidates "
           f"expected, each a configuration drawn from the grid and trained {plan.seeds} times")
@@ -80,6 +81,10 @@ def print_selection(plan) -> None:
           f"configuration and its score (selection.json) are covered; runs.csv is a private log")
     print(f"  noise multiplier nu = {plan.noise_multiplier:.5g}; eps spent = {plan.epsilon_spent:.5g}; one "
           f"candidate's eps = {plan.epsilon_per_run:.5g}")
+    others = ", ".join(f"{eps:.5g} by {name}" for name, eps in plan.epsilon_by_analysis.items()
+                       if name != plan.selection_accountant)
+    print(f"  analysis: {plan.selection_accountant} (privacy.selection_accountant)"
+          + (f"; the same nu spends eps = {others}" if others else ""))
 
 
 def print_alternatives(plan, privacy: dict) -> None:
@@ -105,3 +110,31 @@ def print_comparison(plan) -> None:
         nus = [calibrate(plan.epsilon, plan.sample_rate, runs * plan.steps, plan.delta, accountant=accountant)
                for runs in (plan.composed_runs, per_config)]
         print(f"  {accountant:<11}{nus[0]:>13.4f}{nus[1]:>13.4f}   ({time.perf_counter() - start:.1f} s)", flush=True)
+    print_selection_comparison(plan)
+
+
+def print_selection_comparison(plan) -> None:
+    """nu for this grid's (eps, delta) by random stopping among E[K] = K candidates, per stopping rule, under the
+    Renyi analysis and the profile bound (a binomial of 2K rounds: the Renyi theorems do not cover it)."""
+    from dpgrid import DpgridError
+    from dpgrid.privacy.random_stopping import COVERS, parameters, selection_noise
+
+    mean = plan.stopping.get("mean", plan.n_configs) if plan.stopping else plan.n_configs
+    if mean <= 1:
+        return
+    eta = plan.stopping.get("eta", 0.0) if plan.stopping else 0.0
+    steps = plan.seeds * plan.steps
+    print(f"  random stopping, E[K] = {mean:g} candidates of {plan.seeds} runs:{'rdp nu':>12}{'profile nu':>12}", flush=True)
+    for rule in ("truncated_negative_binomial", "poisson", "binomial"):
+        stopping = parameters(rule, eta, mean, plan.delta, rounds=int(2 * mean))
+        start, nus = time.perf_counter(), []
+        print(f"  ({rule}: calibrating...)", file=sys.stderr, flush=True)
+        for analysis in ("rdp", "profile"):
+            try:
+                nus.append(f"{selection_noise(plan.sample_rate, steps, plan.epsilon, plan.delta, stopping, analysis):.4f}"
+                           if rule in COVERS[analysis] else "-")
+            except DpgridError:
+                nus.append("unreachable")
+        name = {"truncated_negative_binomial": f"truncated neg. binomial (eta {eta:g})",
+                "binomial": f"binomial ({int(2 * mean)} rounds)"}.get(rule, rule)
+        print(f"    {name:<43}{nus[0]:>12}{nus[1]:>12}   ({time.perf_counter() - start:.1f} s)", flush=True)

@@ -1,0 +1,98 @@
+"""Random stopping accounted by privacy profiles (privacy.selection_accountant=profile): what it buys on the
+paper's plans, the binomial rule, and what stays as it was. The bound itself is attacked in test_selection_toys."""
+
+
+import numpy as np
+import pytest
+
+from dpgrid import DpgridError
+from dpgrid.config import compile
+from dpgrid.privacy.random_stopping import parameters, selection_epsilon
+from dpgrid.privacy.selection_profiles import CandidateProfile, selection_delta
+from dpgrid.privacy.selection_profiles import selection_epsilon as profile_epsilon
+from dpgrid.results.selection import draw_count
+
+from .conftest import load_cfg
+
+PROFILE = {"privacy.selection": "random_stopping", "privacy.selection_accountant": "profile",
+           "privacy.accountant": "pld"}
+
+
+@pytest.mark.slow  # 18 candidate profiles of thousands of steps
+@pytest.mark.parametrize("dataset", ["mnist", "fashion_mnist", "ag_news"])
+def test_the_profile_bound_is_tighter_than_renyi_on_the_papers_plans(dataset):
+    """At the nu the RDP analysis calibrates for (eps, delta) = (3, 1e-5), with E[K] in {7, 25, 49} candidates of
+    5 runs: the profile bound's epsilon is below the RDP one for the truncated negative binomial and Poisson."""
+    for mean in (7, 25, 49):
+        plan = compile(load_cfg(dataset, "online", **{"privacy.selection": "random_stopping",
+                                                      "privacy.stopping_mean": mean})).plan
+        steps = plan.seeds * plan.steps
+        for stopping in (parameters("truncated_negative_binomial", 0.0, mean, plan.delta),
+                         parameters("poisson", 0.0, mean, plan.delta)):
+            rdp = selection_epsilon(plan.sample_rate, plan.noise_multiplier, steps, plan.delta, stopping)
+            profile = profile_epsilon(plan.sample_rate, plan.noise_multiplier, steps, plan.delta, stopping)
+            assert profile < rdp, (dataset, mean, stopping["rule"], profile, rdp)
+        assert plan.epsilon_by_analysis["rdp"] == pytest.approx(plan.epsilon_spent)
+        assert plan.epsilon_by_analysis["profile"] < plan.epsilon_spent
+
+
+def test_the_selection_epsilon_is_where_the_delta_bound_meets_delta():
+    """selection_epsilon's closed form eps_M(delta / E[K]) + min log R and selection_delta agree."""
+    profile = CandidateProfile(0.09, 5.0, 225)
+    stopping = parameters("truncated_negative_binomial", 0.0, 7, 1e-5)
+    epsilon = profile_epsilon(0.09, 5.0, 225, 1e-5, stopping)
+    assert selection_delta(profile.delta, stopping, epsilon * 1.001) <= 1e-5 < selection_delta(
+        profile.delta, stopping, epsilon * 0.99)
+
+
+@pytest.mark.slow  # a profile calibration on digits: 15 s
+def test_a_profile_plan_needs_less_noise_and_records_both_analyses():
+    rdp = compile(load_cfg("digits", "online", **{"privacy.selection": "random_stopping"})).plan
+    profile = compile(load_cfg("digits", "online", **PROFILE)).plan
+    assert (rdp.selection_accountant, profile.selection_accountant) == ("rdp", "profile")
+    assert profile.noise_multiplier < rdp.noise_multiplier
+    assert profile.epsilon_spent == pytest.approx(profile.epsilon_by_analysis["profile"])
+    assert profile.epsilon_spent <= 3
+    assert profile.epsilon_by_analysis["rdp"] > 3  # the RDP analysis would not cover this nu
+    assert set(rdp.epsilon_by_analysis) == {"rdp", "profile"}
+
+
+@pytest.mark.slow  # a profile calibration on digits
+def test_binomial_candidates_follow_their_distribution():
+    stopping = parameters("binomial", 0.0, 7, 1e-5, rounds=14)
+    draws = [draw_count(stopping, u) for u in (np.arange(20000) + 0.5) / 20000]
+    assert np.mean(draws) == pytest.approx(7, rel=1e-3) and np.var(draws) == pytest.approx(14 * 0.5 * 0.5, rel=1e-2)
+    assert min(draws) == 0 and max(draws) <= 14
+    plan = compile(load_cfg("digits", "online", **PROFILE, **{"privacy.stopping": "binomial",
+                                                               "privacy.stopping_rounds": 14})).plan
+    assert plan.stopping == {"rule": "binomial", "mean": 7.0, "rounds": 14, "p": 0.5}
+    assert set(plan.epsilon_by_analysis) == {"profile"} and plan.epsilon_spent <= 3
+
+
+@pytest.mark.parametrize("settings, message", [
+    ({"privacy.stopping": "binomial"}, "privacy.stopping=binomial is not covered by privacy.selection_accountant=rdp"),
+    ({**PROFILE, "privacy.stopping": "binomial"}, "privacy.stopping=binomial needs privacy.stopping_rounds"),
+    ({**PROFILE, "privacy.stopping": "binomial", "privacy.stopping_rounds": 7},
+     "privacy.stopping_rounds must be a whole number > the expected number of candidates 7"),
+    ({**PROFILE, "privacy.accountant": "rdp"}, "privacy.selection_accountant=profile needs privacy.accountant=pld"),
+    ({**PROFILE, "privacy.stopping": "liu_talwar"}, "privacy.stopping=liu_talwar is not covered by"),
+    ({**PROFILE, "privacy.selection_accountant": "exact"}, "privacy.selection_accountant must be one of"),
+])
+def test_bad_profile_settings_are_one_line(settings, message):
+    with pytest.raises(DpgridError, match=message) as refused:
+        compile(load_cfg("digits", "online", **{"privacy.selection": "random_stopping", **settings}))
+    assert "\n" not in str(refused.value)
+
+
+def test_the_new_settings_leave_every_existing_grid_its_hash():
+    """Added keys at their defaults are not hashed: grids made before them keep their config hash."""
+    from dpgrid.config.compile import config_hash, settings_of
+
+    for overrides in ({}, {"privacy.selection": "random_stopping"}):
+        plain = settings_of(load_cfg("digits", "online", **overrides))
+        older = {**plain, "privacy": {k: v for k, v in plain["privacy"].items()
+                                      if k not in ("selection_accountant", "stopping_rounds")}}
+        assert config_hash(plain) == config_hash(older)
+    profile = settings_of(load_cfg("digits", "online", **PROFILE))
+    assert config_hash(profile) != config_hash(settings_of(load_cfg("digits", "online", **{
+        "privacy.selection": "random_stopping", "privacy.accountant": "pld"})))

@@ -1,5 +1,7 @@
 """The README's promises that are words, not code: they must stay stated (privacy in every mode, point 2)."""
 
+import pytest
+
 from .conftest import ROOT
 
 
@@ -56,3 +58,41 @@ def test_the_protocols_reference_figures_are_what_dpgrid_plan_prints():
 def test_the_docs_need_nothing_outside_the_repository():
     for path in [ROOT / "README.md", *(ROOT / "docs").rglob("*.md")]:
         assert "../shared" not in path.read_text(), path
+
+
+REFUSED_ON_PURPOSE = {"strategy.clip0=-1"}  # the README times a refusal
+
+
+@pytest.mark.slow  # every quoted script's --help (each imports torch)
+def test_the_commands_the_readme_quotes_still_run():
+    """Every `dpgrid run|plan ...` the README quotes (beside its times and figures) still composes and compiles
+    (the one refusal it times is still refused), and every `python scripts/...` still exists and takes the
+    options it is quoted with."""
+    import re
+    import subprocess
+    import sys
+
+    from dpgrid import DpgridError
+    from dpgrid.api import compose
+    from dpgrid.config import compile
+
+    text = (ROOT / "README.md").read_text()
+    quoted = {" ".join(c.split()) for c in re.findall(r"`((?:time )?(?:dpgrid (?:run|plan)|python scripts/)[^`]*)`", text)}
+    dpgrid_commands = [c for c in quoted if "dpgrid " in c and "<" not in c and "..." not in c]
+    scripts = [c for c in quoted if c.startswith("python scripts/")]
+    assert len(dpgrid_commands) >= 6 and len(scripts) >= 3, quoted
+    for command in dpgrid_commands:
+        overrides = [a for a in command.split()[2 + command.startswith("time"):] if not a.startswith("-")]
+        if set(overrides) & REFUSED_ON_PURPOSE:
+            with pytest.raises(DpgridError):
+                compile(compose(overrides), plan=False)
+        else:
+            compile(compose(overrides), plan=False)
+    for command in scripts:
+        script = ROOT / command.split()[1]
+        assert script.exists(), command
+        flags = re.findall(r"--[\w-]+", command)
+        usage = subprocess.run([sys.executable, str(script), "--help"], capture_output=True, text=True, cwd=ROOT)
+        assert usage.returncode == 0, usage.stderr
+        for flag in flags:
+            assert flag in usage.stdout, (command, flag)

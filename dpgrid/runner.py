@@ -79,7 +79,7 @@ def run_one(spec, data, config: dict, seed: int, progress: bool):
                      sampling=train.sampling)
 
 
-def run_group(spec, data, runs: list) -> list:
+def run_group(spec, data, runs: list, progress: bool = False) -> list:
     """The results of `runs` ((configuration, seed) pairs) trained stacked: the same numbers as run_one's,
     within float rounding (dpgrid.training.stacked)."""
     device = data.x_train.device
@@ -90,7 +90,7 @@ def run_group(spec, data, runs: list) -> list:
     hp = {k: tuple(c[k] for c in configs) for k in configs[0] if k != "config_id"}
     strategy = build_strategy(spec, stack.params, hp, [noise for _, noise in pairs])
     return train_group(models, StackedEngine(stack, data.task), strategy, data, spec.plan.steps, spec.plan.sample_rate,
-                       spec.train.eval_every, [sampler for sampler, _ in pairs], spec.train.sampling)
+                       spec.train.eval_every, [sampler for sampler, _ in pairs], spec.train.sampling, progress)
 
 
 def build_strategy(spec, params, hp: dict, generator):
@@ -204,7 +204,8 @@ def train_grid(spec, out: Path, progress: bool) -> pd.DataFrame:
         left = [(c, s) for c, s in group if (c["config_id"], s) not in done]
         if not left:
             continue
-        results = run_group(spec, data, group) if size > 1 else [run_one(spec, data, *group[0], progress and not quiet)]
+        results = run_group(spec, data, group, progress and not quiet) if size > 1 else \
+            [run_one(spec, data, *group[0], progress and not quiet)]
         for (config, seed), result in zip(group, results):  # each run committed on its own, as when trained alone
             if (config, seed) not in left:
                 continue

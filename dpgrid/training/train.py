@@ -116,7 +116,7 @@ def validate(model, strategy, data, step: int, result: RunResult, run: int = Non
 
 
 def train_group(models: list, engine, strategy, data, steps: int, sample_rate: float, eval_every: int,
-                sample_generators: list, sampling: str = "poisson") -> list:
+                sample_generators: list, sampling: str = "poisson", progress: bool = True) -> list:
     """G runs stacked (dpgrid.training.stacked): each run's batch from its own generator, one step for all,
     each run validated as train_run validates it. A diverged run is finished and left out of validation; its
     slice goes on computing (nothing crosses between runs) until the group ends. Each run's seconds are its
@@ -127,7 +127,9 @@ def train_group(models: list, engine, strategy, data, steps: int, sample_rate: f
     start = time.perf_counter()
     samplers = [batches(data.n_train, sample_rate, strategy.batch_size, sampling, g) for g in sample_generators]
     training = list(range(len(models)))
-    for step in range(1, steps + 1):
+    bar = tqdm(range(1, steps + 1), desc=f"steps ({len(models)} runs together)", leave=False,
+               disable=None if progress else True)
+    for step in bar:
         strategy.step(engine(*padded_batch(data, [next(s) for s in samplers])))
         for run in training:
             results[run].steps = step

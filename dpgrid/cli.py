@@ -95,7 +95,7 @@ def plan_command(args: list) -> None:
     cfg = compose([a for a in args if a not in ("--json", "--compare")])
     from dpgrid.config import compile
     from dpgrid.reporting.describe import (print_alternatives, print_comparison, print_expected_time, print_schedule,
-                                           print_seeds_cost, print_selection)
+                                           print_seeds_cost, print_selection, print_selection_comparison)
 
     start = time.perf_counter()
     spec = compile(cfg).announce()
@@ -127,6 +127,7 @@ def plan_command(args: list) -> None:
         print_alternatives(plan, spec.privacy)
         if compare:
             print_comparison(plan)
+            print_selection_comparison(plan)
             seconds = time.perf_counter() - start  # the timing line covers the comparison too
     for c in [] if plan.schedule else plan.configurations:  # a schedule's plan lists them with their iterations
         print("   ", c["config_id"], " ".join(f"{k}={v:.4g}" for k, v in c.items() if k != "config_id"))

@@ -96,3 +96,24 @@ def test_the_new_settings_leave_every_existing_grid_its_hash():
     profile = settings_of(load_cfg("digits", "online", **PROFILE))
     assert config_hash(profile) != config_hash(settings_of(load_cfg("digits", "online", **{
         "privacy.selection": "random_stopping", "privacy.accountant": "pld"})))
+
+
+@pytest.mark.slow  # six selection calibrations
+def test_plan_compare_shows_random_stopping_under_both_analyses(capsys):
+    """`dpgrid plan --compare`: per stopping rule, nu under the Renyi analysis and the profile bound ('-' where an
+    analysis does not cover the rule), each the calibration of that analysis."""
+    from dpgrid.privacy.random_stopping import parameters, selection_noise
+    from dpgrid.reporting.describe import print_selection_comparison
+
+    plan = compile(load_cfg("digits", "online", **{"grid.k": 2, "train.epochs": 2}), 1437).plan
+    print_selection_comparison(plan)
+    out, err = capsys.readouterr()
+    rows = {line.split()[0]: line.split() for line in out.splitlines()[1:]}
+    assert err.splitlines() == [f"  ({rule}: calibrating...)" for rule in ("truncated_negative_binomial", "poisson",
+                                                                            "binomial")]
+    tnb = parameters("truncated_negative_binomial", 0.0, 2, plan.delta)
+    steps = plan.seeds * plan.steps
+    for column, analysis in ((-4, "rdp"), (-3, "profile")):
+        assert float(rows["truncated"][column]) == pytest.approx(
+            selection_noise(plan.sample_rate, steps, 3, plan.delta, tnb, analysis), abs=1e-4)
+    assert rows["binomial"][-4] == "-" and float(rows["binomial"][-3]) > 0

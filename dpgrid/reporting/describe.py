@@ -110,7 +110,6 @@ def print_comparison(plan) -> None:
         nus = [calibrate(plan.epsilon, plan.sample_rate, runs * plan.steps, plan.delta, accountant=accountant)
                for runs in (plan.composed_runs, per_config)]
         print(f"  {accountant:<11}{nus[0]:>13.4f}{nus[1]:>13.4f}   ({time.perf_counter() - start:.1f} s)", flush=True)
-    print_selection_comparison(plan)
 
 
 def print_selection_comparison(plan) -> None:

@@ -63,14 +63,11 @@ def test_the_docs_need_nothing_outside_the_repository():
 REFUSED_ON_PURPOSE = {"strategy.clip0=-1"}  # the README times a refusal
 
 
-@pytest.mark.slow  # every quoted script's --help (each imports torch)
 def test_the_commands_the_readme_quotes_still_run():
     """Every `dpgrid run|plan ...` the README quotes (beside its times and figures) still composes and compiles
     (the one refusal it times is still refused), and every `python scripts/...` still exists and takes the
     options it is quoted with."""
     import re
-    import subprocess
-    import sys
 
     from dpgrid import DpgridError
     from dpgrid.api import compose
@@ -88,11 +85,9 @@ def test_the_commands_the_readme_quotes_still_run():
                 compile(compose(overrides), plan=False)
         else:
             compile(compose(overrides), plan=False)
-    for command in scripts:
+    for command in scripts:  # the options its argument parser declares (running each --help costs seconds)
         script = ROOT / command.split()[1]
         assert script.exists(), command
-        flags = re.findall(r"--[\w-]+", command)
-        usage = subprocess.run([sys.executable, str(script), "--help"], capture_output=True, text=True, cwd=ROOT)
-        assert usage.returncode == 0, usage.stderr
-        for flag in flags:
-            assert flag in usage.stdout, (command, flag)
+        declared = set(re.findall(r"add_argument\(\s*\"(--[\w-]+)\"", script.read_text()))
+        for flag in re.findall(r"--[\w-]+", command):
+            assert flag in declared, (command, flag)

@@ -26,6 +26,7 @@ import subprocess
 import sys
 import time
 import warnings
+from dataclasses import replace
 
 import torch
 
@@ -160,13 +161,19 @@ def peak_rss_mb() -> float:
         return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
 
-def peak_memory_mb(model_name, method, engine_name) -> float:
-    """Peak resident memory a step adds above its set-up, in a fresh process so peaks do not mix."""
-    code = (f"import sys; sys.path.insert(0, {os.path.dirname(os.path.abspath(__file__))!r}); "
-            f"import bench; step = bench.make_step({model_name!r}, {method!r}, {engine_name!r}); "
-            "base = bench.peak_rss_mb(); [step() for _ in range(3)]; print(bench.peak_rss_mb() - base)")
+def peak_in_fresh_process(setup: str, work: str) -> float:
+    """Peak resident memory (MB) that `work` adds above `setup` (Python statements using this module as `bench`),
+    in a fresh process so peaks do not mix."""
+    code = (f"import sys; sys.path.insert(0, {os.path.dirname(os.path.abspath(__file__))!r}); import bench; {setup}; "
+            f"base = bench.peak_rss_mb(); {work}; print(bench.peak_rss_mb() - base)")
     out = subprocess.run([sys.executable, "-W", "ignore", "-c", code], capture_output=True, text=True, check=True)
     return float(out.stdout.strip().splitlines()[-1])
+
+
+def peak_memory_mb(model_name, method, engine_name) -> float:
+    """Peak resident memory a step adds above its set-up."""
+    return peak_in_fresh_process(f"step = bench.make_step({model_name!r}, {method!r}, {engine_name!r})",
+                                 "[step() for _ in range(3)]")
 
 
 # --grid: a whole grid (K configurations x 5 seeds) of online, trained one run at a time and stacked
@@ -179,6 +186,7 @@ def grid_job(model_name, mode, setting="auto"):
     `dpgrid run` groups it with train.parallel_runs=`setting` ("parallel"); validation once, at the end."""
     from dpgrid.config import planned
     from dpgrid.data import Data, load
+    from dpgrid.models import build_model
     from dpgrid.runner import run_group, run_one
     from dpgrid.training.stacked import group_size
 
@@ -194,11 +202,10 @@ def grid_job(model_name, mode, setting="auto"):
         y = x if task == "reconstruction" else torch.randint(0, classes, (n + 512,), generator=g)
         data = Data(x[:n], y[:n], x[n:], y[n:], task)
     spec = planned(spec, data.n_train)
-    spec = type(spec)(**{**spec.__dict__, "plan": type(spec.plan)(**{**spec.plan.__dict__, "steps": steps})})
+    spec = replace(spec, plan=replace(spec.plan, steps=steps))  # enough steps to time, not the dataset's T
     runs = [(c, s) for c in spec.plan.configurations for s in range(5)]
-    size = 1 if mode == "sequential" else group_size(
-        setting, MODELS[model_name][0]() if model_name != "mlp" else __import__("dpgrid.models").models.mlp(),
-        spec.strategy_cls, len(runs), spec.plan.batch_size, torch.device("cpu"))[0]
+    size = 1 if mode == "sequential" else group_size(setting, build_model(spec.model), spec.strategy_cls, len(runs),
+                                                     spec.plan.batch_size, torch.device("cpu"))[0]
 
     def job():
         for start in range(0, len(runs), size):
@@ -209,12 +216,8 @@ def grid_job(model_name, mode, setting="auto"):
 
 
 def grid_peak_mb(model_name, mode, setting) -> float:
-    """Peak resident memory of one pass of grid_job above its set-up, in a fresh process."""
-    code = (f"import sys; sys.path.insert(0, {os.path.dirname(os.path.abspath(__file__))!r}); "
-            f"import bench; job = bench.grid_job({model_name!r}, {mode!r}, {setting!r}); "
-            "base = bench.peak_rss_mb(); job(); print(bench.peak_rss_mb() - base)")
-    out = subprocess.run([sys.executable, "-W", "ignore", "-c", code], capture_output=True, text=True, check=True)
-    return float(out.stdout.strip().splitlines()[-1])
+    """Peak resident memory of one pass of grid_job above its set-up."""
+    return peak_in_fresh_process(f"job = bench.grid_job({model_name!r}, {mode!r}, {setting!r})", "job()")
 
 
 def bench_grids(models: list, repeats: int, memory: bool, setting: str = "auto") -> list:

@@ -7,7 +7,9 @@ what it records: the noise, its split among the strategy's queries, and what it 
 becomes a random-stopping selection with privacy.selection=random_stopping.
 
 - composition (composition.py): the K runs compose (privacy.accountant: rdp, pld or prv, accountants.py);
-- random_stopping (random_stopping.py): only the best of a random number of candidates is released;
+- random_stopping (random_stopping.py): only the best of a random number of candidates is released, accounted
+  by the Renyi theorems or (privacy.selection_accountant=profile) by the profile bound (selection_profiles.py),
+  one entry each in random_stopping.ANALYSES;
 - noise_schedule (noise_schedule.py): each run's sigma_t schedule is fitted into a zCDP budget.
 """
 

@@ -246,3 +246,4 @@ def test_a_weakened_profile_bound_is_caught(weakened):
             exact, _ = profile_gap(p, q, stopping, epsilon, bound)
             broken += exact > bound * (1 + 1e-9) + 1e-15
     assert broken > 0
+

@@ -15,7 +15,13 @@ times and releases the best output. With u(e3) = 1 - (1 - delta_M(e3)) e^-e3 and
 
 the theorem is   delta_A(eps) <= E[K] delta_M(eps - log R(e3))   for every e3 >= 0, so at a target delta
 
-    eps_A(delta) = eps_M(delta / E[K]) + min_e3 log R(e3)        (the minimum over a grid of e3).
+    eps_A(delta) = eps_M(delta / E[K]) + min_e3 log R(e3)        (the minimum over a grid of e3);
+
+and by bands of s = P[Y > y], 0 = a_0 < ... < a_J = 1, with L_j the largest log f'(F)/f'(G) on band j,
+
+    delta_A(eps) <= sum_j f'(1 - a_j) min(delta_M(eps - L_j(e3)), a_{j+1} - a_j).
+
+dpgrid uses the smaller of the two.
 """
 
 import math

@@ -8,7 +8,7 @@ import pytest
 from dpgrid import DpgridError
 from dpgrid.config import compile
 from dpgrid.privacy.random_stopping import parameters, selection_epsilon
-from dpgrid.privacy.selection_profiles import CandidateProfile, selection_delta
+from dpgrid.privacy.selection_profiles import PROFILE_GRID, CandidateProfile, selection_delta
 from dpgrid.privacy.selection_profiles import selection_epsilon as profile_epsilon
 from dpgrid.results.selection import draw_count
 
@@ -40,12 +40,14 @@ def test_the_profile_bound_is_tighter_than_renyi_on_the_papers_plans(dataset):
 
 
 def test_the_selection_epsilon_is_where_the_delta_bound_meets_delta():
-    """selection_epsilon's closed form eps_M(delta / E[K]) + min log R and selection_delta agree."""
+    """selection_epsilon's closed form eps_M(delta / E[K]) + min log R and selection_delta agree, to the profile
+    grid's step: the closed form reads eps_M exactly, selection_delta reads delta_M at the grid point below."""
     profile = CandidateProfile(0.09, 5.0, 225)
     stopping = parameters("truncated_negative_binomial", 0.0, 7, 1e-5)
     epsilon = profile_epsilon(0.09, 5.0, 225, 1e-5, stopping)
-    assert selection_delta(profile.delta, stopping, epsilon * 1.001) <= 1e-5 < selection_delta(
-        profile.delta, stopping, epsilon * 0.99)
+    step = PROFILE_GRID[1] - PROFILE_GRID[0]
+    assert selection_delta(profile.delta, stopping, epsilon + step) <= 1e-5 < selection_delta(
+        profile.delta, stopping, epsilon - 2 * step)
 
 
 @pytest.mark.slow  # a profile calibration on digits: 15 s

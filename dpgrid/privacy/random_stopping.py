@@ -163,11 +163,10 @@ class RandomStopping:
         steps = plan.seeds * plan.steps  # one candidate: its seeds' runs composed
         analysis = str(privacy.get("selection_accountant", "rdp"))
         nu = selection_noise(plan.sample_rate, steps, plan.epsilon, plan.delta, stopping, analysis)
-        epsilon = ANALYSES[analysis](plan.sample_rate, nu, steps, plan.delta, stopping)  # seeds accounted: the
-        # grid's, the published tables' and the budget's epsilon
+        by_analysis = epsilon_by_analysis(plan.sample_rate, nu, steps, plan.delta, stopping)
+        epsilon = by_analysis[analysis]  # seeds accounted: the grid's, the published tables' and the budget's epsilon
         return dict(selection="random_stopping", account_seeds=True, composed_runs=plan.seeds, stopping=stopping,
-                    selection_accountant=analysis,
-                    epsilon_by_analysis=epsilon_by_analysis(plan.sample_rate, nu, steps, plan.delta, stopping),
+                    selection_accountant=analysis, epsilon_by_analysis=by_analysis,
                     noise_multiplier=nu, per_query=strategy_cls.split_noise(nu, options, plan.batch_size),
                     epsilon_spent=epsilon, epsilon_grid=epsilon, epsilon_with_seeds=epsilon,
                     epsilon_per_run=rdp_epsilon(plan.sample_rate, nu, steps, plan.delta))

@@ -99,19 +99,19 @@ def leaves(node, prefix=""):
 
 def numeric_keys() -> dict:
     """Every numeric leaf (or list of numbers) of conf/, with a dataset and strategy that has it. A dataset's
-    keys (dataset.*, model.*) do not depend on the strategy nor a strategy's on the dataset: each dataset
-    is composed with the first strategy and each strategy with the first dataset (18 compositions, not 81)."""
+    keys (dataset.*, model.*) do not depend on the strategy nor a strategy's on the dataset: the i-th dataset
+    is composed with the i-th strategy (9 compositions at collection, not 81)."""
     found = {}
     datasets = sorted(p.stem for p in (ROOT / "conf" / "dataset").glob("*.yaml"))
     strategies = sorted(p.stem for p in (ROOT / "conf" / "strategy").glob("*.yaml"))
-    for dataset in datasets:
-        for strategy in strategies if dataset == datasets[0] else strategies[:1]:
-            cfg = OmegaConf.to_container(load_cfg(dataset, strategy), resolve=True)
-            for key, value in leaves(cfg):
-                numeric = isinstance(value, (int, float)) and not isinstance(value, bool)
-                numeric = numeric or (isinstance(value, list) and bool(value) and all(isinstance(x, (int, float)) for x in value))
-                if numeric:
-                    found.setdefault(key, (dataset, strategy, []))
+    for i in range(max(len(datasets), len(strategies))):
+        dataset, strategy = datasets[min(i, len(datasets) - 1)], strategies[min(i, len(strategies) - 1)]
+        cfg = OmegaConf.to_container(load_cfg(dataset, strategy), resolve=True)
+        for key, value in leaves(cfg):
+            numeric = isinstance(value, (int, float)) and not isinstance(value, bool)
+            numeric = numeric or (isinstance(value, list) and bool(value) and all(isinstance(x, (int, float)) for x in value))
+            if numeric:
+                found.setdefault(key, (dataset, strategy, []))
     return {**found, **{k: v for k, v in WHERE.items() if k in found}}
 
 

@@ -179,6 +179,36 @@ def peak_memory_mb(model_name, method, engine_name) -> float:
 # --grid: a whole grid (K configurations x 5 seeds) of online, trained one run at a time and stacked
 # (train.parallel_runs=auto); (dataset config, K, steps per run, N of the synthetic training set)
 GRIDS = {"mlp": ("digits", 7, 100, 1437), "bag_of_words": ("ag_news", 7, 20, 8192), "cnn": ("mnist", 2, 4, 8192)}
+# the speedup each grid should reach on a 2-core CPU (cnn: never slower)
+GRID_TARGETS = {"mlp": 4.0, "bag_of_words": 4.0, "cnn": 1.0}
+
+
+def matmul_floor_s(model, batch_size: int, repeats: int = 50):
+    """Seconds per step of the matmuls no private step of `model` avoids, timed alone: each Linear layer's
+    forward and weight gradient, and the input gradient of every layer but the first. Stacking, or anything else
+    that still does them, cannot take a run-step below this. None for models with other parameterised layers."""
+    if not all(isinstance(m, torch.nn.Linear) or not list(m.parameters()) for m in model):
+        return None
+    layers = [m for m in model if isinstance(m, torch.nn.Linear)]
+    inputs = [torch.randn(batch_size, m.in_features) for m in layers]
+    out_grads = [torch.randn(batch_size, m.out_features) for m in layers]
+
+    def step():
+        for i, (m, a, g) in enumerate(zip(layers, inputs, out_grads)):
+            torch.addmm(m.bias, a, m.weight.t()) if m.bias is not None else a @ m.weight.t()
+            g.t() @ a
+            if i > 0:
+                g @ m.weight
+
+    with torch.no_grad():
+        for _ in range(5):
+            step()
+        times = []
+        for _ in range(repeats):
+            start = time.perf_counter()
+            step()
+            times.append(time.perf_counter() - start)
+    return statistics.median(times)
 
 
 def grid_job(model_name, mode, setting="auto"):
@@ -212,6 +242,7 @@ def grid_job(model_name, mode, setting="auto"):
             group = runs[start:start + size]
             run_group(spec, data, group) if size > 1 else run_one(spec, data, *group[0], progress=False)
     job.runs, job.size = len(runs), size
+    job.floor_s = matmul_floor_s(build_model(spec.model), spec.plan.batch_size)
     return job
 
 
@@ -233,9 +264,15 @@ def bench_grids(models: list, repeats: int, memory: bool, setting: str = "auto")
                 job()
                 times[mode].append(time.perf_counter() - start)
         sequential, parallel = statistics.median(times["sequential"]), statistics.median(times["parallel"])
+        run_steps = jobs["parallel"].runs * GRIDS[model_name][2]
+        floor = jobs["parallel"].floor_s
         rows.append({"model": model_name, "runs": jobs["parallel"].runs, "group": jobs["parallel"].size,
                      "steps_per_run": GRIDS[model_name][2], "sequential_s": sequential, "parallel_s": parallel,
-                     "speedup": sequential / parallel,
+                     "speedup": sequential / parallel, "target": GRID_TARGETS[model_name],
+                     "met": sequential / parallel >= GRID_TARGETS[model_name],
+                     # the most any method that keeps the step's matmuls could gain over one run at a time
+                     "matmul_floor_ms": floor * 1e3 if floor else None,
+                     "ceiling": sequential / run_steps / floor if floor else None,
                      "peak_mb": grid_peak_mb(model_name, "parallel", setting) if memory else None})
     return rows
 
@@ -276,10 +313,16 @@ def main():
             print(json.dumps({"machine": machine, "grid": rows}, indent=2))
             return
         print(f"machine: {machine}")
-        print(f"{'model':<13} {'runs':>5} {'group':>6} {'one at a time s':>16} {'stacked s':>10} {'speedup':>8} {'peak MB':>8}")
+        print(f"{'model':<13} {'runs':>5} {'group':>6} {'one at a time s':>16} {'stacked s':>10} {'speedup':>8} "
+              f"{'target':>7} {'ceiling':>8} {'peak MB':>8}")
+        nan = float("nan")
         for r in rows:
             print(f"{r['model']:<13} {r['runs']:>5} {r['group']:>6} {r['sequential_s']:>16.2f} {r['parallel_s']:>10.2f} "
-                  f"{r['speedup']:>8.2f} {r['peak_mb'] if r['peak_mb'] is not None else float('nan'):>8.0f}")
+                  f"{r['speedup']:>8.2f} {r['target']:>6.1f}{'' if r['met'] else '!'} "
+                  f"{r['ceiling'] if r['ceiling'] is not None else nan:>8.2f} "
+                  f"{r['peak_mb'] if r['peak_mb'] is not None else nan:>8.0f}")
+        print("target: the speedup to reach on a 2-core CPU (! not met); ceiling: one run at a time's time per "
+              "run-step over the matmuls no private step avoids, timed alone (the most any method keeping them gains)")
         return
 
     report = {"machine": {"cpu": platform.processor() or platform.machine(), "cores": os.cpu_count(),

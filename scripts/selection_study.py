@@ -108,7 +108,7 @@ def profile_table() -> pd.DataFrame:
         for mean in (7, 25, 49):
             row = dict(epsilon=epsilon, K=mean, composition=calibrate(epsilon, plan.sample_rate, mean * plan.steps,
                                                                        plan.delta))
-            for rule in ("truncated_negative_binomial", "poisson", "binomial"):
+            for rule in COVERS["profile"]:
                 stopping = parameters(rule, 0.0, mean, plan.delta, rounds=2 * mean)
                 for analysis in ("rdp", "profile"):
                     if rule in COVERS[analysis]:

@@ -175,27 +175,23 @@ def check_config(cfg, n_train: int = None) -> list:
 
 def check_selection(read: Reader) -> None:
     """Random stopping's keys, and the settings a selection cannot be combined with."""
-    from dpgrid.privacy.random_stopping import RULES
+    from dpgrid.privacy.random_stopping import ANALYSES, COVERS, RULES
 
     read.choice("privacy.stopping", RULES)
     read.real("privacy.stopping_eta", "a number in (-1, 100]", lambda v: -1 < v <= 100)
     if read.has("privacy.stopping_mean"):
         read.real("privacy.stopping_mean", "a number > 1 (the expected number of candidates)", lambda v: v > 1)
     read.whole("privacy.stopping_seed", low=0)
-    analysis = read.choice("privacy.selection_accountant", ("rdp", "profile"))
-    from dpgrid.privacy.random_stopping import COVERS
-
+    analysis = read.choice("privacy.selection_accountant", tuple(ANALYSES))
     if read.get("privacy.stopping") not in COVERS[analysis]:
         raise DpgridError(f"privacy.stopping={read.get('privacy.stopping')} is not covered by "
                           f"privacy.selection_accountant={analysis}; it covers {', '.join(COVERS[analysis])}")
-    if read.get("privacy.stopping") == "binomial":
-        if not read.has("privacy.stopping_rounds"):
-            raise DpgridError("privacy.stopping=binomial needs privacy.stopping_rounds, its number of rounds m (a whole "
-                              "number > the expected number of candidates; each round trains a candidate with "
-                              "probability mean / m)")
+    if read.get("privacy.stopping") == "binomial" and not read.has("privacy.stopping_rounds"):
+        raise DpgridError("privacy.stopping=binomial needs privacy.stopping_rounds, its number of rounds m (a whole "
+                          "number > the expected number of candidates; each round trains a candidate with "
+                          "probability mean / m)")
+    if read.has("privacy.stopping_rounds"):  # unused by the other rules, but never a bad value
         read.whole("privacy.stopping_rounds", low=2)
-    elif read.has("privacy.stopping_rounds"):
-        read.whole("privacy.stopping_rounds", low=2)  # unused by this rule, but never a bad value
     # the candidate's accountant: Renyi curves for the RDP theorems, dp-accounting's PLD for the profile bound
     accountant = {"rdp": ("rdp", "the stopping theorems are Renyi bounds"),
                   "profile": ("pld", "the profile bound needs the candidate's privacy profile, which RDP and PRV "

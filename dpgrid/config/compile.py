@@ -25,7 +25,10 @@ from dpgrid import DpgridError
 
 # Settings that cannot change what a run computes. data.root: the data's content is recorded instead
 # (plan.json's data_files), so a moved data directory resumes and a changed file is named.
-NOT_HASHED = ("train.device", "train.engine", "train.threads", "train.parallel_runs", "grid.only", "overwrite", "grid.allow_large", "data.root")
+NOT_HASHED = ("train.device", "train.engine", "train.threads", "train.parallel_runs", "grid.only", "overwrite", "grid.allow_large", "data.root",
+              "dataset.stacked_seconds_per_step")  # the last a time estimate only
+# settings added after grids were recorded, hashed only when set away from these defaults: older grids keep their hash
+HASHED_WHEN_SET = {"train.float64": False, "privacy.selection_accountant": "rdp", "privacy.stopping_rounds": None}
 
 
 @dataclass(frozen=True)
@@ -224,13 +227,11 @@ def hashed(settings: dict, private: bool = True) -> dict:
     for key in unhashed:
         section, _, name = key.rpartition(".")
         (plain.get(section, {}) if section else plain).pop(name, None)
-    plain.get("dataset", {}).pop("stacked_seconds_per_step", None)  # a time estimate only (added later: unhashed)
-    privacy = plain.get("privacy", {})
-    for key, default in (("selection_accountant", "rdp"), ("stopping_rounds", None)):  # added later: hashed when set
-        if key in privacy and privacy[key] == default:
-            privacy.pop(key)
-    if not plain["train"].get("float64"):  # a key added later is hashed only when set: older grids keep their hash
-        plain["train"].pop("float64", None)
+    for key, default in HASHED_WHEN_SET.items():
+        section, _, name = key.rpartition(".")
+        node = plain.get(section, {})
+        if name in node and node[name] == default:
+            node.pop(name)
     return plain
 
 

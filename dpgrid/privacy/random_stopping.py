@@ -25,7 +25,6 @@ import numpy as np
 
 from dpgrid.privacy.accountants import rdp_epsilon, smallest_noise
 
-RULES = ("truncated_negative_binomial", "poisson", "binomial", "liu_talwar")
 # orders lambda (and lambda-hat): fine near 1, where the log(E[K]) / (lambda - 1) term is steep
 ORDERS = [1 + x / 20 for x in range(1, 80)] + [5 + x / 2 for x in range(0, 30)] + list(range(20, 64)) + \
          [64, 80, 96, 128, 192, 256, 384, 512, 1024]
@@ -129,6 +128,7 @@ def profile_epsilon(sample_rate: float, noise_multiplier: float, steps: int, del
 ANALYSES = {"rdp": selection_epsilon, "profile": profile_epsilon}
 COVERS = {"rdp": ("truncated_negative_binomial", "poisson", "liu_talwar"),
           "profile": ("truncated_negative_binomial", "poisson", "binomial")}
+RULES = tuple(dict.fromkeys(rule for rules in COVERS.values() for rule in rules))  # privacy.stopping's choices
 
 
 def epsilon_by_analysis(sample_rate: float, noise_multiplier: float, steps: int, delta: float, stopping: dict) -> dict:

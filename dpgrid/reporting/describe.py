@@ -124,7 +124,7 @@ def print_selection_comparison(plan) -> None:
     eta = plan.stopping.get("eta", 0.0) if plan.stopping else 0.0
     steps = plan.seeds * plan.steps
     print(f"  random stopping, E[K] = {mean:g} candidates of {plan.seeds} runs:{'rdp nu':>12}{'profile nu':>12}", flush=True)
-    for rule in ("truncated_negative_binomial", "poisson", "binomial"):
+    for rule in COVERS["profile"]:  # the rules both analyses are compared on (RDP: "-" for the binomial)
         stopping = parameters(rule, eta, mean, plan.delta, rounds=int(2 * mean))
         start, nus = time.perf_counter(), []
         print(f"  ({rule}: calibrating...)", file=sys.stderr, flush=True)

@@ -236,15 +236,15 @@ def grid_job(model_name, mode, setting="auto"):
     spec = planned(spec, data.n_train)
     spec = replace(spec, plan=replace(spec.plan, steps=steps))  # enough steps to time, not the dataset's T
     runs = [(c, s) for c in spec.plan.configurations for s in range(5)]
-    size = 1 if mode == "sequential" else group_size(setting, build_model(spec.model), spec.strategy_cls, len(runs),
+    model = build_model(spec.model)
+    size = 1 if mode == "sequential" else group_size(setting, model, spec.strategy_cls, len(runs),
                                                      spec.plan.batch_size, torch.device("cpu"))[0]
 
     def job():
         for start in range(0, len(runs), size):
             group = runs[start:start + size]
             run_group(spec, data, group) if size > 1 else run_one(spec, data, *group[0], progress=False)
-    job.runs, job.size = len(runs), size
-    job.floor_s = matmul_floor_s(build_model(spec.model), spec.plan.batch_size)
+    job.runs, job.size, job.model, job.batch_size = len(runs), size, model, spec.plan.batch_size
     return job
 
 
@@ -267,7 +267,7 @@ def bench_grids(models: list, repeats: int, memory: bool, setting: str = "auto")
                 times[mode].append(time.perf_counter() - start)
         sequential, parallel = statistics.median(times["sequential"]), statistics.median(times["parallel"])
         run_steps = jobs["parallel"].runs * GRIDS[model_name][2]
-        floor = jobs["parallel"].floor_s
+        floor = matmul_floor_s(jobs["sequential"].model, jobs["sequential"].batch_size)
         rows.append({"model": model_name, "runs": jobs["parallel"].runs, "group": jobs["parallel"].size,
                      "steps_per_run": GRIDS[model_name][2], "sequential_s": sequential, "parallel_s": parallel,
                      "speedup": sequential / parallel, "target": GRID_TARGETS[model_name],

@@ -246,14 +246,13 @@ def run_grid(cfg, out_dir, progress: bool = True) -> GridResult:
     is there, as `dpgrid run` does."""
     import json
 
-    import pandas as pd
-
     from dpgrid.config import GridSpec
+    from dpgrid.results.files import read_frame
     from dpgrid.runner import run_grid as run
 
     run((cfg if isinstance(cfg, GridSpec) else compile(cfg)).announce(), out_dir, progress)
     out = Path(out_dir)
-    read = lambda name: pd.read_csv(out / name, dtype={"config_id": str})  # noqa: E731
+    read = lambda name: read_frame(out / name)  # noqa: E731
     return GridResult(out, json.loads((out / "plan.json").read_text()), read("runs.csv"), read("curves.csv"),
                       read("summary.csv"))
 

@@ -20,7 +20,8 @@ from dpgrid.config import grid
 from dpgrid.results import selection
 from dpgrid.config import planned
 from dpgrid.results.curves import append_curves
-from dpgrid.results.files import check_writable, environment, locked, outermost_missing, remove_created, write_csv, write_json
+from dpgrid.results.files import (check_writable, environment, locked, outermost_missing, read_frame, remove_created,
+                                  write_csv, write_json)
 from dpgrid.models import build_model
 from dpgrid.training.persample import make_engine
 from dpgrid.privacy.randomness import SecureRandom
@@ -50,9 +51,12 @@ def planned_runs(out: Path, spec, selected: list) -> tuple:
 
 
 def initial_model(spec, seed: int, device):
-    """Seed s's starting point, the same for every strategy and configuration."""
+    """Seed s's starting point, the same for every strategy and configuration. A selection's candidate i trains
+    seeds i * seeds ... (i + 1) * seeds - 1 and starts its j-th from seed j's point, whatever i: the candidates are
+    identically distributed, as the stopping theorems assume, and nothing of a run depends on how many came before."""
+    own = seed % spec.plan.seeds if spec.plan.selection == "random_stopping" else seed
     with torch.random.fork_rng(devices=[]), default_dtype(torch.float64 if spec.train.float64 else None):
-        torch.manual_seed(derive_seed(spec.plan.dataset, "init", seed))
+        torch.manual_seed(derive_seed(spec.plan.dataset, "init", own))
         return build_model(spec.model).to(device)
 
 
@@ -197,7 +201,7 @@ def train_grid(spec, out: Path, progress: bool) -> pd.DataFrame:
                f"k={plan.k}", disable=None if progress and not quiet else True)
     # Groups are fixed slices of the grid's runs, whatever is done: a group with a run left trains whole and
     # commits what is left, so a resumed grid's runs get the numbers of an uninterrupted one (padding, kernels).
-    size = stacking(spec, data, len(work)) if todo else 1
+    size = stacking(spec, data, len(work)) if todo or quiet else 1
     finished = total - len(todo)
     for start in range(0, len(work), size):
         group = work[start:start + size]
@@ -216,7 +220,7 @@ def train_grid(spec, out: Path, progress: bool) -> pd.DataFrame:
                 report_run(plan, config["config_id"], seed, result, finished, total)
             bar.update()
     bar.close()
-    runs = pd.read_csv(out / "runs.csv", dtype={"config_id": str}) if work else None
+    runs = read_frame(out / "runs.csv") if work else None
     if plan.selection == "random_stopping":
         summary, released = selection.summarize_selection(runs, plan, plan.axes, data.task)
         write_json(out / "selection.json", released)
@@ -228,10 +232,13 @@ def train_grid(spec, out: Path, progress: bool) -> pd.DataFrame:
 
 def stacking(spec, data, runs: int) -> int:
     """How many of the grid's `runs` train together (train.parallel_runs); says in one line why one at a time
-    when stacking was asked for or would serve and cannot."""
+    when stacking was asked for or would serve and cannot. A selection says it whatever the number of its runs,
+    which depends on how many candidates were drawn (and prints nothing that does)."""
     device = data.x_train.device
     size, why = group_size(spec.train.parallel_runs, initial_model(spec, 0, device), spec.strategy_cls, runs,
                            spec.plan.batch_size, device)
+    if spec.plan.selection == "random_stopping":
+        runs = 2  # `why` does not depend on the number of runs: the line below is the same for K = 0, 1 or more
     if why and runs > 1 and spec.train.parallel_runs != "1":
         line = f"train.parallel_runs: one run at a time: {why}"
         logging.getLogger("dpgrid").info(line)

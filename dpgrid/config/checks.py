@@ -15,6 +15,8 @@ FLOAT32_MAX = 3.4e38  # parameters, thresholds and rates live in float32 tensors
 MAX_EPSILON = 100.0   # beyond this a DP guarantee (a factor e^epsilon > 10^43) says nothing
 MAX_LOG10 = 10        # grid axes span at most 10^-10 .. 10^10
 LARGE_CONFIGS, LARGE_STEPS = 10_000, 10 ** 7  # 100x the largest paper grid's K, 20x its steps
+MAX_STOPPING_MEAN = 1e6     # random stopping's E[K]: the draws' statistical tests reach this far
+MAX_STOPPING_ROUNDS = 2 ** 53  # the binomial's rounds m: every whole number up to here is exact in float64
 
 
 class Reader:
@@ -180,7 +182,9 @@ def check_selection(read: Reader) -> None:
     read.choice("privacy.stopping", RULES)
     read.real("privacy.stopping_eta", "a number in (-1, 100]", lambda v: -1 < v <= 100)
     if read.has("privacy.stopping_mean"):
-        read.real("privacy.stopping_mean", "a number > 1 (the expected number of candidates)", lambda v: v > 1)
+        read.real("privacy.stopping_mean", f"a number in (1, {MAX_STOPPING_MEAN:.0e}] (the expected number of "
+                  "candidates; dpgrid's draws are checked against their law up to there)",
+                  lambda v: 1 < v <= MAX_STOPPING_MEAN)
     read.whole("privacy.stopping_seed", low=0)
     analysis = read.choice("privacy.selection_accountant", tuple(ANALYSES))
     if read.get("privacy.stopping") not in COVERS[analysis]:
@@ -191,7 +195,10 @@ def check_selection(read: Reader) -> None:
                           "number > the expected number of candidates; each round trains a candidate with "
                           "probability mean / m)")
     if read.has("privacy.stopping_rounds"):  # unused by the other rules, but never a bad value
-        read.whole("privacy.stopping_rounds", low=2)
+        if not (isinstance(read.get("privacy.stopping_rounds"), int) and 2 <= read.get("privacy.stopping_rounds")
+                <= MAX_STOPPING_ROUNDS):
+            read.refuse("privacy.stopping_rounds", "a whole number in 2..2^53 (beyond 2^53 a whole number has no exact "
+                        "float, and the draw and the accounting would round the rounds)", read.get("privacy.stopping_rounds"))
     # the candidate's accountant: Renyi curves for the RDP theorems, dp-accounting's PLD for the profile bound
     accountant = {"rdp": ("rdp", "the stopping theorems are Renyi bounds"),
                   "profile": ("pld", "the profile bound needs the candidate's privacy profile, which RDP and PRV "

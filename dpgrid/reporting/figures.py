@@ -7,7 +7,7 @@ from pathlib import Path
 import pandas as pd
 
 from dpgrid import tasks
-from dpgrid.results.files import write_atomic
+from dpgrid.results.files import read_frame, write_atomic
 from dpgrid.reporting.cells import budget_note, fmt_value, private_strategies
 
 
@@ -95,7 +95,7 @@ def selected_seeds(grid_row) -> list:
     """The seeds of the candidate a selection released (recomputed from its private runs.csv)."""
     from dpgrid.results.selection import candidate_summary
 
-    runs = pd.read_csv(Path(grid_row.path) / "runs.csv", dtype={"config_id": str})
+    runs = read_frame(Path(grid_row.path) / "runs.csv")
     summary = candidate_summary(runs, [a for a in str(grid_row.axes).split(",") if a], tasks.get(grid_row.metric).name)
     chosen = int(summary[summary.best].candidate.iloc[0])
     return list(runs.seed[runs.candidate == chosen])

@@ -117,9 +117,42 @@ def read_rows(path, repair: str) -> tuple:
                               f"{len(header)} (a torn or edited line); {repair}")
     if not text.endswith("\n"):
         raise DpgridError(f"damaged file {path}, line {len(lines)}: the last line is not terminated (torn); {repair}")
+    return header, rows, read_frame(io.StringIO(text))
+
+
+# Columns that name things: read as text whatever they look like (the config hash 31917e5915963710 is not the
+# number 3.19e20, nor 0123456789012345 the number 123456789012345, nor a strategy called "nan" a missing value)
+TEXT_COLUMNS = ("config_id", "config_hash", "dataset", "strategy", "metric", "accountant", "budget", "sampling",
+                "protocol", "normalize", "draw", "label", "status", "path", "axes", "adapts", "analysis",
+                "dataset_epsilons", "selection", "device")
+
+
+def read_frame(source):
+    """A CSV that dpgrid wrote (runs.csv, curves.csv, summary.csv, results.csv) as a DataFrame: the columns of
+    TEXT_COLUMNS as text, True/False columns as flags, the others as numbers (an empty field is NaN), and a
+    column that is not all numbers as text. pandas' own guess would turn a name that looks like a number into one."""
     import pandas as pd
 
-    return header, rows, pd.read_csv(io.StringIO(text), dtype={"config_id": str})
+    frame = pd.read_csv(source, dtype=str, keep_default_na=False)
+    for column in frame.columns:
+        if column not in TEXT_COLUMNS:
+            frame[column] = typed_column(frame[column])
+    return frame
+
+
+def typed_column(values):
+    import numpy as np
+
+    present = values[values != ""]
+    if len(present) and present.isin(("True", "False")).all():
+        return values.map({"True": True, "False": False, "": np.nan})
+    try:
+        numbers = values.replace("", "nan").astype(float)
+    except ValueError:
+        return values
+    if len(present) == len(values) and present.str.fullmatch(r"-?\d+").all():
+        return numbers.astype("int64")
+    return numbers
 
 
 def check_writable(folder) -> None:

@@ -16,7 +16,7 @@ from omegaconf import OmegaConf
 from dpgrid import DpgridError, tasks
 from dpgrid.config.compile import other_config
 from dpgrid.results.curves import read_curves, whole_curve
-from dpgrid.results.files import environment, read_json, read_rows, write_atomic, write_csv, write_json
+from dpgrid.results.files import environment, read_frame, read_json, read_rows, write_atomic, write_csv, write_json
 
 RESULT_FILES = ("runs.csv", "curves.csv", "summary.csv")
 RERUN = "fix or delete that line; the same command then trains that run again"
@@ -193,7 +193,7 @@ def run_ids(frame: pd.DataFrame) -> list:
 def commit_run(path: Path, row: dict) -> None:
     """Add a finished run to runs.csv by write-then-rename: the file is always whole, never torn."""
     new = pd.DataFrame([row])
-    frame = new if not path.exists() else pd.concat([pd.read_csv(path, dtype={"config_id": str}), new],
+    frame = new if not path.exists() else pd.concat([read_frame(path), new],
                                                       ignore_index=True)
     write_csv(path, frame)
 

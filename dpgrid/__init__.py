@@ -6,7 +6,7 @@ The Python API (see dpgrid.api): compose, compile, plan, run_grid, tables; the p
 
 __version__ = "0.1.0"
 _LAZY = {"compose": "api", "compile": "api", "plan": "api", "run_grid": "api", "tables": "api", "GridResult": "api",
-         "Strategy": "strategies", "Data": "data"}
+         "load_model": "results.models", "Strategy": "strategies", "Data": "data"}
 
 
 def __getattr__(name):

@@ -13,6 +13,7 @@ from pathlib import Path
 USAGE = """usage: dpgrid run [-m] [OVERRIDES...]     run one private grid (-m: Hydra multirun sweep)
        dpgrid plan [--json] [--compare] [OVERRIDES...]  the privacy plan, no training (--compare: all accountants)
        dpgrid tables [--mix-budgets] [RESULTS_DIR]  paper-style tables and figures (default outputs/)
+       dpgrid model RUN_DIR [--seed S] [--out FILE]  the model a grid released, what covers it (--out: a copy)
 
 overrides are Hydra's: dataset=mnist strategy=fixed_threshold privacy.epsilon=3 grid.k=7 ...
 your own options: hydra.searchpath=[file:///abs/path/to/conf] (see docs/extending.md)"""
@@ -197,6 +198,8 @@ def grid_job(created: dict, spec=None):
             name = "SIGTERM" if isinstance(e, Interrupted) else "interrupted"
             fail(f"{name}: the grid in {out} is incomplete; the same command resumes it", 143 if name == "SIGTERM" else 130)
         print(describe_best(summary, grid.task))
+        if summary.attrs.get("release"):
+            print(summary.attrs["release"])
         print(f"results: {out}")
     return task
 
@@ -219,6 +222,45 @@ def tables_command(args: list) -> None:
     written = write_tables(results, mix_budgets=mix, report=lambda line: print(f"dpgrid: warning: {line}",
                                                                                file=sys.stderr))
     print(f"wrote {len(written)} files to {results / 'tables'}")
+
+
+def model_command(args: list) -> None:
+    """What a run directory released: the model's configuration, seeds and test values, the epsilon that covers
+    it; with --out FILE, a copy of one seed's weights that carries that statement in its own metadata."""
+    usage = "usage: dpgrid model RUN_DIR [--seed S] [--out FILE]"
+    if {"-h", "--help"} & set(args):
+        print(f"{usage}\n\nthe model a grid released (RUN_DIR/model/), what epsilon covers it and why; --seed: which "
+              "released seed (default: the best on the test set); --out FILE: a copy of its weights whose metadata holds "
+              "that statement")
+        return
+    options = {}
+    rest = list(args)
+    for flag in ("--seed", "--out"):
+        if flag in rest:
+            at = rest.index(flag)
+            if at + 1 >= len(rest):
+                fail(usage)
+            options[flag] = rest.pop(at + 1)
+            rest.pop(at)
+    if len(rest) != 1 or rest[0].startswith("-") or not (options.get("--seed") or "0").isdigit():
+        fail(usage)
+    run_dir, seed, out = rest[0], options.get("--seed"), options.get("--out")
+    from dpgrid.results.models import export, load_model
+
+    model = load_model(run_dir, None if seed is None else int(seed))  # checks the file against its checksum
+    record = model.statement
+    seed = record["default_seed"] if seed is None else int(seed)
+    config = record["configuration"]
+    values = ", ".join(f"seed {e['seed']}: {e['test_value']:.4g}" for e in record["models"] if e["test_value"] is not None)
+    print(f"{record['dataset']} {record['strategy']} {config['config_id']} ("
+          + ", ".join(f"{k}={v:.4g}" for k, v in config.items() if k != "config_id") + f"): {record['metric']} {values}")
+    covered = record["covered_by"]
+    print(f"covered by: epsilon = {covered['epsilon']:.4g}, delta = {covered['delta']:g}" if covered else "covered by: no epsilon")
+    print(f"  {record['why']}")
+    print(f"randomness: {record['randomness']}")
+    print(f"load: dpgrid.load_model({run_dir!r}, seed={seed})  # {type(model).__name__}, eval mode")
+    if out:
+        print(f"wrote {export(run_dir, seed, out)} (seed {seed}; its metadata holds model.json)")
 
 
 def main(argv=None) -> None:
@@ -264,7 +306,7 @@ def dispatch(argv: list) -> None:
         print(f"{usage()}\n\nsettings (key = default: meaning), each a Hydra override key=value:\n{settings()}")
         return
     command, args = argv[0], argv[1:]
-    commands = {"run": run_command, "plan": plan_command, "tables": tables_command}
+    commands = {"run": run_command, "plan": plan_command, "tables": tables_command, "model": model_command}
     if command not in commands:
         fail(f"unknown command {command!r}; valid: {', '.join(commands)}")
     from dpgrid import DpgridError

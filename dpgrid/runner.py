@@ -25,7 +25,10 @@ from dpgrid.results.files import (check_writable, environment, locked, outermost
 from dpgrid.models import build_model
 from dpgrid.training.persample import make_engine
 from dpgrid.privacy.randomness import SecureRandom
-from dpgrid.results.runs import claim, commit_run, finished_runs, summarize, write_header
+from dpgrid.results import ledger
+from dpgrid.results.curves import read_curves
+from dpgrid.results.models import final_weights, keep_weights, release
+from dpgrid.results.runs import claim, commit_run, finished_runs, run_ids, summarize, write_header
 from dpgrid.training import threads
 from dpgrid.training.stacked import StackedEngine, StackedModel, group_size
 from dpgrid.training.train import train_group, train_run
@@ -79,8 +82,17 @@ def run_one(spec, data, config: dict, seed: int, progress: bool):
     strategy = build_strategy(spec, model.parameters(), config, noise)
     engine = make_engine(model, data.task, train.engine)
     steps = plan.schedule.get(config["config_id"], {}).get("steps", plan.steps)
-    return train_run(model, engine, strategy, data, steps, plan.sample_rate, train.eval_every, sampler, progress,
-                     sampling=train.sampling)
+    result = train_run(model, engine, strategy, data, steps, plan.sample_rate, train.eval_every, sampler, progress,
+                       sampling=train.sampling)
+    return keeping_weights(spec, [result], [model])[0]
+
+
+def keeping_weights(spec, results: list, models: list) -> list:
+    """The results with their runs' final weights, where the grid keeps them (train.save_models)."""
+    if spec.train.save_models != "none":
+        for result, model in zip(results, models):
+            result.weights = None if result.diverged else final_weights(model)
+    return results
 
 
 def run_group(spec, data, runs: list, progress: bool = False) -> list:
@@ -93,8 +105,10 @@ def run_group(spec, data, runs: list, progress: bool = False) -> list:
     configs = [config for config, _ in runs]
     hp = {k: tuple(c[k] for c in configs) for k in configs[0] if k != "config_id"}
     strategy = build_strategy(spec, stack.params, hp, [noise for _, noise in pairs])
-    return train_group(models, StackedEngine(stack, data.task), strategy, data, spec.plan.steps, spec.plan.sample_rate,
-                       spec.train.eval_every, [sampler for sampler, _ in pairs], spec.train.sampling, progress)
+    results = train_group(models, StackedEngine(stack, data.task), strategy, data, spec.plan.steps,
+                          spec.plan.sample_rate, spec.train.eval_every, [sampler for sampler, _ in pairs],
+                          spec.train.sampling, progress)
+    return keeping_weights(spec, results, models)
 
 
 def build_strategy(spec, params, hp: dict, generator):
@@ -187,8 +201,9 @@ def train_grid(spec, out: Path, progress: bool) -> pd.DataFrame:
     spec = planned(spec, data.n_train)
     plan, data_files = spec.plan, data_mod.fingerprint(data.files)
     claim(out, spec, data_files)
+    ledger.check(out, spec)
+    done = committed_runs(out, spec)  # before anything is rewritten: a secure grid's damage is refused untouched
     write_header(out, spec, data_files)
-    done = finished_runs(out, plan, spec.train.eval_every, spec.config_hash, {c["config_id"] for c in spec.selected})
     work, draw = planned_runs(out, spec, list(spec.selected))
     todo = [(c, s) for c, s in work if (c["config_id"], s) not in done]
     total = len(work)
@@ -213,8 +228,11 @@ def train_grid(spec, out: Path, progress: bool) -> pd.DataFrame:
         for (config, seed), result in zip(group, results):  # each run committed on its own, as when trained alone
             if (config, seed) not in left:
                 continue
+            if result.weights is not None:  # before the commit: a committed run's model is never missing
+                keep_weights(out, config["config_id"], seed, result.weights)
             append_curves(out / "curves.csv", [dict(config_id=config["config_id"], seed=seed, **c) for c in result.curve])
-            commit_run(out / "runs.csv", run_row(spec, config, seed, result, draw, torch.get_num_threads()))
+            committed = commit_run(out / "runs.csv", run_row(spec, config, seed, result, draw, torch.get_num_threads()))
+            ledger.record(out, spec, committed)
             finished += 1
             if not quiet:
                 report_run(plan, config["config_id"], seed, result, finished, total)
@@ -227,7 +245,35 @@ def train_grid(spec, out: Path, progress: bool) -> pd.DataFrame:
     else:
         summary = summarize(runs, plan.axes, data.task)
     write_csv(out / "summary.csv", summary)
+    summary.attrs["release"] = release_models(out, spec, runs, summary, work, data_files)
     return summary
+
+
+def release_models(out: Path, spec, runs, summary, work: list, data_files: dict) -> str:
+    """The released model, once every run of the grid has finished (dpgrid.results.models); a line saying what
+    was written or why nothing was."""
+    if spec.train.save_models == "none" or runs is None or not len(runs):
+        return ""
+    everything = {(c["config_id"], s) for c in spec.plan.configurations for s in range(spec.plan.seeds)} \
+        if spec.plan.selection == "composition" else {(c["config_id"], s) for c, s in work}
+    left = len(everything - set(run_ids(runs)))
+    if left:
+        return (f"model: released once every run of the grid has finished ({left} of {len(everything)} runs left, "
+                "grid.only); their final weights are kept in weights/ meanwhile")
+    return release(out, spec, runs, summary, read_curves(out / "curves.csv")[0], data_files)
+
+
+def committed_runs(out: Path, spec) -> set:
+    """(config_id, seed) of the runs runs.csv holds with their whole curves. A seeded grid trains again a run whose
+    curves were lost (the same run); a secure grid refuses, or with overwrite=true starts a new release."""
+    def found(repair: bool) -> set:
+        return finished_runs(out, spec.plan, spec.train.eval_every, spec.config_hash,
+                             {c["config_id"] for c in spec.selected}, repair=repair)
+    try:
+        return found(repair=not ledger.kept(spec))
+    except ledger.Lost as lost:
+        ledger.start_over(out, spec, str(lost))
+        return found(repair=True)
 
 
 def stacking(spec, data, runs: int) -> int:
@@ -239,6 +285,9 @@ def stacking(spec, data, runs: int) -> int:
                            spec.plan.batch_size, device)
     if spec.plan.selection == "random_stopping":
         runs = 2  # `why` does not depend on the number of runs: the line below is the same for K = 0, 1 or more
+        # A group holds one candidate's runs at most: a stacked run's batch is padded to its group's largest, and its
+        # rounding would otherwise depend on the other candidates (the released weights to their last bit).
+        size = max(d for d in range(1, spec.plan.seeds + 1) if spec.plan.seeds % d == 0 and d <= size)
     if why and runs > 1 and spec.train.parallel_runs != "1":
         line = f"train.parallel_runs: one run at a time: {why}"
         logging.getLogger("dpgrid").info(line)

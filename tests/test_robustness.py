@@ -37,7 +37,12 @@ def test_killed_grid_resumes_to_the_uninterrupted_result(tmp_path):
     proc, _ = start_paused(["run", *GRID, f"hydra.run.dir={killed}"], after=3, folder=tmp_path)  # mid-grid
     proc.send_signal(signal.SIGKILL)
     proc.wait()
-    assert len(pd.read_csv(killed / "runs.csv")) == 3
+    committed = pd.read_csv(killed / "runs.csv")
+    assert len(committed) == 3
+    # a model is kept for every committed run and for no other (the fourth was training when killed); none released
+    assert sorted(p.name for p in (killed / "weights").iterdir()) == sorted(
+        f"{r.config_id}_seed{r.seed}.safetensors" for r in committed.itertuples())
+    assert not (killed / "model").exists()
 
     again = dpgrid("run", *GRID, f"hydra.run.dir={killed}")
     assert again.returncode == 0, again.stderr
@@ -47,6 +52,8 @@ def test_killed_grid_resumes_to_the_uninterrupted_result(tmp_path):
     pd.testing.assert_frame_equal(runs, ref_runs)
     pd.testing.assert_frame_equal(curves, ref_curves)
     pd.testing.assert_frame_equal(pd.read_csv(killed / "summary.csv"), pd.read_csv(reference / "summary.csv"))
+    files = lambda out: {p.relative_to(out): p.read_bytes() for p in (out / "model").iterdir()}  # noqa: E731
+    assert files(killed) == files(reference) and not (killed / "weights").exists()  # the same released model
 
 
 @pytest.mark.slow

@@ -163,15 +163,19 @@ def test_a_selection_resumes_with_the_candidates_it_drew(secure, tmp_path):
     best = runs.groupby("candidate").best_value.mean()
     assert released["chosen"]["score"] == pytest.approx(best.max())
     assert released["chosen"]["config_id"] == drawn[best.idxmax()]
-    # interrupted after the first run: the same command trains the same candidates, in the same order
+    # rows lost after the first run: a seeded selection trains the same candidates again, in the same order (the
+    # same runs); a secure one refuses, since its runs trained again would be a second release
     (out / "runs.csv").write_text("".join((out / "runs.csv").read_text().splitlines(keepends=True)[:2]))
     (out / "selection.json").unlink()
+    if secure:
+        r = dpgrid("run", *args)
+        assert r.returncode == 2 and r.stderr.count("\n") == 1 and "holds 1 of the" in r.stderr, r.stderr
+        return
     assert dpgrid("run", *args).returncode == 0
     assert json.loads((out / "candidates.json").read_text())["candidates"] == drawn
     again = pd.read_csv(out / "runs.csv")
     assert list(again.config_id) == list(runs.config_id) and list(again.seed) == list(runs.seed)
-    if not secure:  # seeded: the same numbers
-        pd.testing.assert_series_equal(again.best_value, runs.best_value)
+    pd.testing.assert_series_equal(again.best_value, runs.best_value)  # seeded: the same numbers
 
 
 def test_the_side_by_side_nu_of_composition_is_the_plans_own():
@@ -209,7 +213,8 @@ def released(folder, run) -> dict:
     log_path = folder / "sel" / "cli.log"  # opened at its first line: a selection may write none
     log = [line.split("] ", 1)[-1] for line in (log_path.read_text() if log_path.exists() else "").splitlines()]
     console = (run.stdout + run.stderr).replace(str(folder.resolve()), "FOLDER")  # `results: <its path>`
-    return {**files, "selection.json": (folder / "sel" / "selection.json").read_bytes(), "console": console,
+    models = {p.relative_to(folder).as_posix(): p.read_bytes() for p in (folder / "sel" / "model").iterdir()}
+    return {**files, **models, "selection.json": (folder / "sel" / "selection.json").read_bytes(), "console": console,
             "cli.log": log}
 
 
@@ -221,6 +226,7 @@ def test_what_a_selection_releases_does_not_depend_on_the_other_candidates(tmp_p
                for name, drawn in (("one", [GOOD]), ("two", [GOOD, BAD[0]]), ("four", [GOOD, *BAD]))]
     assert json.loads(outputs[0]["selection.json"])["chosen"]["config_id"] == GOOD
     assert any(name.endswith(".png") for name in outputs[0])  # the chosen candidate's curve is drawn
+    assert {"sel/model/model.json", "sel/model/seed0.safetensors", "sel/model/seed1.safetensors"} <= set(outputs[0])
     for other in outputs[1:]:
         assert other.keys() == outputs[0].keys()
         assert [name for name in other if other[name] != outputs[0][name]] == []

@@ -116,6 +116,7 @@ def is_number(v) -> bool:
 
 
 BUDGETS = ("per_grid", "per_run")
+SAVE_MODELS = ("released", "all", "none")  # train.save_models (dpgrid.results.models)
 
 
 def check_config(cfg, n_train: int = None) -> list:
@@ -152,6 +153,7 @@ def check_config(cfg, n_train: int = None) -> list:
         warnings.append("train.sampling=shuffle: fixed-size shuffled batches are NOT covered by the Poisson analysis; "
                         "these runs claim no epsilon (epsilon_spent is empty, rows marked 'not DP')")
     read.choice("train.engine", ("fast", "func"))
+    read.choice("train.save_models", SAVE_MODELS)
     threads = str(read.get("train.threads"))
     if threads != "auto" and not (threads.isdigit() and int(threads) >= 1):
         raise DpgridError(f"train.threads must be auto or a whole number >= 1, got {threads!r}")

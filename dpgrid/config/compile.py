@@ -25,7 +25,8 @@ from dpgrid import DpgridError
 
 # Settings that cannot change what a run computes. data.root: the data's content is recorded instead
 # (plan.json's data_files), so a moved data directory resumes and a changed file is named.
-NOT_HASHED = ("train.device", "train.engine", "train.threads", "train.parallel_runs", "grid.only", "overwrite", "grid.allow_large", "data.root",
+NOT_HASHED = ("train.device", "train.engine", "train.threads", "train.parallel_runs", "train.save_models", "grid.only",
+              "overwrite", "grid.allow_large", "data.root",
               "dataset.stacked_seconds_per_step")  # the last a time estimate only
 # settings added after grids were recorded, hashed only when set away from these defaults: older grids keep their hash
 HASHED_WHEN_SET = {"train.float64": False, "privacy.selection_accountant": "rdp", "privacy.stopping_rounds": None}
@@ -46,6 +47,7 @@ class Training:
     secure_rng: bool
     threads: str = "auto"  # torch threads: auto (chosen when the grid runs, dpgrid.training.threads) or a number
     parallel_runs: str = "auto"  # runs trained stacked: auto (dpgrid.training.stacked.group_size) or a number
+    save_models: str = "released"  # released | all | none (dpgrid.results.models)
 
 
 @dataclass(frozen=True)
@@ -128,7 +130,8 @@ def compile(cfg, n_train: int = None, run_dir=None, plan: bool = True) -> GridSp
                        momentum=float(cfg.train.momentum) if strategy_cls.uses_momentum else 0.0,
                        sampling=str(cfg.train.sampling), device=str(cfg.train.device), engine=str(cfg.train.engine),
                        float64=bool(cfg.train.float64), secure_rng=bool(cfg.privacy.secure_rng),
-                       threads=str(cfg.train.threads), parallel_runs=str(cfg.train.parallel_runs)),
+                       threads=str(cfg.train.threads), parallel_runs=str(cfg.train.parallel_runs),
+                       save_models=str(cfg.train.save_models)),
         dataset=dataset, model=read_only(cfg.model),
         data_root=str(cfg.data.root), task=task, normalize=str(cfg.dataset.get("normalize", "unit")),
         protocol=str(cfg.protocol), overwrite=bool(cfg.overwrite), stopping_seed=int(cfg.privacy.stopping_seed),

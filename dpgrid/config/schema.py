@@ -51,6 +51,7 @@ class TrainConfig:
     float64: bool = False
     threads: str = "auto"
     parallel_runs: str = "auto"
+    save_models: str = "released"
 
 
 @dataclass

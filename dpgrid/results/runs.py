@@ -18,7 +18,6 @@ from dpgrid.config.compile import other_config
 from dpgrid.results.curves import read_curves, whole_curve
 from dpgrid.results.files import environment, read_frame, read_json, read_rows, write_atomic, write_csv, write_json
 
-RESULT_FILES = ("runs.csv", "curves.csv", "summary.csv")
 RERUN = "fix or delete that line; the same command then trains that run again"
 # columns that must hold numbers (may be empty where a run has none, e.g. best_value of a diverged run)
 NUMERIC = ("epsilon", "delta", "k", "candidate", "seed", "steps", "best_value", "best_step", "lr", "clip", "quantile",
@@ -63,9 +62,8 @@ def claim(out: Path, spec, data_files: dict) -> None:
                    "another hydra.run.dir, or pass overwrite=true to delete the results")
     if not spec.overwrite:
         raise DpgridError(problem)
-    for name in RESULT_FILES:
-        with environment(out / name):
-            (out / name).unlink(missing_ok=True)
+    from dpgrid.results.ledger import delete_release
+    delete_release(out)
 
 
 def runs_disagree(runs_path: Path, plan) -> str:
@@ -125,10 +123,12 @@ def read_runs(path: Path, config_ids, digest: str = None, repair: str = RERUN) -
     return frame
 
 
-def finished_runs(out: Path, plan, eval_every: int, digest: str = None, selected: set = None) -> set:
+def finished_runs(out: Path, plan, eval_every: int, digest: str = None, selected: set = None,
+                  repair: bool = True) -> set:
     """(config_id, seed) of the runs already committed. Curves of unfinished runs (a killed grid) are
     dropped; a committed run whose curves are missing or damaged is taken out of runs.csv and trained again
-    when its configuration is among `selected` (this command's grid.only; None: all)."""
+    when its configuration is among `selected` (this command's grid.only; None: all). repair=False (a secure
+    grid, whose runs trained again would be new releases): such damage is refused instead, in one line."""
     runs_path, curves_path = out / "runs.csv", out / "curves.csv"
     broken = unreadable_header(runs_path)
     if broken:
@@ -149,6 +149,9 @@ def finished_runs(out: Path, plan, eval_every: int, digest: str = None, selected
     complete = {k for k, diverged, steps in zip(run_keys, runs.diverged.astype(str), runs.steps.astype(int))
                 if k in every and whole_curve(every[k], steps if diverged != "True" else None, eval_every)}
     lost = done - complete
+    if lost and not repair:
+        from dpgrid.results.ledger import Lost
+        raise Lost(f"{curves_path} lost the curves of {len(lost)} committed run(s) of this secure grid")
     outside = {k for k in lost if selected is not None and k[0] not in selected}
     fate = (f"{len(lost)} committed run(s) lost curves and are taken out of runs.csv" +
             (f": {len(lost) - len(outside)} are trained again now, {len(outside)} lie outside grid.only and are not "
@@ -190,12 +193,13 @@ def run_ids(frame: pd.DataFrame) -> list:
     return list(zip(frame.config_id, frame.seed.astype(int)))
 
 
-def commit_run(path: Path, row: dict) -> None:
-    """Add a finished run to runs.csv by write-then-rename: the file is always whole, never torn."""
+def commit_run(path: Path, row: dict) -> int:
+    """Add a finished run to runs.csv by write-then-rename: the file is always whole, never torn. Returns the
+    number of runs it holds."""
     new = pd.DataFrame([row])
-    frame = new if not path.exists() else pd.concat([read_frame(path), new],
-                                                      ignore_index=True)
+    frame = new if not path.exists() else pd.concat([read_frame(path), new], ignore_index=True)
     write_csv(path, frame)
+    return len(frame)
 
 
 def summarize(runs: pd.DataFrame, axes: list, task: str) -> pd.DataFrame:

@@ -139,9 +139,8 @@ def candidates(out, plan, configs: list, source, overwrite: bool = False) -> tup
     if problem and trained:
         warnings.warn(f"overwrite=true: {problem}; the selection's files are deleted and a NEW selection is drawn: it "
                       "spends a new (epsilon, delta) on the same data, on top of the earlier one's", stacklevel=2)
-        for name in ("runs.csv", "curves.csv", "summary.csv", "selection.json", "candidates.json"):
-            with environment(out / name):
-                (out / name).unlink(missing_ok=True)
+        from dpgrid.results.ledger import delete_release
+        delete_release(out)
     elif problem:
         warnings.warn(f"{problem}; no candidate was trained yet, so the candidates are drawn again", stacklevel=2)
     if problem or drawn is None:

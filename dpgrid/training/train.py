@@ -28,6 +28,7 @@ class RunResult:
     eval_seconds: float = 0.0  # of which validation
     steps: int = 0             # steps taken (fewer than planned when the strategy stopped itself)
     curve: list = field(default_factory=list)  # dicts: step, value, clip, lr, test_loss
+    weights: dict = None       # the final weights (a state dict on the CPU), where the grid keeps them
 
 
 def batches(n: int, sample_rate: float, batch_size: int, sampling: str, source):

@@ -1,0 +1,105 @@
+"""A secure grid's ledger (ledger.json, private): how many runs it has committed, so that none is trained twice.
+
+A secure grid (privacy.secure_rng=true) draws its batches and noise from the operating system: a run trained
+again gets other noise, so its output is a second release on the same data, which spends epsilon again. A seeded
+grid's runs trained again are the same runs (their noise follows from public names), so it repairs damage by
+retraining; a secure grid, or a selection whose draw is gone, must not. The ledger is rewritten after every
+commit (write-then-rename); at the start of the same command, runs.csv (and a selection's candidates.json) must
+still hold every committed run, else the command is refused in one line, and `overwrite=true` starts a new
+release, said to spend epsilon again.
+"""
+
+import shutil
+import warnings
+from pathlib import Path
+
+from dpgrid import DpgridError
+from dpgrid.results.files import environment, read_json, write_json
+
+LEDGER = "ledger.json"
+# everything a grid's release is made of: what overwrite=true deletes to start a new one
+RELEASE_FILES = ("runs.csv", "curves.csv", "summary.csv", "selection.json", "candidates.json", LEDGER)
+RELEASE_FOLDERS = ("model", "weights")
+NEW_RELEASE = "a new release on the same data, which spends a new (epsilon, delta) on top of the earlier one's"
+
+
+def kept(spec) -> bool:
+    """Whether this grid keeps a ledger: its runs cannot be trained again without spending epsilon again."""
+    return bool(spec.train.secure_rng) and spec.plan.private
+
+
+def committed_rows(out: Path):
+    """The number of sound rows of runs.csv, or None when it is missing, empty or unreadable."""
+    from dpgrid.results.runs import unreadable_header
+
+    path = Path(out) / "runs.csv"
+    if not path.exists() or unreadable_header(path):
+        return None
+    with environment(path):
+        lines = [line for line in path.read_text(errors="replace").splitlines()[1:] if line.strip()]
+    return len(lines)
+
+
+def check(out: Path, spec) -> None:
+    """Refuse, before anything is trained, a secure grid whose committed runs are not all in runs.csv (and a
+    selection's draw in candidates.json), or whose released files stand without their runs; with overwrite=true,
+    delete the release and warn that the next one spends epsilon again."""
+    out = Path(out)
+    if not kept(spec):
+        return
+    path, rows = out / LEDGER, committed_rows(out)
+    recorded = read_json(path, "").get("committed", 0) if path.exists() and _readable(path) else None
+    committed = max(recorded or 0, rows or 0)
+    problem = ""
+    if committed and rows is None:
+        problem = f"{out / 'runs.csv'} is missing or damaged but this secure grid committed {committed} run(s) ({path})"
+    elif rows is not None and rows < committed:
+        problem = f"{out / 'runs.csv'} holds {rows} of the {committed} runs this secure grid committed ({path})"
+    elif spec.plan.selection == "random_stopping" and committed and not (out / "candidates.json").exists():
+        problem = f"{out / 'candidates.json'} is missing but this secure selection trained {committed} run(s)"
+    elif not committed and any((out / name).exists() for name in ("selection.json", "model")):
+        problem = f"{out} holds released files (selection.json or model/) but no committed run"
+    if not problem:
+        if recorded is None and rows:  # a lost ledger: the rows are what was committed
+            write_json(path, {"committed": rows})
+        return
+    start_over(out, spec, problem)
+
+
+class Lost(DpgridError):
+    """A secure grid's committed runs (or their draw) are not all there."""
+
+
+def start_over(out: Path, spec, problem: str) -> None:
+    """Refuse the damaged release `problem` describes, or with overwrite=true delete it and say that the next one
+    spends epsilon again."""
+    if not spec.overwrite:
+        raise Lost(f"{problem}; training its runs again would be {NEW_RELEASE}: restore the file, or pass "
+                   "overwrite=true to start a new release")
+    warnings.warn(f"overwrite=true: {problem}; the release's files are deleted and its runs trained anew: "
+                  f"{NEW_RELEASE}", stacklevel=3)
+    delete_release(out)
+
+
+def delete_release(out: Path) -> None:
+    """Every file a grid's runs and release are made of (overwrite=true)."""
+    for name in RELEASE_FILES:
+        with environment(out / name):
+            (out / name).unlink(missing_ok=True)
+    for name in RELEASE_FOLDERS:
+        with environment(out / name):
+            shutil.rmtree(out / name, ignore_errors=True)
+
+
+def record(out: Path, spec, committed: int) -> None:
+    """After a commit: the number of runs this secure grid has committed."""
+    if kept(spec):
+        write_json(Path(out) / LEDGER, {"committed": committed})
+
+
+def _readable(path: Path) -> bool:
+    try:
+        read_json(path, "")
+        return True
+    except DpgridError:
+        return False

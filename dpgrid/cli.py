@@ -95,44 +95,14 @@ def plan_command(args: list) -> None:
     as_json, compare = "--json" in args, "--compare" in args
     cfg = compose([a for a in args if a not in ("--json", "--compare")])
     from dpgrid.config import compile
-    from dpgrid.reporting.describe import (print_alternatives, print_comparison, print_expected_time, print_schedule,
-                                           print_seeds_cost, print_selection, print_selection_comparison)
+    from dpgrid.reporting.describe import print_plan
 
     start = time.perf_counter()
     spec = compile(cfg).announce()
-    plan, seconds = spec.plan, time.perf_counter() - start
     if as_json:
-        print(json.dumps(plan.to_dict(), indent=2))
+        print(json.dumps(spec.plan.to_dict(), indent=2))
         return
-    print(f"{plan.strategy} on {plan.dataset}: K = {plan.n_configs} configurations x {plan.seeds} seeds, "
-          f"k = {plan.k}, {plan.model_parameters:,} parameters")
-    print(f"  N = {plan.n_train}, B = {plan.batch_size}, q = {plan.sample_rate:.5g}, "
-          f"T = {plan.steps} steps per run, {plan.epochs} epochs")
-    print_expected_time(spec, len(spec.selected) * spec.train.seeds)
-    if plan.schedule:
-        print_schedule(plan)
-    elif plan.epsilon_spent is None:
-        print("  non-private: no clipping, no noise")
-    else:
-        if plan.selection == "random_stopping":
-            print_selection(plan)
-        else:
-            runs = f"{plan.composed_runs} runs ({'seeds accounted' if plan.account_seeds else 'seeds not accounted'})"
-            scope = "the whole grid" if plan.budget == "per_grid" else "EACH RUN (per_run)"
-            print(f"  budget (eps, delta) = ({plan.epsilon:g}, {plan.delta:g}) for {scope}: {runs} x {plan.steps} steps")
-            print(f"  noise multiplier nu = {plan.noise_multiplier:.5g}  ({plan.accountant}); eps spent = "
-                  f"{plan.epsilon_spent:.5g}; the whole grid's eps = {plan.epsilon_grid:.5g}")
-            print_seeds_cost(plan)
-        for name, value in plan.per_query.items():
-            print(f"  {name} = {value:.5g}")
-        print_alternatives(plan, spec.privacy)
-        if compare:
-            print_comparison(plan)
-            print_selection_comparison(plan)
-            seconds = time.perf_counter() - start  # the timing line covers the comparison too
-    for c in [] if plan.schedule else plan.configurations:  # a schedule's plan lists them with their iterations
-        print("   ", c["config_id"], " ".join(f"{k}={v:.4g}" for k, v in c.items() if k != "config_id"))
-    print(f"  (planned in {seconds:.2f} s)")
+    print_plan(spec, compare, start)
 
 
 def run_command(args: list) -> None:

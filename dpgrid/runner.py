@@ -26,9 +26,8 @@ from dpgrid.models import build_model
 from dpgrid.training.persample import make_engine
 from dpgrid.privacy.randomness import SecureRandom
 from dpgrid.results import ledger
-from dpgrid.results.curves import read_curves
-from dpgrid.results.models import final_weights, keep_weights, release
-from dpgrid.results.runs import claim, commit_run, finished_runs, run_ids, summarize, write_header
+from dpgrid.results.models import final_weights, keep_weights, release_when_finished
+from dpgrid.results.runs import claim, commit_run, summarize, write_header
 from dpgrid.training import threads
 from dpgrid.training.stacked import StackedEngine, StackedModel, group_size
 from dpgrid.training.train import train_group, train_run
@@ -202,7 +201,7 @@ def train_grid(spec, out: Path, progress: bool) -> pd.DataFrame:
     plan, data_files = spec.plan, data_mod.fingerprint(data.files)
     claim(out, spec, data_files)
     ledger.check(out, spec)
-    done = committed_runs(out, spec)  # before anything is rewritten: a secure grid's damage is refused untouched
+    done = ledger.committed_runs(out, spec)  # before anything is rewritten: a secure grid's damage is refused untouched
     write_header(out, spec, data_files)
     work, draw = planned_runs(out, spec, list(spec.selected))
     todo = [(c, s) for c, s in work if (c["config_id"], s) not in done]
@@ -245,35 +244,8 @@ def train_grid(spec, out: Path, progress: bool) -> pd.DataFrame:
     else:
         summary = summarize(runs, plan.axes, data.task)
     write_csv(out / "summary.csv", summary)
-    summary.attrs["release"] = release_models(out, spec, runs, summary, work, data_files)
+    summary.attrs["release"] = release_when_finished(out, spec, runs, summary, work, data_files)
     return summary
-
-
-def release_models(out: Path, spec, runs, summary, work: list, data_files: dict) -> str:
-    """The released model, once every run of the grid has finished (dpgrid.results.models); a line saying what
-    was written or why nothing was."""
-    if spec.train.save_models == "none" or runs is None or not len(runs):
-        return ""
-    everything = {(c["config_id"], s) for c in spec.plan.configurations for s in range(spec.plan.seeds)} \
-        if spec.plan.selection == "composition" else {(c["config_id"], s) for c, s in work}
-    left = len(everything - set(run_ids(runs)))
-    if left:
-        return (f"model: released once every run of the grid has finished ({left} of {len(everything)} runs left, "
-                "grid.only); their final weights are kept in weights/ meanwhile")
-    return release(out, spec, runs, summary, read_curves(out / "curves.csv")[0], data_files)
-
-
-def committed_runs(out: Path, spec) -> set:
-    """(config_id, seed) of the runs runs.csv holds with their whole curves. A seeded grid trains again a run whose
-    curves were lost (the same run); a secure grid refuses, or with overwrite=true starts a new release."""
-    def found(repair: bool) -> set:
-        return finished_runs(out, spec.plan, spec.train.eval_every, spec.config_hash,
-                             {c["config_id"] for c in spec.selected}, repair=repair)
-    try:
-        return found(repair=not ledger.kept(spec))
-    except ledger.Lost as lost:
-        ledger.start_over(out, spec, str(lost))
-        return found(repair=True)
 
 
 def stacking(spec, data, runs: int) -> int:

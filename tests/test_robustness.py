@@ -86,21 +86,26 @@ def test_reusing_a_directory_with_another_config_is_refused(tmp_path):
 
 
 @pytest.mark.slow
-def test_more_seeds_extend_a_grid_in_place_unless_seeds_are_accounted(tmp_path):
+def test_another_seed_count_is_refused_in_a_directory_and_changes_no_run(tmp_path):
+    """The epsilon of what a directory publishes (means over its seeds) changes with train.seeds: another count is
+    refused naming it, accounted or not, and plan.json keeps stating what the directory holds. A run itself does
+    not depend on how many seeds there are."""
+    import json
+
     one, two = tmp_path / "one", tmp_path / "two"
     small = ["strategy=fixed_threshold", "grid.k=2", "train.epochs=1", "grid.only=[lr1_clip0]"]
     run_ok(*small, "train.seeds=1", f"hydra.run.dir={one}")
-    first = results(one)[0]
-    run_ok(*small, "train.seeds=2", f"hydra.run.dir={one}")
-    run_ok(*small, "train.seeds=2", f"hydra.run.dir={two}")
-    extended, fresh = results(one)[0], results(two)[0]
-    assert list(extended.seed) == [0, 1]
-    pd.testing.assert_frame_equal(extended.iloc[:1], first)  # seed 0 kept, not redone
-    pd.testing.assert_frame_equal(extended, fresh)
-    accounted = ["privacy.account_seeds=true", f"hydra.run.dir={tmp_path / 'accounted'}"]
-    run_ok(*small, "train.seeds=1", *accounted)
-    r = dpgrid("run", *small, "train.seeds=2", *accounted)
-    assert r.returncode == 2 and "different config" in r.stderr  # accounted seeds change the noise
+    plan = (one / "plan.json").read_text()
+    for extra in ([], ["privacy.account_seeds=true"]):
+        if extra:
+            run_ok(*small, "train.seeds=1", *extra, f"hydra.run.dir={two / 'accounted'}")
+        where = two / "accounted" if extra else one
+        r = dpgrid("run", *small, "train.seeds=2", *extra, f"hydra.run.dir={where}")
+        assert r.returncode == 2 and r.stderr.count("\n") == 1, r.stderr
+        assert "train.seeds is 1 there, 2 here" in r.stderr or "different config" in r.stderr
+    assert (one / "plan.json").read_text() == plan and json.loads(plan)["seeds"] == 1
+    run_ok(*small, "train.seeds=2", f"hydra.run.dir={two / 'fresh'}")
+    pd.testing.assert_frame_equal(results(two / "fresh")[0].iloc[:1], results(one)[0])  # seed 0 is seed 0
 
 
 @pytest.fixture

@@ -91,7 +91,8 @@ def test_bad_profile_settings_are_one_line(settings, message):
 
 def test_the_new_settings_leave_every_existing_grid_its_hash():
     """Added keys at their defaults are not hashed: grids made before them keep their config hash."""
-    from dpgrid.config.compile import config_hash, settings_of
+    from dpgrid.config import settings_of
+    from dpgrid.config.identity import config_hash
 
     for overrides in ({}, {"privacy.selection": "random_stopping"}):
         plain = settings_of(load_cfg("digits", "online", **overrides))

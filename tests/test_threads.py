@@ -54,6 +54,7 @@ def test_rows_record_the_threads_and_the_process_gets_its_own_back(tmp_path, set
 
 
 def test_threads_do_not_change_the_config_hash():
-    from dpgrid.config.compile import config_hash, settings_of
+    from dpgrid.config import settings_of
+    from dpgrid.config.identity import config_hash
 
     assert config_hash(settings_of(load_cfg())) == config_hash(settings_of(load_cfg(**{"train.threads": 2})))

@@ -61,7 +61,8 @@ def test_divergence_is_decided_from_released_quantities_only():
 
 def test_float64_is_hashed_only_when_set():
     """Grids recorded before train.float64 existed keep their config hash; a float64 grid is another config."""
-    from dpgrid.config.compile import config_hash, settings_of
+    from dpgrid.config import settings_of
+    from dpgrid.config.identity import config_hash
 
     plain, double = settings_of(load_cfg()), settings_of(load_cfg(**{"train.float64": "true"}))
     unset = settings_of(load_cfg())  # a config from before the key existed

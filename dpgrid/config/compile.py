@@ -10,9 +10,6 @@ grid. `dpgrid run` compiles before Hydra writes anything, and its job trains tha
 
 from __future__ import annotations
 
-import copy
-import hashlib
-import json
 import math
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -22,15 +19,7 @@ from typing import Any, Mapping, Optional
 from omegaconf import OmegaConf
 
 from dpgrid import DpgridError
-
-# Settings that cannot change what a run computes. data.root: the data's content is recorded instead
-# (plan.json's data_files), so a moved data directory resumes and a changed file is named.
-NOT_HASHED = ("train.device", "train.engine", "train.threads", "train.parallel_runs", "train.save_models", "grid.only",
-              "overwrite", "grid.allow_large", "data.root",
-              "dataset.stacked_seconds_per_step")  # the last a time estimate only
-# settings added after grids were recorded, hashed only when set away from these defaults: older grids keep their hash
-HASHED_WHEN_SET = {"train.float64": False, "privacy.selection_accountant": "rdp", "privacy.stopping_rounds": None}
-
+from dpgrid.config.identity import config_hash, refuse_other_config
 
 @dataclass(frozen=True)
 class Training:
@@ -210,77 +199,6 @@ def read_only(node):
     node = OmegaConf.create(OmegaConf.to_container(node, resolve=True))
     OmegaConf.set_readonly(node, True)
     return node
-
-
-def config_hash(settings: dict, private: bool = True) -> str:
-    return hashlib.sha256(json.dumps(hashed(settings, private), sort_keys=True).encode()).hexdigest()[:16]
-
-
-def hashed(settings: dict, private: bool = True) -> dict:
-    """The resolved config (plain values), less the settings that cannot change the results.
-
-    train.seeds is left out unless the seeds are accounted: seed s's run does not depend on how many
-    seeds there are, so a grid can be extended with more seeds in place (its resume runs only the new ones).
-    A non-private strategy's runs do not depend on the privacy settings, which are then left out too."""
-    plain = copy.deepcopy(dict(settings))
-    seeds_matter = plain["privacy"]["account_seeds"] or plain["privacy"].get("selection") == "random_stopping"
-    unhashed = NOT_HASHED if seeds_matter else (*NOT_HASHED, "train.seeds")
-    if not private:
-        unhashed = (*unhashed, *(f"privacy.{key}" for key in plain["privacy"] if key != "secure_rng"))
-    for key in unhashed:
-        section, _, name = key.rpartition(".")
-        (plain.get(section, {}) if section else plain).pop(name, None)
-    for key, default in HASHED_WHEN_SET.items():
-        section, _, name = key.rpartition(".")
-        node = plain.get(section, {})
-        if name in node and node[name] == default:
-            node.pop(name)
-    return plain
-
-
-def config_difference(out: Path, settings: dict, private: bool = True) -> str:
-    """The first hashed setting whose value differs between the config recorded in out/config.yaml and
-    `settings`, e.g. "train.epochs is 1 there, 2 here"; '' when it cannot be told."""
-    try:
-        there = flat(hashed(OmegaConf.to_container(OmegaConf.load(out / "config.yaml"), resolve=False), private))
-    except Exception:  # a missing or damaged record: the hashes are named instead
-        return ""
-    here = flat(hashed(settings, private))
-    for key in sorted(set(there) | set(here)):
-        if there.get(key) != here.get(key):
-            return f"{key} is {there.get(key, '(absent)')} there, {here.get(key, '(absent)')} here"
-    return ""
-
-
-def flat(tree: dict, prefix: str = "") -> dict:
-    out = {}
-    for key, value in tree.items():
-        if isinstance(value, dict):
-            out.update(flat(value, f"{prefix}{key}."))
-        else:
-            out[f"{prefix}{key}"] = value
-    return out
-
-
-def other_config(out: Path, settings: dict, private: bool, recorded: str, digest: str) -> str:
-    """The refusal of a run directory whose results were made by another config (hash `recorded`)."""
-    difference = config_difference(out, settings, private) or f"hash {recorded} != {digest}"
-    return (f"{out} holds results of a different config ({difference}); choose another hydra.run.dir, or pass "
-            "overwrite=true to delete them")
-
-
-def refuse_other_config(out: Path, spec: GridSpec) -> None:
-    """Refuse, before the plan is made, a run directory holding a different config's results (plan.json names
-    their config hash). What needs the plan or the data (a damaged plan.json, changed data files) is judged by
-    dpgrid.results.runs.claim once they are known."""
-    try:  # an unreadable directory is said in one line by the run directory's own checks
-        if spec.overwrite or not (out / "runs.csv").exists():
-            return
-        recorded = json.loads((out / "plan.json").read_text()).get("config_hash")
-    except (OSError, ValueError, AttributeError):
-        return
-    if recorded and recorded != spec.config_hash:
-        raise DpgridError(other_config(out, dict(spec.settings), spec.strategy_cls.private, recorded, spec.config_hash))
 
 
 def resolve_device(name: str):

@@ -5,6 +5,42 @@ import sys
 import time
 
 
+def print_plan(spec, compare: bool, start: float) -> None:
+    """`dpgrid plan`: the grid's figures, its budget and noise (or its schedule, or that it is not private), the
+    same (epsilon, delta) under the other accounting methods (and accountants, with `compare`) and its
+    configurations; `start`: when planning began (perf_counter), for the timing line."""
+    plan, seconds = spec.plan, time.perf_counter() - start
+    print(f"{plan.strategy} on {plan.dataset}: K = {plan.n_configs} configurations x {plan.seeds} seeds, "
+          f"k = {plan.k}, {plan.model_parameters:,} parameters")
+    print(f"  N = {plan.n_train}, B = {plan.batch_size}, q = {plan.sample_rate:.5g}, "
+          f"T = {plan.steps} steps per run, {plan.epochs} epochs")
+    print_expected_time(spec, len(spec.selected) * spec.train.seeds)
+    if plan.schedule:
+        print_schedule(plan)
+    elif plan.epsilon_spent is None:
+        print("  non-private: no clipping, no noise")
+    else:
+        if plan.selection == "random_stopping":
+            print_selection(plan)
+        else:
+            runs = f"{plan.composed_runs} runs ({'seeds accounted' if plan.account_seeds else 'seeds not accounted'})"
+            scope = "the whole grid" if plan.budget == "per_grid" else "EACH RUN (per_run)"
+            print(f"  budget (eps, delta) = ({plan.epsilon:g}, {plan.delta:g}) for {scope}: {runs} x {plan.steps} steps")
+            print(f"  noise multiplier nu = {plan.noise_multiplier:.5g}  ({plan.accountant}); eps spent = "
+                  f"{plan.epsilon_spent:.5g}; the whole grid's eps = {plan.epsilon_grid:.5g}")
+            print_seeds_cost(plan)
+        for name, value in plan.per_query.items():
+            print(f"  {name} = {value:.5g}")
+        print_alternatives(plan, spec.privacy)
+        if compare:
+            print_comparison(plan)
+            print_selection_comparison(plan)
+            seconds = time.perf_counter() - start  # the timing line covers the comparison too
+    for c in [] if plan.schedule else plan.configurations:  # a schedule's plan lists them with their iterations
+        print("   ", c["config_id"], " ".join(f"{k}={v:.4g}" for k, v in c.items() if k != "config_id"))
+    print(f"  (planned in {seconds:.2f} s)")
+
+
 def print_schedule(plan) -> None:
     """A noise schedule's plan: how many iterations of each configuration fit the budget, under both conversions."""
     p = plan.per_query

@@ -143,6 +143,8 @@ def read_frame(source):
 def typed_column(values):
     import numpy as np
 
+    if not len(values):  # no row to tell its type by
+        return values
     present = values[values != ""]
     if len(present) and present.isin(("True", "False")).all():
         return values.map({"True": True, "False": False, "": np.nan})
@@ -183,9 +185,23 @@ def check_writable(folder) -> None:
                                f"fewer than the {MIN_FREE_INODES} a grid may need; free some first")
 
 
-FOLDERS_IN_A_RUN = (".hydra",)
+LEDGER = "ledger.json"  # a secure grid's count of committed runs (dpgrid.results.ledger)
+FOLDERS_IN_A_RUN = (".hydra", "model", "weights")
 FILES_IN_A_RUN = (".lock", "cli.log", "config.yaml", "plan.json", "runs.csv", "curves.csv", "summary.csv",
-                  "selection.json", "candidates.json")
+                  "selection.json", "candidates.json", LEDGER)
+# everything a grid's runs and release are made of: what overwrite=true deletes to start afresh
+RELEASE_FILES = ("runs.csv", "curves.csv", "summary.csv", "selection.json", "candidates.json", LEDGER)
+RELEASE_FOLDERS = ("model", "weights")
+
+
+def delete_release(out: Path) -> None:
+    """Every file a grid's runs and release are made of (overwrite=true)."""
+    for name in RELEASE_FILES:
+        with environment(out / name):
+            (out / name).unlink(missing_ok=True)
+    for name in RELEASE_FOLDERS:
+        with environment(out / name):
+            shutil.rmtree(out / name, ignore_errors=True)
 
 
 def check_entries(folder: Path) -> None:

@@ -9,17 +9,13 @@ still hold every committed run, else the command is refused in one line, and `ov
 release, said to spend epsilon again.
 """
 
-import shutil
 import warnings
 from pathlib import Path
 
 from dpgrid import DpgridError
-from dpgrid.results.files import environment, read_json, write_json
+from dpgrid.results.files import LEDGER, delete_release, environment, read_json, write_json
+from dpgrid.results.runs import Lost, finished_runs, unreadable_header
 
-LEDGER = "ledger.json"
-# everything a grid's release is made of: what overwrite=true deletes to start a new one
-RELEASE_FILES = ("runs.csv", "curves.csv", "summary.csv", "selection.json", "candidates.json", LEDGER)
-RELEASE_FOLDERS = ("model", "weights")
 NEW_RELEASE = "a new release on the same data, which spends a new (epsilon, delta) on top of the earlier one's"
 
 
@@ -30,8 +26,6 @@ def kept(spec) -> bool:
 
 def committed_rows(out: Path):
     """The number of sound rows of runs.csv, or None when it is missing, empty or unreadable."""
-    from dpgrid.results.runs import unreadable_header
-
     path = Path(out) / "runs.csv"
     if not path.exists() or unreadable_header(path):
         return None
@@ -66,10 +60,6 @@ def check(out: Path, spec) -> None:
     start_over(out, spec, problem)
 
 
-class Lost(DpgridError):
-    """A secure grid's committed runs (or their draw) are not all there."""
-
-
 def start_over(out: Path, spec, problem: str) -> None:
     """Refuse the damaged release `problem` describes, or with overwrite=true delete it and say that the next one
     spends epsilon again."""
@@ -79,16 +69,6 @@ def start_over(out: Path, spec, problem: str) -> None:
     warnings.warn(f"overwrite=true: {problem}; the release's files are deleted and its runs trained anew: "
                   f"{NEW_RELEASE}", stacklevel=3)
     delete_release(out)
-
-
-def delete_release(out: Path) -> None:
-    """Every file a grid's runs and release are made of (overwrite=true)."""
-    for name in RELEASE_FILES:
-        with environment(out / name):
-            (out / name).unlink(missing_ok=True)
-    for name in RELEASE_FOLDERS:
-        with environment(out / name):
-            shutil.rmtree(out / name, ignore_errors=True)
 
 
 def record(out: Path, spec, committed: int) -> None:
@@ -103,3 +83,16 @@ def _readable(path: Path) -> bool:
         return True
     except DpgridError:
         return False
+
+
+def committed_runs(out: Path, spec) -> set:
+    """(config_id, seed) of the runs runs.csv holds with their whole curves. A seeded grid trains again a run whose
+    curves were lost (the same run); a secure grid refuses, or with overwrite=true starts a new release."""
+    def found(repair: bool) -> set:
+        return finished_runs(out, spec.plan, spec.train.eval_every, spec.config_hash,
+                             {c["config_id"] for c in spec.selected}, repair=repair)
+    try:
+        return found(repair=not kept(spec))
+    except Lost as lost:
+        start_over(out, spec, str(lost))
+        return found(repair=True)

@@ -104,22 +104,65 @@ def chosen_runs(spec, runs, summary) -> tuple:
     return configuration, seeds, why
 
 
+def release_when_finished(out: Path, spec, runs, summary, work: list, data_files: dict) -> str:
+    """The released model, once every run of the grid has finished (dpgrid.results.models); a line saying what
+    was written or why nothing was."""
+    if spec.train.save_models == "none" or runs is None or not len(runs):
+        return ""
+    from dpgrid.results.curves import read_curves
+    from dpgrid.results.runs import run_ids
+
+    everything = {(c["config_id"], s) for c in spec.plan.configurations for s in range(spec.plan.seeds)} \
+        if spec.plan.selection == "composition" else {(c["config_id"], s) for c, s in work}
+    left = len(everything - set(run_ids(runs)))
+    if left:
+        return (f"model: released once every run of the grid has finished ({left} of {len(everything)} runs left, "
+                "grid.only); their final weights are kept in weights/ meanwhile")
+    return release(out, spec, runs, summary, read_curves(out / "curves.csv")[0], data_files)
+
+
 def release(out: Path, spec, runs, summary, curves, data_files: dict) -> str:
     """Write model/ (the released runs' weights and model.json) once every run of the grid has finished; remove
     weights/ unless train.save_models=all. Returns a line for the console ('' when nothing is said). Idempotent:
-    a finished grid run again writes the same files."""
-    from safetensors.torch import load, save
-
+    a finished grid run again keeps the files it released."""
     out = Path(out)
     if spec.train.save_models == "none":
         return ""
     configuration, seeds, why = chosen_runs(spec, runs, summary)
     if configuration is None:
         return ""
-    missing = [s for s, _ in seeds if not weights_file(out, configuration["config_id"], s).exists()]
-    if missing:
-        return (f"model: not released: the final weights of {configuration['config_id']}'s runs were not kept "
-                "(train.save_models=none when they ran); they are in no file")
+    target = out / MODEL
+    if released_already(target, spec, configuration, seeds):
+        record = read_json(target / STATEMENT, "")
+    else:
+        missing = [s for s, _ in seeds if not weights_file(out, configuration["config_id"], s).exists()]
+        if missing:
+            return (f"model: not released: the final weights of {configuration['config_id']}'s runs were not kept "
+                    "(train.save_models=none when they ran, or weights/ was removed)")
+        record = write_release(out, spec, runs, curves, data_files, configuration, seeds, why)
+    if spec.train.save_models == "released":
+        with environment(out / WEIGHTS):
+            shutil.rmtree(out / WEIGHTS, ignore_errors=True)
+    epsilon = (f"covered by epsilon = {record['covered_by']['epsilon']:.4g}, delta = {record['covered_by']['delta']:g}"
+               if record["covered_by"] else record["why"])
+    return f"model: {target} ({configuration['config_id']}, {len(seeds)} seed(s); {epsilon}; model.json says why)"
+
+
+def released_already(target: Path, spec, configuration: dict, seeds: list) -> bool:
+    """Whether model/ holds this release already (a finished grid run again)."""
+    try:
+        record = read_json(target / STATEMENT, "")
+    except DpgridError:
+        return False
+    return (record.get("config_hash") == spec.config_hash and record.get("configuration") == configuration
+            and [m.get("seed") for m in record.get("models", [])] == [j for _, j in seeds]
+            and all((target / m["file"]).exists() for m in record["models"]))
+
+
+def write_release(out: Path, spec, runs, curves, data_files: dict, configuration: dict, seeds: list, why: str) -> dict:
+    """model/: the released runs' weights and model.json, made in a folder beside it and swapped in whole."""
+    from safetensors.torch import load, save
+
     new, old = out / f".{MODEL}.new", out / f".{MODEL}.old"
     for folder in (new, old):
         with environment(folder):
@@ -147,12 +190,7 @@ def release(out: Path, spec, runs, summary, curves, data_files: dict) -> str:
             target.rename(old)
         new.rename(target)
         shutil.rmtree(old, ignore_errors=True)
-    if spec.train.save_models == "released":
-        with environment(out / WEIGHTS):
-            shutil.rmtree(out / WEIGHTS, ignore_errors=True)
-    epsilon = (f"covered by epsilon = {record['covered_by']['epsilon']:.4g}, delta = {record['covered_by']['delta']:g}"
-               if record["covered_by"] else record["why"])
-    return f"model: {target} ({configuration['config_id']}, {len(entries)} seed(s); {epsilon}; model.json says why)"
+    return record
 
 
 def last_values(curves, config_id: str) -> dict:

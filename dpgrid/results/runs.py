@@ -14,9 +14,10 @@ import pandas as pd
 from omegaconf import OmegaConf
 
 from dpgrid import DpgridError, tasks
-from dpgrid.config.compile import other_config
+from dpgrid.config.identity import other_config, other_setting
 from dpgrid.results.curves import read_curves, whole_curve
-from dpgrid.results.files import environment, read_frame, read_json, read_rows, write_atomic, write_csv, write_json
+from dpgrid.results.files import (delete_release, environment, read_frame, read_json, read_rows, write_atomic, write_csv,
+                                  write_json)
 
 RERUN = "fix or delete that line; the same command then trains that run again"
 # columns that must hold numbers (may be empty where a run has none, e.g. best_value of a diverged run)
@@ -25,6 +26,10 @@ NUMERIC = ("epsilon", "delta", "k", "candidate", "seed", "steps", "best_value", 
            "count_noise_std")
 OPTIONAL = ("best_value", "final_clip", "final_lr", "epsilon_spent", "epsilon_grid", "noise_multiplier", "epsilon_zcdp",
             "epsilon_rdp")
+
+
+class Lost(DpgridError):
+    """A secure grid's committed runs are not all there (dpgrid.results.ledger)."""
 
 
 def claim(out: Path, spec, data_files: dict) -> None:
@@ -40,7 +45,9 @@ def claim(out: Path, spec, data_files: dict) -> None:
     except DpgridError:
         previous = {}
     recorded, recorded_files = previous.get("config_hash"), previous.get("data_files", {})
-    if recorded == digest:
+    if recorded == digest and other_setting(out, previous, spec):
+        problem = other_setting(out, previous, spec)
+    elif recorded == digest:
         if data_files is None:  # not loaded yet: compared again once it is
             return
         changed = sorted(n for n in set(data_files) | set(recorded_files) if data_files.get(n) != recorded_files.get(n))
@@ -62,7 +69,6 @@ def claim(out: Path, spec, data_files: dict) -> None:
                    "another hydra.run.dir, or pass overwrite=true to delete the results")
     if not spec.overwrite:
         raise DpgridError(problem)
-    from dpgrid.results.ledger import delete_release
     delete_release(out)
 
 
@@ -80,6 +86,8 @@ def runs_disagree(runs_path: Path, plan) -> str:
         found = set(runs[column]) if column in runs else {None}
         if found != {value}:
             return f"its {column} is {', '.join(map(str, sorted(found, key=str)))}, this plan's {value}"
+    if plan.selection == "composition" and runs.seed.max() >= plan.seeds:
+        return f"it holds seed {runs.seed.max()}, this plan's train.seeds is {plan.seeds}"
     return ""
 
 
@@ -150,7 +158,6 @@ def finished_runs(out: Path, plan, eval_every: int, digest: str = None, selected
                 if k in every and whole_curve(every[k], steps if diverged != "True" else None, eval_every)}
     lost = done - complete
     if lost and not repair:
-        from dpgrid.results.ledger import Lost
         raise Lost(f"{curves_path} lost the curves of {len(lost)} committed run(s) of this secure grid")
     outside = {k for k in lost if selected is not None and k[0] not in selected}
     fate = (f"{len(lost)} committed run(s) lost curves and are taken out of runs.csv" +
@@ -197,7 +204,8 @@ def commit_run(path: Path, row: dict) -> int:
     """Add a finished run to runs.csv by write-then-rename: the file is always whole, never torn. Returns the
     number of runs it holds."""
     new = pd.DataFrame([row])
-    frame = new if not path.exists() else pd.concat([read_frame(path), new], ignore_index=True)
+    old = read_frame(path) if path.exists() else None
+    frame = new if old is None or not len(old) else pd.concat([old, new], ignore_index=True)
     write_csv(path, frame)
     return len(frame)
 
@@ -229,4 +237,4 @@ def write_header(out: Path, spec, data_files: dict) -> None:
     write_atomic(out / "config.yaml", OmegaConf.to_yaml(OmegaConf.create(dict(spec.settings))))
     only = list(spec.only) if spec.only is not None else None  # the configurations this command trains
     write_json(out / "plan.json", {**spec.plan.to_dict(), "config_hash": spec.config_hash, "data_files": data_files,
-                                   "grid_only": only})
+                                   "grid_only": only, "parallel_runs": spec.train.parallel_runs})

@@ -122,7 +122,7 @@ def candidates(out, plan, configs: list, source, overwrite: bool = False) -> tup
     no candidate trained yet, a damaged file is drawn again (nothing was computed from the data)."""
     from pathlib import Path
 
-    from dpgrid.results.files import environment, read_frame, write_json
+    from dpgrid.results.files import delete_release, read_frame, write_json
 
     out, by_id = Path(out), {c["config_id"]: c for c in configs}
     path, runs_path = out / "candidates.json", out / "runs.csv"
@@ -139,7 +139,6 @@ def candidates(out, plan, configs: list, source, overwrite: bool = False) -> tup
     if problem and trained:
         warnings.warn(f"overwrite=true: {problem}; the selection's files are deleted and a NEW selection is drawn: it "
                       "spends a new (epsilon, delta) on the same data, on top of the earlier one's", stacklevel=2)
-        from dpgrid.results.ledger import delete_release
         delete_release(out)
     elif problem:
         warnings.warn(f"{problem}; no candidate was trained yet, so the candidates are drawn again", stacklevel=2)

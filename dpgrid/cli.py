@@ -19,57 +19,15 @@ overrides are Hydra's: dataset=mnist strategy=fixed_threshold privacy.epsilon=3 
 your own options: hydra.searchpath=[file:///abs/path/to/conf] (see docs/extending.md)"""
 
 
-def usage() -> str:
-    from dpgrid.api import options
-    lines = [f"{group}: {', '.join(options(group))}" for group in ("dataset", "strategy", "model", "protocol")]
+def usage(args=()) -> str:
+    """The usage, and the options of each config group: dpgrid's and those of the folders a
+    hydra.searchpath=[...] among `args` adds."""
+    from dpgrid.config.compose import options
+
+    searchpath = [a.partition("=")[2] for a in args if a.partition("=")[0].lstrip("+") == "hydra.searchpath"]
+    lines = [f"{group}: {', '.join(options(group, searchpath[-1] if searchpath else None))}"
+             for group in ("dataset", "strategy", "model", "protocol")]
     return USAGE + "\n" + "\n".join(lines)
-
-
-def settings() -> str:
-    """Every setting of conf/config.yaml with its default and its one-line comment, then those a protocol
-    sets: the comments in conf/ are the documentation, read here rather than copied."""
-    import re
-
-    text = (Path(config_dir()) / "config.yaml").read_text()
-    groups = re.findall(r"^  - (\w+): (\w+)\s*#\s*(.*)$", text, re.M)  # the documented groups of the defaults list
-    lines = ["  {} = {}: {}".format(*group) for group in groups]
-    lines += [f"  {key} = {value}: {comment}" for key, value, comment in documented(text)]
-    return "\n".join(lines + protocol_settings(groups))
-
-
-def protocol_settings(groups: list) -> list:
-    """The settings a protocol sets (train.momentum), with each protocol's value and the default protocol's
-    comment (up to its first colon)."""
-    default = next((option for group, option, _ in groups if group == "protocol"), "")
-    values, comments = {}, {}
-    for path in sorted((Path(config_dir()) / "protocol").glob("*.yaml"), key=lambda p: (p.stem != default, p.stem)):
-        for key, value, comment in documented(path.read_text()):
-            if "." in key:  # a section's setting, not the protocol's own name
-                values.setdefault(key, []).append(f"{value} under protocol={path.stem}")
-                comments.setdefault(key, comment.split(":")[0])
-    return [f"  {key} = {', '.join(found)}: {comments[key]}" for key, found in values.items()]
-
-
-def documented(text: str):
-    """(key, value, comment) of each setting of a config file: top-level keys with a value and section.key
-    ones; the defaults list and Hydra's own section are left out."""
-    import re
-
-    section = ""
-    for raw in text.splitlines():
-        if raw.startswith(("defaults", "hydra", "  -")) or not raw.strip() or raw.lstrip().startswith("#"):
-            section = "" if raw.startswith("hydra") else section
-            continue
-        match = re.match(r"^(\s*)(\w+):\s*([^#]*?)\s*(?:#\s*(.*))?$", raw)
-        if not match:
-            continue
-        indent, key, value, comment = match.groups()
-        if not indent:
-            section = key if not value else ""
-            if value:
-                yield key, value, comment or ""
-        elif section:
-            yield f"{section}.{key}", value, comment or ""
 
 
 def fail(message, code: int = None) -> None:
@@ -79,14 +37,33 @@ def fail(message, code: int = None) -> None:
 
 
 class Interrupted(KeyboardInterrupt):
-    """SIGTERM, handled like Ctrl-C: the grid stops between two writes and says how to resume."""
+    """SIGTERM or Ctrl-C (SIGINT): the grid stops between two writes and says how to resume."""
+
+    def __init__(self, signum: int):
+        super().__init__(signum)
+        self.signum = signum
 
 
-def on_sigterm(signum, frame):
-    raise Interrupted()
+RECEIVED = []  # the signals this command received: whatever breaks after one (a module half imported) is it
 
 
-from dpgrid.api import config_dir  # noqa: E402  (Hydra's decorator needs it here)
+def on_signal(signum, frame):
+    RECEIVED.append(signum)
+    raise Interrupted(signum)
+
+
+def stopped(error: BaseException):
+    """(name, exit code) when `error` is, or follows, an interruption; None otherwise."""
+    if not (RECEIVED or isinstance(error, KeyboardInterrupt)) or isinstance(error, SystemExit):
+        return None
+    signum = getattr(error, "signum", RECEIVED[0] if RECEIVED else signal.SIGINT)
+    return ("SIGTERM", 143) if signum == signal.SIGTERM else ("interrupted", 130)
+
+
+def config_dir() -> str:
+    from dpgrid.config.compose import config_dir as installed
+
+    return installed()
 
 
 def plan_command(args: list) -> None:
@@ -149,7 +126,8 @@ def grid_job(created: dict, spec=None):
         from dpgrid.config import compile
         from dpgrid.results.files import locked, remove_created
         from dpgrid.jobs import hydra_record, parallel_jobs, run_log
-        from dpgrid.runner import describe_best, run_grid
+        from dpgrid.reporting.console import describe_best
+        from dpgrid.runner import run_grid
 
         out = Path(HydraConfig.get().runtime.output_dir).absolute()
         try:
@@ -164,9 +142,13 @@ def grid_job(created: dict, spec=None):
                                    parallel_jobs=parallel_jobs(HydraConfig.get().launcher))
         except DpgridError as e:  # refused: nothing written into another grid's directory (files.Busy)
             fail(e)
-        except KeyboardInterrupt as e:
-            name = "SIGTERM" if isinstance(e, Interrupted) else "interrupted"
-            fail(f"{name}: the grid in {out} is incomplete; the same command resumes it", 143 if name == "SIGTERM" else 130)
+        except BaseException as e:
+            if not stopped(e):
+                raise
+            with contextlib.suppress(BaseException), locked(out):  # a grid that had not started leaves nothing
+                remove_created(out, created.get(out))
+            name, code = stopped(e)
+            fail(f"{name}: the grid in {out} is incomplete; the same command resumes it", code)
         print(describe_best(summary, grid.task))
         if summary.attrs.get("release"):
             print(summary.attrs["release"])
@@ -239,20 +221,24 @@ def main(argv=None) -> None:
     import logging
 
     root = logging.getLogger()
-    saved = warnings.formatwarning, signal.getsignal(signal.SIGTERM), sys.argv[:], root.handlers[:], root.level
+    handlers = {s: signal.getsignal(s) for s in (signal.SIGTERM, signal.SIGINT)}
+    for s in handlers:  # first: a signal at any later moment is one line
+        signal.signal(s, on_signal)
+    RECEIVED.clear()
+    saved = warnings.formatwarning, sys.argv[:], root.handlers[:], root.level
     try:
         with warnings.catch_warnings(), quiet_broken_pipe():
             warnings.filterwarnings("ignore", module="opacus")  # opacus warns about secure RNG at import time
             warnings.formatwarning = lambda message, *args, **kwargs: f"dpgrid: warning: {message}\n"
-            signal.signal(signal.SIGTERM, on_sigterm)
             dispatch(sys.argv[1:] if argv is None else list(argv))
     finally:
+        for s, handler in handlers.items():
+            signal.signal(s, handler)
         warnings.formatwarning = saved[0]
-        signal.signal(signal.SIGTERM, saved[1])
-        sys.argv[:] = saved[2]
-        for handler in [h for h in root.handlers if h not in saved[3]]:  # cli.log's: Hydra's job replaced them
+        sys.argv[:] = saved[1]
+        for handler in [h for h in root.handlers if h not in saved[2]]:  # cli.log's: Hydra's job replaced them
             handler.close()
-        root.handlers[:], root.level = saved[3], saved[4]
+        root.handlers[:], root.level = saved[2], saved[3]
 
 
 @contextlib.contextmanager
@@ -270,10 +256,21 @@ def quiet_broken_pipe():
 
 def dispatch(argv: list) -> None:
     if not argv or argv[0] in ("-h", "--help", "help"):
-        print(usage())
+        print(usage(argv[1:]))
+        return
+    if argv[0] in ("--version", "version"):
+        from importlib.metadata import PackageNotFoundError, version
+
+        from dpgrid import __version__
+        try:
+            installed = version("dpgrid")
+        except PackageNotFoundError:  # a source checkout on the path
+            installed = __version__
+        print(f"dpgrid {installed} (torch, opacus, hydra: pip show them)")
         return
     if argv[0] in ("run", "plan") and ({"-h", "--help"} & set(argv[1:])):
-        print(f"{usage()}\n\nsettings (key = default: meaning), each a Hydra override key=value:\n{settings()}")
+        from dpgrid.config.documented import settings
+        print(f"{usage(argv[1:])}\n\nsettings (key = default: meaning), each a Hydra override key=value:\n{settings()}")
         return
     command, args = argv[0], argv[1:]
     commands = {"run": run_command, "plan": plan_command, "tables": tables_command, "model": model_command}
@@ -285,10 +282,11 @@ def dispatch(argv: list) -> None:
         commands[command](args)
     except DpgridError as e:  # every refusal, wherever it is raised: one line, its exit code
         fail(e)
-    except KeyboardInterrupt as e:  # before a grid started (once one runs, its task says how to resume)
-        name = "SIGTERM" if isinstance(e, Interrupted) else "interrupted"
-        fail(f"{name}: dpgrid {command} stopped before it finished; the same command starts it again", 143 if
-             name == "SIGTERM" else 130)
+    except BaseException as e:  # before a grid started (once one runs, its task says how to resume)
+        if not stopped(e):
+            raise
+        name, code = stopped(e)
+        fail(f"{name}: dpgrid {command} stopped before it finished; the same command starts it again", code)
 
 
 if __name__ == "__main__":

@@ -3,16 +3,34 @@ writes beside its results once it holds the run directory's lock: Hydra's record
 grid's log (cli.log). Hydra itself writes neither (conf: hydra.output_subdir is null)."""
 
 import contextlib
+import logging
+import sys
 from pathlib import Path
+
+
+class LogFile(logging.FileHandler):
+    """cli.log: a line that cannot be written (a full disk) ends the grid in one line, as any other write does,
+    instead of logging's "--- Logging error ---" and its tracebacks."""
+
+    def handleError(self, record):
+        error = sys.exc_info()[1]
+        if isinstance(error, OSError):
+            from dpgrid.results.files import describe_os_error
+            raise describe_os_error(error, self.baseFilename) from None
+        super().handleError(record)
+
+    def close(self):
+        try:
+            super().close()
+        except OSError:  # its last flush found the disk full: said already, or said by the write that failed next
+            pass
 
 
 @contextlib.contextmanager
 def run_log(path: Path):
     """The grid's lines (logger `dpgrid`) into its cli.log, opened at the first line: a refused job writes none.
     The logger is restored afterwards, and nothing reaches the process's other handlers."""
-    import logging
-
-    log, handler = logging.getLogger("dpgrid"), logging.FileHandler(path, delay=True)
+    log, handler = logging.getLogger("dpgrid"), LogFile(path, delay=True)
     handler.setFormatter(logging.Formatter("[%(asctime)s] %(message)s"))
     saved = log.level, log.propagate
     log.addHandler(handler)
@@ -85,7 +103,7 @@ def launch(cfg, task):
     from hydra.types import HydraContext, RunMode
     from omegaconf import open_dict
 
-    from dpgrid.api import config_dir
+    from dpgrid.config.compose import config_dir
 
     with open_dict(cfg):
         cfg.hydra.mode = RunMode.RUN

@@ -30,6 +30,26 @@ def arguments(node) -> dict:
     return {k: v for k, v in OmegaConf.to_container(node, resolve=True).items() if k != "_target_"}
 
 
+def check_arguments(node, where: str, given_by_dpgrid=()) -> None:
+    """Refuse a key of node that its _target_ does not take as a keyword argument (a typo in a config, or a
+    `+model.foo=1` nothing would read), naming what it takes; a target that takes **kwargs takes anything."""
+    import inspect
+
+    target = resolve(node, where)
+    try:
+        parameters = inspect.signature(target).parameters.values()
+    except (TypeError, ValueError):  # a builtin without a signature: left to the call
+        return
+    if any(p.kind is p.VAR_KEYWORD for p in parameters):
+        return
+    takes = [p.name for p in parameters if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)
+             and p.name not in given_by_dpgrid]
+    for key in arguments(node):
+        if key not in takes:
+            raise DpgridError(f"{where}.{key}: {target_name(node, where)} takes no argument {key!r}; it takes "
+                              f"{', '.join(takes) or 'none'}")
+
+
 def call(node, where: str, **extra):
     """Call node._target_ with the node's other keys and `extra` (which win)."""
     return resolve(node, where)(**{**arguments(node), **extra})

@@ -16,7 +16,6 @@ import torch
 from tqdm.auto import tqdm
 
 from dpgrid import DpgridError, data as data_mod, tasks
-from dpgrid.config import grid
 from dpgrid.results import selection
 from dpgrid.config import planned
 from dpgrid.results.curves import append_curves
@@ -27,6 +26,7 @@ from dpgrid.training.persample import make_engine
 from dpgrid.privacy.randomness import SecureRandom
 from dpgrid.results import ledger
 from dpgrid.results.models import final_weights, keep_weights, release_when_finished
+from dpgrid.reporting.console import SELECTION_QUIET, report_run
 from dpgrid.results.runs import claim, commit_run, summarize, write_header
 from dpgrid.training import threads
 from dpgrid.training.stacked import StackedEngine, StackedModel, group_size
@@ -159,6 +159,20 @@ def run_row(spec, config, seed, result, draw=None, n_threads=None) -> dict:
     return row
 
 
+def check_fit(spec, data) -> None:
+    """One forward pass and loss on two training examples: a model that does not fit the data (its input shape,
+    its outputs against the targets) is refused in one line before anything is written."""
+    model = initial_model(spec, 0, data.x_train.device)
+    try:
+        with torch.no_grad():
+            tasks.get(spec.task).loss(model(data.x_train[:2]), data.y_train[:2])
+    except Exception as e:  # whatever the model raises on data it cannot take
+        reason = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        raise DpgridError(f"model ({spec.settings['model'].get('_target_')}) does not fit dataset={spec.plan.dataset}: "
+                          f"{reason} (inputs {tuple(data.x_train.shape[1:])}); choose a model for this data "
+                          "(model=...)") from None
+
+
 def check_run(spec, out_dir) -> None:
     """Everything about a run directory that can be refused before any file is written."""
     out = Path(out_dir)
@@ -183,25 +197,27 @@ def run_grid(spec, out_dir, progress: bool = True, on_lock=None, created="unknow
         out.mkdir(parents=True, exist_ok=True)
     with locked(out):
         try:
-            if on_lock:
-                on_lock(out)
             with threads.using(threads.choose(spec.train.threads, spec.plan.model_parameters, parallel_jobs)):
-                return train_grid(spec, out, progress)
+                return train_grid(spec, out, progress, on_lock)
         except DpgridError:
             remove_created(out, created)
             raise
 
 
-def train_grid(spec, out: Path, progress: bool) -> pd.DataFrame:
-    """run_grid's work, with the directory's lock held."""
+def train_grid(spec, out: Path, progress: bool, on_lock=None) -> pd.DataFrame:
+    """run_grid's work, with the directory's lock held. Everything that can refuse the grid is asked before
+    anything is written: the data, the model on it, the directory's config, data and release."""
     data = data_mod.load(spec.dataset, spec.data_root, spec.train.device)
     if spec.train.float64:
         data = data.in_float64()
+    check_fit(spec, data)
     spec = planned(spec, data.n_train)
     plan, data_files = spec.plan, data_mod.fingerprint(data.files)
     claim(out, spec, data_files)
     ledger.check(out, spec)
     done = ledger.committed_runs(out, spec)  # before anything is rewritten: a secure grid's damage is refused untouched
+    if on_lock:
+        on_lock(out)
     write_header(out, spec, data_files)
     work, draw = planned_runs(out, spec, list(spec.selected))
     todo = [(c, s) for c, s in work if (c["config_id"], s) not in done]
@@ -244,6 +260,7 @@ def train_grid(spec, out: Path, progress: bool) -> pd.DataFrame:
     else:
         summary = summarize(runs, plan.axes, data.task)
     write_csv(out / "summary.csv", summary)
+    summary.attrs["selection"] = plan.selection == "random_stopping"
     summary.attrs["release"] = release_when_finished(out, spec, runs, summary, work, data_files)
     return summary
 
@@ -265,33 +282,3 @@ def stacking(spec, data, runs: int) -> int:
         logging.getLogger("dpgrid").info(line)
         print(line, file=sys.stderr, flush=True)
     return size
-
-
-SELECTION_QUIET = ("random-stopping selection: training the drawn candidates; how many there are and their scores "
-                   "stay in the private files (candidates.json, runs.csv, curves.csv, summary.csv)")
-
-
-def report_run(plan, config_id: str, seed: int, result, done: int, total: int) -> None:
-    """One line per finished run: into cli.log (under Hydra), and to stderr when it is not a terminal
-    (nohup, a cluster job, CI), where the progress bar is not shown."""
-    value = "diverged" if result.diverged else f"{result.best_value:.4g}"
-    budget = f"eps={plan.epsilon:g}" if plan.private else "non-private"
-    line = (f"{plan.strategy} {plan.dataset} {budget} k={plan.k}: run {done}/{total} {config_id} "
-            f"seed {seed}: {value} ({result.seconds:.1f} s)")
-    logging.getLogger("dpgrid").info(line)
-    if not sys.stderr.isatty():
-        print(line, file=sys.stderr, flush=True)
-
-
-def describe_best(summary: pd.DataFrame, task: str) -> str:
-    if not len(summary):
-        return "no candidate was drawn (K = 0): the selection releases nothing"
-    if not summary.best.any():
-        return "no configuration converged: every run diverged"
-    b = summary[summary.best].iloc[0]
-    hps = ", ".join(f"{a}={b[a]:.4g}" for a in summary.columns if a in grid.ID_PREFIX)
-    unit = tasks.get(task).unit
-    if "candidate" in summary:  # a random-stopping selection: what selection.json releases, nothing more
-        return f"selected configuration {b.config_id} ({hps}): {unit} {b['mean']:.4g} (selection.json)"
-    return (f"best configuration {b.config_id} ({hps}): {unit} {b['mean']:.4g} ± {b['std']:.2g} "
-            f"over {b.n_seeds - b.n_diverged} seed(s)")

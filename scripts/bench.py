@@ -32,7 +32,7 @@ import torch
 
 import dpgrid
 from dpgrid import strategies
-from dpgrid.api import options
+from dpgrid.config.compose import options
 from dpgrid.models import autoencoder, bag_of_words, cnn
 from dpgrid.training.persample import make_engine, per_sample_losses
 from dpgrid.runner import build_strategy

@@ -28,7 +28,7 @@ import subprocess
 import sys
 
 from dpgrid import DpgridError
-from dpgrid.api import options
+from dpgrid.config.compose import options
 
 
 def compiled(dataset: str, name: str, k: int, extra: list):

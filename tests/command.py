@@ -60,9 +60,10 @@ def keep_absl_off_captured_streams():
 STARTED = []  # the paused processes of the running test: tests/conftest.py ends any it leaves behind
 
 
-def start_paused(args, after: int, folder: Path):
+def start_paused(args, after, folder: Path):
     """A real `dpgrid *args` process, returned once it has committed `after` runs (0: once it holds its run
-    directory) and waits there (tests/paused.py); touch the returned GO file to let it go on."""
+    directory; a module's name: as that module's import starts) and waits there (tests/paused.py); touch the
+    returned GO file to let it go on."""
     ready, go = folder / "paused.ready", folder / "paused.go"
     proc = subprocess.Popen([sys.executable, str(Path(__file__).with_name("paused.py")), str(ready), str(go), str(after),
                              "dpgrid", *map(str, args)], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)

@@ -1,6 +1,7 @@
 """`python tests/paused.py READY GO AFTER dpgrid ARGS...`: `dpgrid ARGS...` in a real process that, right
 after committing its AFTER-th run (0: once it holds the run directory, before any run; -1: at start-up, as
-it composes its config), creates the file READY and waits until the file GO exists. A test then acts at that moment (a signal, kill -9, a second
+it composes its config; a module's name: as that module starts to be imported, wherever the start-up imports it,
+e.g. torch.nn inside torch's own import), creates the file READY and waits until the file GO exists. A test then acts at that moment (a signal, kill -9, a second
 writer) without racing the grid: the process is where the test wants it, however loaded the machine."""
 
 import sys
@@ -9,14 +10,29 @@ from pathlib import Path
 
 
 def main() -> None:
-    ready, go, after = Path(sys.argv[1]), Path(sys.argv[2]), int(sys.argv[3])
-    from dpgrid import runner
-    from dpgrid.cli import main as dpgrid
+    ready, go = Path(sys.argv[1]), Path(sys.argv[2])
 
     def pause():
         ready.touch()
         while not go.exists():  # a signal interrupts this sleep and is handled as anywhere in the grid
             time.sleep(0.01)
+
+    if not sys.argv[3].lstrip("-").isdigit():  # a module's name: pause as its import starts
+        import importlib.abc
+
+        class Importing(importlib.abc.MetaPathFinder):
+            def find_spec(self, name, path, target=None):
+                if name == sys.argv[3] and not ready.exists():
+                    pause()
+                return None
+
+        sys.meta_path.insert(0, Importing())
+        from dpgrid.cli import main as dpgrid
+        dpgrid(sys.argv[5:])
+        return
+    after = int(sys.argv[3])
+    from dpgrid import runner
+    from dpgrid.cli import main as dpgrid
 
     commit, planned = runner.commit_run, runner.planned_runs
     commits = [0]

@@ -91,3 +91,30 @@ def test_the_commands_the_readme_quotes_still_run():
         declared = set(re.findall(r"add_argument\(\s*\"(--[\w-]+)\"", script.read_text()))
         for flag in re.findall(r"--[\w-]+", command):
             assert flag in declared, (command, flag)
+
+
+def test_the_minimal_configs_of_extending_md_run_as_written(tmp_path):
+    """docs/extending.md shows the smallest strategy, model and dataset configs (each YAML block that starts with
+    `# conf/<group>/<name>.yaml`): as written, on the search path, they compose, compile and train; and the dataset,
+    which names no default model, is refused in one line without `model=`."""
+    import re
+
+    from dpgrid import DpgridError
+    from dpgrid.api import compose, run_grid
+    from dpgrid.config import compile
+
+    text = (ROOT / "docs" / "extending.md").read_text()
+    blocks = re.findall(r"```yaml\n# (conf/(\w+)/(\w+)\.yaml)\n(.*?)```", text, re.S)
+    assert {group for _, group, _, _ in blocks} == {"strategy", "model", "dataset"}, blocks
+    names = {}
+    for path, group, name, body in blocks:
+        (tmp_path / path).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / path).write_text(body)
+        names[group] = name
+    searchpath = f"hydra.searchpath=[file://{tmp_path / 'conf'}]"
+    chosen = [f"{group}={name}" for group, name in names.items()]
+    spec = compile(compose([searchpath, *chosen, "grid.k=2", "train.epochs=1", "train.seeds=1"]))
+    assert spec.plan.dataset == names["dataset"] and spec.plan.strategy == names["strategy"]
+    assert len(run_grid(spec, tmp_path / "out", progress=False).summary) == 4
+    with pytest.raises(DpgridError, match=r"names no model: pass model=<name>"):
+        compose([searchpath, *(c for c in chosen if not c.startswith("model="))])

@@ -145,7 +145,7 @@ def composed_with(dataset, strategy, extra, key, value):
 
     from omegaconf.errors import OmegaConfBaseException
 
-    from dpgrid.api import refusal
+    from dpgrid.config.compose import refusal
 
     base = (dataset, strategy, tuple(extra))
     if base not in BASES:
@@ -292,10 +292,10 @@ def test_an_unknown_key_of_an_option_names_that_options_keys():
     with pytest.raises(DpgridError) as refused:
         compose(["strategy.foo=1"])
     assert str(refused.value) == ("no setting 'strategy.foo': strategy=online has clip0, clip_lr, grad_noise_ratio, grid, "
-                                  "lr_lr, name (+strategy.foo=... adds a key)")
+                                  "lr_lr, name")
     with pytest.raises(DpgridError, match=r"did you mean strategy.clip0\?"):
         compose(["strategy.clip00=1"])  # a close key is still the suggestion
-    with pytest.raises(DpgridError, match=r"strategy=fixed_threshold has grid, name \("):
+    with pytest.raises(DpgridError, match=r"strategy=fixed_threshold has grid, name$"):
         compose(["strategy=fixed_threshold", "strategy.foo=1"])
 
 

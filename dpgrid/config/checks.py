@@ -140,6 +140,8 @@ def check_config(cfg, n_train: int = None) -> list:
     if read.choice("privacy.selection", ("composition", "random_stopping")) == "random_stopping":
         check_selection(read)
     read.whole("grid.k", low=2)
+    if read.get("grid.only") is not None and len(read.get("grid.only")) == 0:
+        raise DpgridError("grid.only must name at least one configuration, e.g. grid.only=[lr0] (null: all of them)")
     read.log_range("grid.lr_range")
     read.log_range("grid.clip_range")
     read.numbers("grid.quantiles", "in (0, 1)", lambda x: 0 < x < 1)

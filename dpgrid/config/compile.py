@@ -134,8 +134,11 @@ def compile(cfg, n_train: int = None, run_dir=None, plan: bool = True) -> GridSp
     device = resolve_device(spec.train.device)  # torch from here on
     privacy_plan = make_plan(spec, configs, n_train, 0)  # reads the dataset's constants first: a model key
     from dpgrid.models import build_model, count_parameters
+    from dpgrid.plugins import check_arguments
     from dpgrid.training.persample import engine_for
 
+    check_arguments(cfg.model, "model")
+    check_arguments(cfg.dataset.load, "dataset.load", given_by_dpgrid=("root",))
     model = build_model(cfg.model)  # interpolated from one is named as the user set it
     engine, fallback = engine_for(model, spec.train.engine)  # refused before anything is written
     return replace(spec, plan=replace(privacy_plan, model_parameters=count_parameters(model)),

@@ -24,8 +24,9 @@ MIN_FREE_INODES = 64  # and it creates a few dozen files at most (temporary file
 
 
 def describe_os_error(e: OSError, path) -> EnvironmentFault:
-    """An OSError at `path` as one line saying what to do."""
-    path = e.filename or path
+    """An OSError at `path` as one line saying what to do (naming the file dpgrid meant, never its temporary)."""
+    temporary = e.filename and Path(str(e.filename)).name.endswith(".tmp") and str(e.filename) != str(path)
+    path = path if temporary else e.filename or path
     what = {errno.ENOSPC: "no space left on the device: free some space, then run the same command again "
                           "(it resumes where it stopped)",
             errno.EDQUOT: "disk quota exceeded: free some space, then run the same command again",
@@ -165,9 +166,13 @@ def check_writable(folder) -> None:
         too_long = next((part for part in folder.parts if len(os.fsencode(part)) > 255), None)
         if too_long:
             raise OSError(errno.ENAMETOOLONG, "name too long", str(folder))
+        broken = next((p for p in [folder, *folder.parents] if p.is_symlink() and not p.exists()), None)
         existing = folder
         while not existing.exists():
             existing = existing.parent
+    if broken is not None:  # mkdir would fail on it, or loop
+        raise EnvironmentFault(f"cannot write {folder}: {broken} is a symbolic link to a missing folder (or to itself); "
+                               "remove it or point it at a folder, or choose another directory")
     if existing == folder:
         check_entries(folder)
     if not existing.is_dir():

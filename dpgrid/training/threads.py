@@ -25,6 +25,11 @@ def available_cores() -> int:
 def choose(setting: str, model_parameters: int, parallel_jobs: int = 1) -> int:
     """train.threads as a number: N as set, or auto's choice for this model and this many jobs side by side."""
     if str(setting) != "auto":
+        cores = available_cores()
+        if int(setting) > cores:  # more threads than cores only thrash (and torch cannot take absurd counts)
+            import warnings
+            warnings.warn(f"train.threads={setting} is more than the {cores} core(s) this process may use: using {cores}")
+            return cores
         return int(setting)
     if model_parameters < SMALL_MODEL:
         return 1

@@ -1,0 +1,51 @@
+"""The settings as conf/ documents them: `dpgrid run --help` prints every setting of conf/config.yaml with its
+default and its one-line comment, and those a protocol sets. The comments in conf/ are the documentation, read
+here rather than copied."""
+
+import re
+from pathlib import Path
+
+from dpgrid.config.compose import config_dir
+
+
+def settings() -> str:
+    """Every setting of conf/config.yaml with its default and its one-line comment, then those a protocol
+    sets: the comments in conf/ are the documentation, read here rather than copied."""
+    text = (Path(config_dir()) / "config.yaml").read_text()
+    groups = re.findall(r"^  - (\w+): (\w+)\s*#\s*(.*)$", text, re.M)  # the documented groups of the defaults list
+    lines = ["  {} = {}: {}".format(*group) for group in groups]
+    lines += [f"  {key} = {value}: {comment}" for key, value, comment in documented(text)]
+    return "\n".join(lines + protocol_settings(groups))
+
+
+def protocol_settings(groups: list) -> list:
+    """The settings a protocol sets (train.momentum), with each protocol's value and the default protocol's
+    comment (up to its first colon)."""
+    default = next((option for group, option, _ in groups if group == "protocol"), "")
+    values, comments = {}, {}
+    for path in sorted((Path(config_dir()) / "protocol").glob("*.yaml"), key=lambda p: (p.stem != default, p.stem)):
+        for key, value, comment in documented(path.read_text()):
+            if "." in key:  # a section's setting, not the protocol's own name
+                values.setdefault(key, []).append(f"{value} under protocol={path.stem}")
+                comments.setdefault(key, comment.split(":")[0])
+    return [f"  {key} = {', '.join(found)}: {comments[key]}" for key, found in values.items()]
+
+
+def documented(text: str):
+    """(key, value, comment) of each setting of a config file: top-level keys with a value and section.key
+    ones; the defaults list and Hydra's own section are left out."""
+    section = ""
+    for raw in text.splitlines():
+        if raw.startswith(("defaults", "hydra", "  -")) or not raw.strip() or raw.lstrip().startswith("#"):
+            section = "" if raw.startswith("hydra") else section
+            continue
+        match = re.match(r"^(\s*)(\w+):\s*([^#]*?)\s*(?:#\s*(.*))?$", raw)
+        if not match:
+            continue
+        indent, key, value, comment = match.groups()
+        if not indent:
+            section = key if not value else ""
+            if value:
+                yield key, value, comment or ""
+        elif section:
+            yield f"{section}.{key}", value, comment or ""

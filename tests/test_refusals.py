@@ -1,0 +1,156 @@
+"""Every failure is one line, naming what to write instead, and leaves nothing it created behind: overrides that
+add what nothing reads or set what is there, list settings given a bare value, a model that does not fit its data,
+loaders that return the wrong dtypes, absurd thread counts, broken symbolic links, a full disk while logging."""
+
+import errno
+import os
+
+import pytest
+import torch
+
+from dpgrid import DpgridError, EnvironmentFault
+from dpgrid.api import compose
+from dpgrid.config import compile
+
+from .command import dpgrid
+
+
+@pytest.mark.parametrize("overrides, message", [
+    (["+train.epochs=2"], "train.epochs is a setting already: write train.epochs=2 without the +"),
+    (["+train.epoch=2"], "no setting 'train.epoch' (+ adds keys only to a dataset, strategy or model); did you mean "
+                         "train.epochs?"),
+    (["grid.only=lr3"], "grid.only takes a list: write grid.only=[lr3]"),
+    (["+strategy.clip0=1"], "strategy.clip0 is there already: write strategy.clip0=1 without the +"),
+    (["strategy=fixed_threshold", "+strategy.clip0=1"], "strategy=fixed_threshold reads no key 'clip0': a strategy reads "
+                                                        "its own config's keys, here name, grid"),
+    (["+dataset.foo=1"], "dataset=digits: nothing reads a dataset key 'foo'"),
+    (["model=logistic"], "model.inputs: Interpolation key 'dataset.features' not found"),
+])
+def test_overrides_that_cannot_mean_what_they_say_are_one_line(overrides, message):
+    with pytest.raises(DpgridError) as refused:
+        compose(overrides)
+    assert message in str(refused.value) and "\n" not in str(refused.value)
+    typed = overrides[-1].partition("=")[0].lstrip("+")
+    assert f"did you mean {typed}?" not in str(refused.value)  # never the key as typed
+
+
+def test_double_plus_sets_a_setting_either_way():
+    assert compose(["++train.epochs=2"]).train.epochs == 2
+
+
+@pytest.mark.parametrize("key, message", [("+model.foo=1", "model.foo: dpgrid.models.mlp takes no argument 'foo'"),
+                                          ("+dataset.load.foo=1", "dataset.load.foo: dpgrid.datasets.load_digits takes "
+                                                                  "no argument 'foo'")])
+def test_an_argument_a_model_or_loader_does_not_take_is_refused_at_compile(key, message):
+    with pytest.raises(DpgridError, match=message):
+        compile(compose([key]))
+
+
+def test_an_empty_grid_only_is_refused_by_plan_and_run_alike():
+    for plan in (False, True):
+        with pytest.raises(DpgridError, match=r"grid.only must name at least one configuration"):
+            compile(compose(["grid.only=[]"]), plan=plan)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("model", ["cnn", "autoencoder", "bag_of_words", "logistic"])
+def test_a_model_that_does_not_fit_its_data_writes_nothing(model, tmp_path):
+    out = tmp_path / "grid"
+    r = dpgrid("run", f"model={model}", "grid.k=2", "train.epochs=1", f"hydra.run.dir={out}")
+    assert r.returncode == 2 and r.stderr.count("\n") == 1, r.stderr
+    assert ("does not fit dataset=digits" in r.stderr) or ("dataset.features" in r.stderr)
+    assert not out.exists()
+
+
+@pytest.mark.parametrize("features, labels, message", [
+    (torch.float64, torch.int64, "returned features of dtype float64; task classification needs float32 (x.float()"),
+    (torch.int64, torch.int64, "returned features of dtype int64"),
+    (torch.float32, torch.float32, "returned labels of dtype float32; task classification needs int64 (y.long()"),
+])
+def test_a_loaders_dtypes_are_checked_at_load(features, labels, message, monkeypatch, tmp_path):
+    from dpgrid import datasets
+    from dpgrid.runner import run_grid
+
+    real = datasets.load_digits
+
+    def wrong(root=None):
+        data = real(root)
+        data.x_train, data.x_test = data.x_train.to(features), data.x_test.to(features)
+        data.y_train, data.y_test = data.y_train.to(labels), data.y_test.to(labels)
+        return data
+
+    monkeypatch.setattr(datasets, "load_digits", wrong)
+    spec = compile(compose(["grid.k=2", "train.epochs=1", "train.seeds=1"]))
+    with pytest.raises(DpgridError) as refused:
+        run_grid(spec, tmp_path / "grid", progress=False)
+    assert message in str(refused.value)
+    assert not (tmp_path / "grid").exists()
+
+
+def test_more_threads_than_cores_are_capped_with_one_line():
+    from dpgrid.training.threads import available_cores, choose
+
+    for asked in ("100000", "999999999999999999999"):
+        with pytest.warns(UserWarning, match=rf"train.threads={asked} is more than the {available_cores()} core"):
+            assert choose(asked, 10 ** 6) == available_cores()
+
+
+def test_broken_symbolic_links_in_the_run_directory_are_one_line(tmp_path):
+    from dpgrid.results.files import check_writable
+
+    (tmp_path / "dangling").symlink_to(tmp_path / "missing")
+    (tmp_path / "loop").symlink_to(tmp_path / "loop")
+    for folder in (tmp_path / "dangling", tmp_path / "loop" / "below"):
+        with pytest.raises(EnvironmentFault, match="is a symbolic link to a missing folder"):
+            check_writable(folder)
+
+
+def test_a_folder_where_a_file_goes_is_named_as_the_file(tmp_path):
+    from dpgrid.results.files import write_atomic
+
+    (tmp_path / "config.yaml").mkdir()
+    with pytest.raises(EnvironmentFault) as refused:
+        write_atomic(tmp_path / "config.yaml", "x")
+    assert str(refused.value).startswith(f"cannot write {tmp_path / 'config.yaml'}: a folder stands where a file")
+    assert ".tmp" not in str(refused.value)
+
+
+@pytest.mark.slow
+def test_a_full_disk_while_logging_is_one_line(tmp_path, monkeypatch):
+    from dpgrid import jobs
+
+    class Full:
+        def write(self, text):
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+        def flush(self):
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+        def close(self):
+            pass
+
+    monkeypatch.setattr(jobs.LogFile, "_open", lambda self: Full())
+    r = dpgrid("run", "strategy=fixed_threshold", "grid.k=2", "train.epochs=1", "train.seeds=1",
+               f"hydra.run.dir={tmp_path / 'grid'}")
+    assert r.returncode == 1 and r.stderr.count("\n") == 1, r.stderr
+    assert "cli.log: no space left on the device" in r.stderr
+
+
+def test_a_launcher_whose_plugin_is_missing_says_how_to_install_it():
+    from dpgrid.config.compose import readable
+
+    line = readable("In 'hydra/launcher/local': Could not load 'hydra/launcher/joblib'.", [])
+    assert "pip install 'dpgrid[cluster]'" in line
+
+
+@pytest.mark.slow
+def test_version_and_the_help_of_a_search_path():
+    from .plugin import EXAMPLES, SEARCHPATH
+
+    r = dpgrid("--version")
+    assert r.returncode == 0 and r.stdout.startswith("dpgrid ")
+    r = dpgrid("run", "--help", SEARCHPATH)
+    strategies = next(line for line in r.stdout.splitlines() if line.startswith("strategy:"))
+    assert "automatic" in strategies and "online" in strategies
+    assert "wdbc" in next(line for line in r.stdout.splitlines() if line.startswith("dataset:"))
+    assert (EXAMPLES / "dpgrid_example" / "conf" / "dataset" / "wdbc.yaml").exists()

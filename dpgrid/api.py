@@ -84,18 +84,22 @@ def run_grid(cfg, out_dir, progress: bool = True) -> GridResult:
     import json
 
     from dpgrid.config import GridSpec
-    from dpgrid.results.files import read_frame
+    from dpgrid.results.files import directory_setting, read_frame
     from dpgrid.runner import run_grid as run
 
-    run((cfg if isinstance(cfg, GridSpec) else compile(cfg)).announce(), out_dir, progress)
+    with directory_setting("another out_dir of run_grid"):
+        run((cfg if isinstance(cfg, GridSpec) else compile(cfg)).announce(), out_dir, progress)
     out = Path(out_dir)
     read = lambda name: read_frame(out / name)  # noqa: E731
     return GridResult(out, json.loads((out / "plan.json").read_text()), read("runs.csv"), read("curves.csv"),
                       read("summary.csv"))
 
 
-def tables(results_dir="outputs", figures: bool = True, mix_budgets: bool = False, report=print) -> list:
-    """Paper-style tables (and figures) of every grid under results_dir; returns the files written."""
+def tables(results_dir="outputs", figures: bool = True, mix_budgets: bool = False, report=print, out=None) -> list:
+    """Paper-style tables (and figures) of every grid under results_dir into `out` (default results_dir/tables);
+    returns the files written."""
     from dpgrid.reporting.tables import write_tables
+    from dpgrid.results.files import directory_setting
 
-    return write_tables(Path(results_dir), figures=figures, mix_budgets=mix_budgets, report=report)
+    with directory_setting("another out for tables"):
+        return write_tables(Path(results_dir), figures=figures, mix_budgets=mix_budgets, report=report, out=out)

@@ -10,26 +10,6 @@ import time
 import warnings
 from pathlib import Path
 
-USAGE = """usage: dpgrid run [-m] [OVERRIDES...]     run one private grid (-m: Hydra multirun sweep)
-       dpgrid plan [--json] [--compare] [OVERRIDES...]  the privacy plan, no training (--compare: all accountants)
-       dpgrid tables [--mix-budgets] [RESULTS_DIR]  paper-style tables and figures (default outputs/)
-       dpgrid model RUN_DIR [--seed S] [--out FILE]  the model a grid released, what covers it (--out: a copy)
-
-overrides are Hydra's: dataset=mnist strategy=fixed_threshold privacy.epsilon=3 grid.k=7 ...
-your own options: hydra.searchpath=[file:///abs/path/to/conf] (see docs/extending.md)"""
-
-
-def usage(args=()) -> str:
-    """The usage, and the options of each config group: dpgrid's and those of the folders a
-    hydra.searchpath=[...] among `args` adds."""
-    from dpgrid.config.compose import options
-
-    searchpath = [a.partition("=")[2] for a in args if a.partition("=")[0].lstrip("+") == "hydra.searchpath"]
-    lines = [f"{group}: {', '.join(options(group, searchpath[-1] if searchpath else None))}"
-             for group in ("dataset", "strategy", "model", "protocol")]
-    return USAGE + "\n" + "\n".join(lines)
-
-
 def fail(message, code: int = None) -> None:
     """One line on stderr; exit code 2 (bad input or results), 1 for an environment fault (the error's own)."""
     print(f"dpgrid: error: {message}", file=sys.stderr)
@@ -70,7 +50,7 @@ def plan_command(args: list) -> None:
     from dpgrid.api import compose
 
     as_json, compare = "--json" in args, "--compare" in args
-    cfg = compose([a for a in args if a not in ("--json", "--compare")])
+    cfg = compose([a for a in args if a not in ("--json", "--compare")], with_hydra=True)
     from dpgrid.config import compile
     from dpgrid.reporting.describe import print_plan
 
@@ -80,6 +60,11 @@ def plan_command(args: list) -> None:
         print(json.dumps(spec.plan.to_dict(), indent=2))
         return
     print_plan(spec, compare, start)
+    from dpgrid.reporting.console import previous_edge
+
+    if previous_edge(Path(cfg.hydra.run.dir), spec.plan):  # the last run of this grid: was its best on an edge?
+        print(f"dpgrid: warning: in {cfg.hydra.run.dir}: {previous_edge(Path(cfg.hydra.run.dir), spec.plan)}",
+              file=sys.stderr)
 
 
 def run_command(args: list) -> None:
@@ -90,14 +75,15 @@ def run_command(args: list) -> None:
     from dpgrid.api import check_sweep
     from dpgrid.jobs import launch
     from dpgrid.config import register
-    from dpgrid.results.files import outermost_missing
+    from dpgrid.results.files import directory_setting, outermost_missing
 
     if {"-m", "--multirun"} & set(args):
         overrides = [a for a in args if a not in ("-m", "--multirun")]
-        created = {out: outermost_missing(out) for out in check_sweep(overrides)}  # every job checked first
-        register()  # the schema and resolvers Hydra's own composition needs
-        sys.argv = ["dpgrid run", *args]
-        hydra.main(version_base="1.3", config_path=config_dir(), config_name="config")(grid_job(created))()
+        with directory_setting("hydra.sweep.dir=..."):
+            created = {out: outermost_missing(out) for out in check_sweep(overrides)}  # every job checked first
+            register()  # the schema and resolvers Hydra's own composition needs
+            sys.argv = ["dpgrid run", *args]
+            hydra.main(version_base="1.3", config_path=config_dir(), config_name="config")(grid_job(created))()
         return
     from dpgrid.api import compose
 
@@ -126,7 +112,7 @@ def grid_job(created: dict, spec=None):
         from dpgrid.config import compile
         from dpgrid.results.files import locked, remove_created
         from dpgrid.jobs import hydra_record, parallel_jobs, run_log
-        from dpgrid.reporting.console import describe_best
+        from dpgrid.reporting.console import describe_best, edge_warning
         from dpgrid.runner import run_grid
 
         out = Path(HydraConfig.get().runtime.output_dir).absolute()
@@ -150,6 +136,8 @@ def grid_job(created: dict, spec=None):
             name, code = stopped(e)
             fail(f"{name}: the grid in {out} is incomplete; the same command resumes it", code)
         print(describe_best(summary, grid.task))
+        if edge_warning(summary, grid.plan):
+            print(f"dpgrid: warning: {edge_warning(summary, grid.plan)}", file=sys.stderr)
         if summary.attrs.get("release"):
             print(summary.attrs["release"])
         print(f"results: {out}")
@@ -158,22 +146,32 @@ def grid_job(created: dict, spec=None):
 
 def tables_command(args: list) -> None:
     from dpgrid.reporting.tables import write_tables
+    from dpgrid.results.files import directory_setting
 
+    usage = "usage: dpgrid tables [--mix-budgets] [--out DIR] [RESULTS_DIR]"
     if {"-h", "--help"} & set(args):
-        print("usage: dpgrid tables [--mix-budgets] [RESULTS_DIR]\n\npaper-style tables and figures of every grid "
-              "under RESULTS_DIR (default outputs) into RESULTS_DIR/tables/; --mix-budgets puts grids of different "
-              "budgets (per_grid, per_run, selection) in one table")
+        print(f"{usage}\n\npaper-style tables and figures of every grid under RESULTS_DIR (default outputs) into "
+              "DIR (default RESULTS_DIR/tables: a read-only or shared results tree is tabled elsewhere with --out); "
+              "--mix-budgets puts grids of different budgets (per_grid, per_run, selection) in one table")
         return
     mix = "--mix-budgets" in args
     args = [a for a in args if a != "--mix-budgets"]
+    out = None
+    if "--out" in args:
+        at = args.index("--out")
+        if at + 1 >= len(args):
+            fail(usage)
+        out = Path(args.pop(at + 1))
+        args.pop(at)
     if len(args) > 1 or any(a.startswith("-") for a in args):
-        fail("usage: dpgrid tables [--mix-budgets] [RESULTS_DIR]")
+        fail(usage)
     results = Path(args[0] if args else "outputs")
     if not results.is_dir():
         fail(f"no results directory {results}; run a grid first (dpgrid run) or name the directory")
-    written = write_tables(results, mix_budgets=mix, report=lambda line: print(f"dpgrid: warning: {line}",
-                                                                               file=sys.stderr))
-    print(f"wrote {len(written)} files to {results / 'tables'}")
+    with directory_setting("--out DIR"):
+        written = write_tables(results, mix_budgets=mix, out=out, report=lambda line: print(f"dpgrid: warning: {line}",
+                                                                                            file=sys.stderr))
+    print(f"wrote {len(written)} files to {out or results / 'tables'}")
 
 
 def model_command(args: list) -> None:
@@ -256,6 +254,7 @@ def quiet_broken_pipe():
 
 def dispatch(argv: list) -> None:
     if not argv or argv[0] in ("-h", "--help", "help"):
+        from dpgrid.config.documented import usage
         print(usage(argv[1:]))
         return
     if argv[0] in ("--version", "version"):
@@ -269,7 +268,7 @@ def dispatch(argv: list) -> None:
         print(f"dpgrid {installed} (torch, opacus, hydra: pip show them)")
         return
     if argv[0] in ("run", "plan") and ({"-h", "--help"} & set(argv[1:])):
-        from dpgrid.config.documented import settings
+        from dpgrid.config.documented import settings, usage
         print(f"{usage(argv[1:])}\n\nsettings (key = default: meaning), each a Hydra override key=value:\n{settings()}")
         return
     command, args = argv[0], argv[1:]

@@ -141,7 +141,8 @@ def run_row(spec, config, seed, result, draw=None, n_threads=None) -> dict:
         row.update(candidate=seed // plan.seeds, draw=draw)
     row.update(seed=seed, noise_multiplier=plan.noise_multiplier, **plan.per_query,
                budget=plan.budget, accountant=plan.accountant, epsilon_spent=plan.epsilon_spent,
-               epsilon_grid=plan.epsilon_grid, seeds_accounted=plan.account_seeds,
+               epsilon_grid=plan.epsilon_grid, epsilon_with_seeds=plan.epsilon_with_seeds, private=plan.private,
+               seeds_accounted=plan.account_seeds,
                protocol=spec.protocol, momentum=spec.train.momentum, sampling=plan.sampling,
                normalize=spec.normalize, steps=result.steps if plan.schedule else plan.steps,
                best_value=result.best_value, best_step=result.best_step)
@@ -227,8 +228,9 @@ def train_grid(spec, out: Path, progress: bool, on_lock=None) -> pd.DataFrame:
     quiet = plan.selection == "random_stopping"
     if quiet:
         print(SELECTION_QUIET, file=sys.stderr, flush=True)
-    bar = tqdm(total=total, initial=total - len(todo), desc=f"{plan.strategy} {plan.dataset} eps={plan.epsilon:g} "
-               f"k={plan.k}", disable=None if progress and not quiet else True)
+    budget = f"eps={plan.epsilon:g}" if plan.private else "non-private"
+    bar = tqdm(total=total, initial=total - len(todo), desc=f"{plan.strategy} {plan.dataset} {budget} k={plan.k}",
+               disable=None if progress and not quiet else True)
     # Groups are fixed slices of the grid's runs, whatever is done: a group with a run left trains whole and
     # commits what is left, so a resumed grid's runs get the numbers of an uninterrupted one (padding, kernels).
     size = stacking(spec, data, len(work)) if todo or quiet else 1

@@ -44,6 +44,8 @@ class Task:
     scale: float = 1.0         # metric value = scale * sum / N (accuracy in %)
     table_scale: float = 1.0   # tables print value x table_scale (the paper prints MSE x 10^2)
     table_name: str = ""       # the column name in tables
+    table_decimals: int = 2    # every value of the metric in a table: the same rounding down a column
+    valid: tuple = (0.0, float("inf"))  # the range a value can take; a runs.csv value outside is refused
     targets_are_inputs: bool = False  # reconstruction: the loader's labels are replaced by the inputs
     has_classes: bool = False  # labels are class indices 0..classes-1 (checked at load)
     disclosure: str = ""       # what of the private data its tables show that no epsilon covers (a footnote)
@@ -56,10 +58,10 @@ class Task:
 
 TASKS = {task.name: task for task in (
     Task("classification", "accuracy", "accuracy %", True, cross_entropy, correct, scale=100.0, table_name="acc",
-         has_classes=True),
+         has_classes=True, valid=(0.0, 100.0)),
     Task("reconstruction", "mse", "MSE", False, image_mse, summed_loss, table_scale=100.0, table_name="mse×10²",
          targets_are_inputs=True, labels_dtype=None),
-    Task("logistic", "risk", "empirical risk", False, logistic_loss, summed_loss, table_name="risk",
+    Task("logistic", "risk", "empirical risk", False, logistic_loss, summed_loss, table_name="risk", table_decimals=4,
          disclosure="not private (no ε covers them, as in the PUR paper): the risk values and curves, evaluated on the "
                     "private training data, and the features' standardisation, made with that data's own mean and "
                     "variance", features_dtype="float64", labels_dtype="float64"),

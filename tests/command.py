@@ -77,3 +77,8 @@ def start_paused(args, after, folder: Path):
             raise AssertionError("dpgrid did not reach its pause")
         time.sleep(0.01)
     return proc, go
+
+
+def one_line(stderr: str) -> bool:
+    """A refusal in one line: a single line besides the warnings said before it (each one line too)."""
+    return len([line for line in stderr.splitlines() if not line.startswith("dpgrid: warning:")]) == 1

@@ -15,7 +15,7 @@ from dpgrid.results.files import read_frame
 from dpgrid.runner import run_grid
 from dpgrid.training.train import evaluate
 
-from .command import dpgrid as run_dpgrid
+from .command import dpgrid as run_dpgrid, one_line
 from .conftest import load_cfg
 
 SMALL = {"grid.k": 2, "train.seeds": 2, "train.epochs": 1, "train.eval_every": 4}
@@ -115,7 +115,7 @@ def test_the_command_line_says_what_covers_the_model_and_copies_it(tmp_path):
         assert meta["covered_by"] == json.loads((out / "model" / "model.json").read_text())["covered_by"]
     for args in ((), (out, "--seed"), (out, "--seed", "x"), (out, out)):
         r = run_dpgrid("model", *args)
-        assert r.returncode == 2 and r.stderr.count("\n") == 1 and "usage: dpgrid model" in r.stderr, r.stderr
+        assert r.returncode == 2 and one_line(r.stderr) and "usage: dpgrid model" in r.stderr, r.stderr
 
 
 def test_a_selection_releases_its_chosen_candidates_models_only(tmp_path, monkeypatch):

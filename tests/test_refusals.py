@@ -12,7 +12,7 @@ from dpgrid import DpgridError, EnvironmentFault
 from dpgrid.api import compose
 from dpgrid.config import compile
 
-from .command import dpgrid
+from .command import dpgrid, one_line
 
 
 @pytest.mark.parametrize("overrides, message", [
@@ -57,7 +57,7 @@ def test_an_empty_grid_only_is_refused_by_plan_and_run_alike():
 def test_a_model_that_does_not_fit_its_data_writes_nothing(model, tmp_path):
     out = tmp_path / "grid"
     r = dpgrid("run", f"model={model}", "grid.k=2", "train.epochs=1", f"hydra.run.dir={out}")
-    assert r.returncode == 2 and r.stderr.count("\n") == 1, r.stderr
+    assert r.returncode == 2 and one_line(r.stderr), r.stderr
     assert ("does not fit dataset=digits" in r.stderr) or ("dataset.features" in r.stderr)
     assert not out.exists()
 
@@ -132,7 +132,7 @@ def test_a_full_disk_while_logging_is_one_line(tmp_path, monkeypatch):
     monkeypatch.setattr(jobs.LogFile, "_open", lambda self: Full())
     r = dpgrid("run", "strategy=fixed_threshold", "grid.k=2", "train.epochs=1", "train.seeds=1",
                f"hydra.run.dir={tmp_path / 'grid'}")
-    assert r.returncode == 1 and r.stderr.count("\n") == 1, r.stderr
+    assert r.returncode == 1 and one_line(r.stderr), r.stderr
     assert "cli.log: no space left on the device" in r.stderr
 
 

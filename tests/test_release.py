@@ -8,7 +8,7 @@ import json
 import pandas as pd
 import pytest
 
-from .command import dpgrid
+from .command import dpgrid, one_line
 
 pytestmark = pytest.mark.slow  # trains secure grids end to end, several times over
 
@@ -76,7 +76,7 @@ def test_a_damaged_secure_selection_is_refused_not_drawn_again(damage, secure_se
     act(folder / "sel")
     before = snapshot(folder / "sel")
     r = dpgrid("run", *SELECTION, cwd=folder)
-    assert r.returncode == 2 and r.stderr.count("\n") == 1, r.stderr
+    assert r.returncode == 2 and one_line(r.stderr), r.stderr
     assert message in r.stderr and "spends a new (epsilon, delta)" in r.stderr and "overwrite=true" in r.stderr
     after = snapshot(folder / "sel")
     assert {k: v for k, v in after.items() if k.parts[0] != ".hydra"} == \
@@ -110,7 +110,7 @@ def test_a_damaged_secure_grid_is_refused_not_trained_again(damage, message, tmp
     damage(out)
     before = snapshot(out)
     r = dpgrid("run", *GRID, cwd=tmp_path)
-    assert r.returncode == 2 and r.stderr.count("\n") == 1 and message in r.stderr, r.stderr
+    assert r.returncode == 2 and one_line(r.stderr) and message in r.stderr, r.stderr
     assert {k: v for k, v in snapshot(out).items() if k.parts[0] != ".hydra"} == \
         {k: v for k, v in before.items() if k.parts[0] != ".hydra"}
     r = dpgrid("run", *GRID, "overwrite=true", cwd=tmp_path)

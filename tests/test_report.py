@@ -9,33 +9,37 @@ from dpgrid import DpgridError
 from dpgrid.reproduction.paper import paper_results
 from dpgrid.reporting.tables import write_tables
 
-from .command import dpgrid
+from .command import dpgrid, one_line
 
 
 LABELS = {"online": "Online", "fixed_threshold": "Fixed Threshold", "fixed_quantile": "Fixed Quantile", "nodp": "NoDP"}  # as plan.json records them
 
 
 def make_grid(root, dataset, strategy, epsilon, k, configs, metric="accuracy", n_configs=None, budget="per_grid",
-              sampling="poisson"):
-    """configs: list of (config_id, {hp}, [values per seed], n_diverged)."""
-    folder = root / dataset / strategy / f"eps={epsilon}" / budget / f"k={k}"
+              sampling="poisson", protocol="paper", folder=None):
+    """configs: list of (config_id, {hp}, [values per seed], n_diverged). Files as a grid writes them: plan.json,
+    runs.csv with every column a table reads, summary.csv, curves.csv."""
+    folder = folder or root / dataset / strategy / f"eps={epsilon}" / budget / f"k={k}"
     folder.mkdir(parents=True)
     nodp = strategy == "nodp"
     privacy = dict(noise_multiplier=0.0 if nodp else 1.0, epsilon_spent=None if nodp else epsilon * 0.999,
                    epsilon_grid=None if nodp else epsilon * (0.999 if budget == "per_grid" else 7.5),
-                   budget=budget, sampling=sampling)
+                   budget="non-private" if nodp else budget, sampling=sampling, accountant=None if nodp else "rdp")
     seeds = max(len(values) + diverged for *_, values, diverged in configs)
+    with_seeds = None if nodp else privacy["epsilon_grid"] * (2.3 if seeds > 1 else 1)
     folder.joinpath("plan.json").write_text(json.dumps(dict(
-        dataset=dataset, strategy=strategy, k=k, epsilon=epsilon, **privacy, n_configs=n_configs or len(configs),
-        seeds=seeds, accountant="rdp", epsilon_with_seeds=None if nodp else privacy["epsilon_grid"] * (2.3 if seeds > 1 else 1),
+        dataset=dataset, strategy=strategy, k=k, epsilon=None if nodp else epsilon, delta=None if nodp else 1e-5,
+        **privacy, n_configs=n_configs or len(configs), seeds=seeds, steps=100, epsilon_with_seeds=with_seeds,
         label=LABELS[strategy], private=not nodp, axes=list(configs[0][1]),
         dataset_epsilons=[1, 2, 3, 4] if dataset == "fashion_mnist" else [3, 5, 7, 9],
         configurations=[dict(config_id=c, **hp) for c, hp, *_ in configs])))
     runs, summary = [], []
     for config_id, hp, values, diverged in configs:
         for seed, v in enumerate(values + [float("nan")] * diverged):
-            runs.append(dict(dataset=dataset, strategy=strategy, epsilon=epsilon, k=k, metric=metric, config_id=config_id, seed=seed,
-                             best_value=v, diverged=seed >= len(values), **hp, **privacy))
+            runs.append(dict(dataset=dataset, strategy=strategy, epsilon=None if nodp else epsilon,
+                             delta=None if nodp else 1e-5, k=k, metric=metric, config_id=config_id, seed=seed,
+                             best_value=v, diverged=seed >= len(values), **hp, **privacy, epsilon_with_seeds=with_seeds,
+                             private=not nodp, protocol=protocol, steps=100))
         ok = pd.Series(values, dtype=float)
         summary.append(dict(config_id=config_id, **hp, mean=ok.mean() if len(ok) else float("nan"),
                             std=ok.std(ddof=0) if len(ok) else float("nan"), n_seeds=len(values) + diverged,
@@ -47,8 +51,10 @@ def make_grid(root, dataset, strategy, epsilon, k, configs, metric="accuracy", n
     summary.to_csv(folder / "summary.csv", index=False)
     pd.DataFrame(runs).to_csv(folder / "runs.csv", index=False)
     steps = [50, 100]
-    pd.DataFrame([dict(config_id=c, seed=0, step=s, value=60 + s / 10, clip=0.1, lr=0.3, test_loss=1.0)
-                  for c, *_ in configs for s in steps]).to_csv(folder / "curves.csv", index=False)
+    pd.DataFrame([dict(config_id=c, seed=s, step=t, value=60 + t / 10 + s, clip=0.1, lr=0.3, test_loss=1.0)
+                  for c, _, values, diverged in configs for s in range(len(values) + diverged) for t in steps]
+                 ).to_csv(folder / "curves.csv", index=False)
+    return folder
 
 
 @pytest.fixture
@@ -76,22 +82,50 @@ def write(root, **kwargs):
 
 def test_paper_layout_cells(tree):
     write_tables(tree, figures=False)
-    table = pd.read_csv(tree / "tables" / "mnist_k9.csv", dtype=str, keep_default_na=False)
-    assert list(table["ε"]) == ["3", "5", "7", "9"]
-    row3, row5, row7 = (table[table["ε"] == e].iloc[0] for e in ("3", "5", "7"))
-    assert row3["Online ρ"] == "0.3162" and row3["Online acc"] == "91.69" and row3["Online std"] == "0.53"
-    assert row5["Online ρ"] == "1" and row5["Online acc"] == "91.62" and row5["Online std"] == "0.10"
-    assert row7["Online acc"] == "–"
-    assert row3["Fixed Threshold ρ"] == "–" and row3["Fixed Threshold acc"] == "–"
+    table = pd.read_csv(tree / "tables" / "mnist_k9.csv")  # the raw numbers
+    assert list(table["ε"]) == [3, 5]  # the levels run, and no other
+    row3, row5 = (table[table["ε"] == e].iloc[0] for e in (3, 5))
+    assert row3["Online ρ"] == pytest.approx(0.316228) and row3["Online acc"] == pytest.approx(91.69)
+    assert row3["Online std"] == pytest.approx(0.53) and row5["Online acc"] == pytest.approx(91.62)
+    assert pd.isna(row3["Fixed Threshold ρ"]) and pd.isna(row3["Fixed Threshold acc"])
     assert not any(c.startswith("Adam WOSM") for c in table.columns)  # no grid of it here: no column
+    assert "budget" not in table.columns  # one budget: said in the caption, not in a column
     md = (tree / "tables" / "mnist_k9.md").read_text()
-    assert "–: all seeds diverged: Fixed Threshold ε=3" in md
-    assert "–: grid not run: " in md and "Online ε=7" in md and "Fixed Threshold ε=9" in md
-    assert "best NoDP: ρ = 0.003162, 98.10" in md
+    assert "| 3 | – | – | – | – | 0.316 | 91.69 ± 0.53 | 6.89 |" in md  # mean ± std in one cell, the same decimals
+    assert "| 5 | – | – | – | – | 1 | 91.62 ± 0.10 | 11.49 |" in md
+    assert "–: all seeds diverged: Fixed Threshold ε=3" in md and "–: grid not run: Fixed Threshold ε=5" in md
+    assert "best NoDP (non-private, no ε): ρ = 0.00316, 98.10" in md
     assert "partial grids (grid.only; best of the configurations run, whole grid's noise): Online ε=5 (1 of 9)" in md
-    assert "0" not in table.loc[table["ε"] == "7", "Online acc"].item()  # never zero for missing
     tex = (tree / "tables" / "mnist_k9.tex").read_text()
-    assert r"\toprule" in tex and r"\bottomrule" in tex and "91.69" in tex and r"$\rho$" in tex
+    for part in (r"\toprule", r"\bottomrule", r"\caption{mnist, k = 9:", r"\label{tab:mnist_k9}", r"91.69 $\pm$ 0.53",
+                 r"\multicolumn{3}{c}{Online}", r"\multicolumn{4}{c}{Fixed Threshold}", r"\cmidrule(lr){2-5}", r"$\rho$"):
+        assert part in tex, part
+    assert r"\begin{tabular}{lrrrrrrr}" in tex  # numbers right-aligned
+    assert not any(line.startswith("%") for line in tex.splitlines())  # footnotes that render, not comments
+
+
+def test_the_best_value_of_each_row_is_marked(tree):
+    make_grid(tree, "mnist", "fixed_threshold", 5, 9, [("lr0_clip5", {"lr": 0.003162, "clip": 3.162}, [91.0, 92.0], 0)])
+    write_tables(tree, figures=False)
+    md = (tree / "tables" / "mnist_k9.md").read_text()
+    assert "| 5 | 0.00316 | 3.16 | 91.50 ± 0.50 | 11.49 | 1 | **91.62 ± 0.10** | 11.49 |" in md
+    assert r"\textbf{91.62 $\pm$ 0.10}" in (tree / "tables" / "mnist_k9.tex").read_text()
+    assert "**91.69" not in md  # a row with one strategy's value marks nothing
+
+
+@pytest.mark.skipif(not __import__("shutil").which("pdflatex"), reason="pdflatex is not installed (TeX Live)")
+def test_the_latex_table_compiles_as_it_is(tree, tmp_path):
+    import subprocess
+
+    make_grid(tree, "mnist", "fixed_threshold", 5, 9, [("lr0_clip5", {"lr": 0.003162, "clip": 3.162}, [91.0, 92.0], 0)])
+    write_tables(tree, figures=False)
+    document = tmp_path / "paper.tex"
+    document.write_text("\\documentclass{article}\n\\usepackage{booktabs}\n\\begin{document}\n"
+                        f"\\input{{{tree / 'tables' / 'mnist_k9.tex'}}}\n\\end{{document}}\n")
+    r = subprocess.run(["pdflatex", "-interaction=nonstopmode", "-halt-on-error", document.name], cwd=tmp_path,
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stdout[-2000:]
+    assert (tmp_path / "paper.pdf").stat().st_size > 1000
 
 
 def test_only_the_papers_own_k7_tables_drop_the_scores(tmp_path):
@@ -100,16 +134,16 @@ def test_only_the_papers_own_k7_tables_drop_the_scores(tmp_path):
     root = tmp_path / "outputs"
     make_grid(root, "digits", "online", 3, 7, [("lr3", {"lr": 0.316228}, [91.0, 93.0], 0)])
     written = write_tables(root, figures=False)
-    table = pd.read_csv(root / "tables" / "digits_k7.csv", dtype=str, keep_default_na=False)
-    assert table.loc[table["ε"] == "3", "Online acc"].item() == "92.00"
+    table = pd.read_csv(root / "tables" / "digits_k7.csv")
+    assert table.loc[table["ε"] == 3, "Online acc"].item() == pytest.approx(92.0)
     assert not any("vs_paper" in str(p) for p in written)
 
 
 def test_k7_layout_is_hyperparameters_only_and_mse_is_scaled(tree):
     write_tables(tree, figures=False)
-    table = pd.read_csv(tree / "tables" / "fashion_mnist_k7.csv", dtype=str, keep_default_na=False)
-    assert list(table["ε"]) == ["1", "2", "3", "4"]
-    assert table.loc[0, "Online ρ"] == "0.3162"
+    table = pd.read_csv(tree / "tables" / "fashion_mnist_k7.csv")
+    assert list(table["ε"]) == [1]
+    assert table.loc[0, "Online ρ"] == pytest.approx(0.316228)
     assert not any("mse" in c or "std" in c for c in table.columns)
     results = pd.read_csv(tree / "tables" / "results.csv")
     fm = results[results.dataset == "fashion_mnist"].iloc[0]
@@ -128,7 +162,7 @@ def test_comparison_with_the_paper(tree):
     ft3 = comp[(comp.strategy == "fixed_threshold") & (comp.epsilon == 3)].iloc[0]
     assert ft3.status == "all seeds diverged" and pd.isna(ft3.difference)
     md = (tree / "tables" / "mnist_k9_vs_paper.md").read_text()
-    assert "| 3 | Online | ρ=0.316 | 90.69 ± 0.53 | ρ=0.3162 | 91.69 ± 0.53 | 1.00 | no |" in md
+    assert "| 3 | Online | ρ=0.316 | 90.69 ± 0.53 | ρ=0.316 | 91.69 ± 0.53 | 1.00 | no |" in md
     assert "| 7 | Online | ρ=1 | 92.94 ± 0.90 | – | – (grid not run) | – | – |" in md
     assert "| 5 | Online | ρ=1 | 91.62 ± 0.83 | ρ=1 (1 of 9 configurations run) | 91.62 ± 0.10 | 0.00 | yes |" in md
 
@@ -182,12 +216,12 @@ def test_the_clip_panel_has_no_offset_tick_labels(tmp_path, monkeypatch):
                       clip=[0.10075 + 1e-7 * i for i in range(len(steps))], lr=[0.3 + 1e-3 * i for i in range(len(steps))])
                  ).to_csv(tmp_path / "curves.csv", index=False)
     drawn = []
-    monkeypatch.setattr(figures, "save", lambda fig, path, dpi: (fig.canvas.draw(), drawn.append(fig)))
+    monkeypatch.setattr(figures, "save", lambda fig, path, dpi, *rest: (fig.canvas.draw(), drawn.append(fig), [path])[2])
     row = SimpleNamespace(path=str(tmp_path), config_id="lr4", adapts="clip,lr", metric="accuracy", budget="per_grid",
-                          dataset="mnist", label="Online", epsilon=3.0, k=9)
+                          dataset="mnist", label="Online", epsilon=3.0, k=9, private=True, axes="lr", lr=0.3)
     figures.plot_learning_curve(row, tmp_path / "curve.png")
     clip_axis = drawn[0].axes[1]
-    assert clip_axis.get_ylabel() == "C_t" and clip_axis.yaxis.get_offset_text().get_text() == ""
+    assert clip_axis.get_ylabel() == "$C_t$" and clip_axis.yaxis.get_offset_text().get_text() == ""
     assert all("e" not in t.get_text() for t in clip_axis.get_yticklabels())
 
 
@@ -228,11 +262,12 @@ def test_tables_carry_the_budget_and_per_run_grids_their_true_epsilon(tmp_path):
     root = tmp_path / "outputs"
     make_grid(root, "mnist", "online", 3, 9, [("lr4", {"lr": 0.316228}, [91.0, 92.0], 0)], budget="per_run")
     write(root)
-    table = pd.read_csv(root / "tables" / "mnist_k9.csv", dtype=str, keep_default_na=False)
-    row3 = table[table["ε"] == "3"].iloc[0]
-    assert row3["budget"] == "per_run" and row3["Online ε grid"] == "22.5"  # the grid's cost beside the per-run ε
+    table = pd.read_csv(root / "tables" / "mnist_k9.csv")
+    row3 = table[table["ε"] == 3].iloc[0]
+    assert row3["Online ε grid"] == pytest.approx(22.5)  # the grid's cost beside the per-run ε
     for name in ("mnist_k9.md", "mnist_k9.tex"):
-        assert "ε per run (privacy.budget=per_run)" in (root / "tables" / name).read_text().replace("$\\varepsilon$", "ε")
+        text = (root / "tables" / name).read_text().replace("$\\varepsilon$", "ε").replace("\\_", "_")
+        assert "ε per run (privacy.budget=per_run)" in text
     assert not (root / "tables" / "mnist_k9_vs_paper.csv").exists() or "per_run" not in \
         (root / "tables" / "mnist_k9_vs_paper.md").read_text()
 
@@ -242,9 +277,10 @@ def test_mixing_per_grid_and_per_run_grids_needs_asking(tree):
     with pytest.raises(DpgridError, match="mnist k=9: grids of different budgets .* would share a table"):
         write(tree)
     write(tree, mix_budgets=True)
-    table = pd.read_csv(tree / "tables" / "mnist_k9.csv", dtype=str, keep_default_na=False)
-    threes = table[table["ε"] == "3"]
-    assert sorted(threes.budget) == ["per_grid", "per_run"] and set(threes["Online acc"]) == {"91.69", "91.50"}
+    table = pd.read_csv(tree / "tables" / "mnist_k9.csv")
+    threes = table[table["ε"] == 3]
+    assert sorted(threes.budget) == ["per_grid", "per_run"]  # budgets that differ: a column
+    assert sorted(threes["Online acc"]) == pytest.approx([91.5, 91.69])
     assert "MIXED budgets" in (tree / "tables" / "mnist_k9.md").read_text()
 
 
@@ -252,8 +288,8 @@ def test_shuffled_grids_claim_nothing_and_are_left_out(tmp_path):
     root = tmp_path / "outputs"
     make_grid(root, "mnist", "online", 3, 9, [("lr4", {"lr": 0.316228}, [91.0, 92.0], 0)], sampling="shuffle (not DP)")
     write(root)
-    table = pd.read_csv(root / "tables" / "mnist_k9.csv", dtype=str, keep_default_na=False)
-    assert table[table["ε"] == "3"].iloc[0]["Online acc"] == "–"
+    table = pd.read_csv(root / "tables" / "mnist_k9.csv")
+    assert len(table) == 0  # no epsilon with a DP grid: no row
     assert "not shown, no DP guarantee (shuffled batches, or a schedule that reads the data): Online ε=3" in (root / "tables" / "mnist_k9.md").read_text()
     assert pd.read_csv(root / "tables" / "results.csv").status.tolist() == ["not DP (sampling=shuffle)"]
 
@@ -298,7 +334,7 @@ def test_no_readable_grid_is_an_error(tmp_path):
     with pytest.raises(DpgridError, match="no readable grid under"):
         write(tmp_path / "empty")
     r = dpgrid("tables", tmp_path / "empty")
-    assert r.returncode == 2 and r.stderr.count("\n") == 1 and "no readable grid" in r.stderr
+    assert r.returncode == 2 and one_line(r.stderr) and "no readable grid" in r.stderr
 
 
 @pytest.mark.slow
@@ -316,7 +352,7 @@ def test_a_full_disk_during_tables_is_one_line_and_leaves_no_empty_file(tree, mo
 
     monkeypatch.setattr(os, "fsync", fsync)
     r = dpgrid("tables", tree)
-    assert r.returncode == 1 and r.stderr.count("\n") == 1 and "no space left on the device" in r.stderr, r.stderr
+    assert r.returncode == 1 and one_line(r.stderr) and "no space left on the device" in r.stderr, r.stderr
     assert all(p.stat().st_size > 0 for p in (tree / "tables").rglob("*") if p.is_file())
     assert not list((tree / "tables").rglob(".*.tmp"))
 
@@ -338,10 +374,10 @@ def test_every_table_states_what_its_seeds_cost(tree):
     results = pd.read_csv(tree / "tables" / "results.csv")
     online3 = results[(results.strategy == "online") & (results.epsilon == 3)].iloc[0]
     assert online3.epsilon_with_seeds == pytest.approx(3 * 0.999 * 2.3) and online3.accountant == "rdp"
-    table = pd.read_csv(tree / "tables" / "mnist_k9.csv", dtype=str, keep_default_na=False)
-    assert table[table["ε"] == "3"].iloc[0]["Online ε seeds"] == f"{3 * 0.999 * 2.3:.3g}"
+    table = pd.read_csv(tree / "tables" / "mnist_k9.csv")
+    assert table[table["ε"] == 3].iloc[0]["Online ε seeds"] == pytest.approx(3 * 0.999 * 2.3)
     markdown = (tree / "tables" / "mnist_k9.md").read_text()
-    assert "what this table publishes costs more than ε" in markdown and "Online ε=3: 6.89 (rdp)" in markdown
+    assert "what this table publishes costs more than ε" in markdown and "| 3 | – | – | – | – | 0.316 | 91.69 ± 0.53 | 6.89 |" in markdown
     assert "seeds not (what the means over seeds cost" in (tree / "tables" / "mnist_k9_vs_paper.md").read_text()
 
 
@@ -354,7 +390,7 @@ def test_a_plan_that_understates_the_seeds_is_refused(tree):
     del plan["epsilon_with_seeds"]
     (folder / "plan.json").write_text(json.dumps(plan))
     _, lines = write(tree)
-    assert any("does not record epsilon_with_seeds" in line for line in lines), lines
+    assert any("plan.json says epsilon_with_seeds = None but runs.csv says" in line for line in lines), lines
 
 
 def edit_runs(folder, change):
@@ -407,9 +443,10 @@ def test_the_curve_figures_title_fits_inside_the_figure(tmp_path, monkeypatch, a
     pd.DataFrame(dict(config_id="lr4_clip3", seed=0, step=list(steps), value=[50 + s / 10 for s in steps], clip=0.1,
                       lr=0.3)).to_csv(tmp_path / "curves.csv", index=False)
     drawn = []
-    monkeypatch.setattr(figures, "save", lambda fig, path, dpi: (fig.canvas.draw(), drawn.append(fig)))
+    monkeypatch.setattr(figures, "save", lambda fig, path, dpi, *rest: (fig.canvas.draw(), drawn.append(fig), [path])[2])
     row = SimpleNamespace(path=str(tmp_path), config_id="lr4_clip3", adapts=adapts, metric="accuracy", budget="per_grid",
-                          dataset="fashion_mnist", label="Fixed Threshold", epsilon=3.0, k=9)
+                          dataset="fashion_mnist", label="Fixed Threshold", epsilon=3.0, k=9, private=True,
+                          axes="lr,clip", lr=0.3, clip=0.1)
     figures.plot_learning_curve(row, tmp_path / "curve.png")
     fig = drawn[0]
     title = fig._suptitle.get_window_extent()

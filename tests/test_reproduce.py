@@ -58,7 +58,7 @@ def test_paper_cells_runs_one_cell_and_ends_with_the_comparison(reproduce, tmp_p
     runs = pd.read_csv(out / "mnist" / "online" / "eps3" / "k9" / "runs.csv")
     assert runs.config_id.tolist() == ["lr4"] and (runs.protocol == "paper").all()
     md = (out / "tables" / "mnist_k9_vs_paper.md").read_text()
-    assert "| 3 | Online | ρ=0.316 | 90.69 ± 0.53 | ρ=0.3162 (1 of 9 configurations run) |" in md
+    assert "| 3 | Online | ρ=0.316 | 90.69 ± 0.53 | ρ=0.316 (1 of 9 configurations run) |" in md
     # a second call resumes: the run is not trained again
     assert reproduce.main(argv, dpgrid=lambda command, threads: dpgrid(*command[1:])) == 0
     again = pd.read_csv(out / "mnist" / "online" / "eps3" / "k9" / "runs.csv")

@@ -17,7 +17,7 @@ from dpgrid.privacy import random_stopping
 from dpgrid.config import compile
 
 from . import selection_transcription as paper
-from .command import dpgrid
+from .command import dpgrid, one_line
 from .conftest import load_cfg
 
 
@@ -135,7 +135,7 @@ def test_the_plan_calibrates_the_whole_selection_to_the_target():
 def test_bad_selection_settings_are_one_line(overrides, message, tmp_path):
     args = ["strategy=fixed_threshold", "privacy.selection=random_stopping", *(f"{k}={v}" for k, v in overrides.items())]
     r = dpgrid("run", *args, cwd=tmp_path)
-    assert r.returncode == 2 and r.stderr.count("\n") == 1 and message in r.stderr, r.stderr
+    assert r.returncode == 2 and one_line(r.stderr) and message in r.stderr, r.stderr
     assert list(tmp_path.iterdir()) == []
 
 
@@ -169,7 +169,7 @@ def test_a_selection_resumes_with_the_candidates_it_drew(secure, tmp_path):
     (out / "selection.json").unlink()
     if secure:
         r = dpgrid("run", *args)
-        assert r.returncode == 2 and r.stderr.count("\n") == 1 and "holds 1 of the" in r.stderr, r.stderr
+        assert r.returncode == 2 and one_line(r.stderr) and "holds 1 of the" in r.stderr, r.stderr
         return
     assert dpgrid("run", *args).returncode == 0
     assert json.loads((out / "candidates.json").read_text())["candidates"] == drawn
@@ -248,7 +248,7 @@ def test_a_selection_is_drawn_once(tmp_path, monkeypatch):
                             (lambda: drawn_file.write_text("{"), "is damaged")):
         damage()
         r = dpgrid("run", *SELECTION, "hydra.run.dir=sel", cwd=first)
-        assert r.returncode == 2 and r.stderr.count("\n") == 1, r.stderr
+        assert r.returncode == 2 and one_line(r.stderr), r.stderr
         assert str(drawn_file.relative_to(first)) in r.stderr and message in r.stderr and "spending epsilon again" in r.stderr
         drawn_file.write_text(json.dumps(recorded))
     assert json.loads((out / "selection.json").read_text())["chosen"]["config_id"] == GOOD

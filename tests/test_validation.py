@@ -13,7 +13,7 @@ from dpgrid import DpgridError
 from dpgrid.config import compile
 from dpgrid.data import load
 
-from .command import dpgrid
+from .command import dpgrid, one_line
 from .conftest import ROOT, load_cfg
 
 VALUES = [0, -1, math.nan, math.inf, 1e300]
@@ -225,7 +225,7 @@ def test_the_table_path_is_the_command_lines():
 ])
 def test_the_command_line_refuses_before_anything_runs(args, message, tmp_path):
     r = dpgrid("run", *args, cwd=tmp_path)
-    assert r.returncode == 2 and r.stderr.count("\n") == 1 and message in r.stderr, r.stderr
+    assert r.returncode == 2 and one_line(r.stderr) and message in r.stderr, r.stderr
     assert list(tmp_path.iterdir()) == []
 
 
@@ -254,7 +254,7 @@ def test_plan_states_the_expected_training_time_of_the_runs_it_would_train():
 def test_an_unparsable_override_says_how_to_quote_it(tmp_path):
     run_dir = tmp_path / "outputs" / "eps=3" / "k=7"
     r = dpgrid("run", f"hydra.run.dir={run_dir}", cwd=tmp_path)
-    assert r.returncode == 2 and r.stderr.count("\n") == 1, r.stderr
+    assert r.returncode == 2 and one_line(r.stderr), r.stderr
     assert f"""on the command line write 'hydra.run.dir="{run_dir}"'""" in r.stderr
     quoted = dpgrid("plan", f'hydra.run.dir="{run_dir}"', cwd=tmp_path)
     assert quoted.returncode == 0, quoted.stderr  # the quoted form is accepted

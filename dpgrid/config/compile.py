@@ -141,9 +141,12 @@ def compile(cfg, n_train: int = None, run_dir=None, plan: bool = True) -> GridSp
     check_arguments(cfg.dataset.load, "dataset.load", given_by_dpgrid=("root",))
     model = build_model(cfg.model)  # interpolated from one is named as the user set it
     engine, fallback = engine_for(model, spec.train.engine)  # refused before anything is written
+    once = (f"train.eval_every={spec.train.eval_every} is more than a run's T = {privacy_plan.steps} steps: each run "
+            "is validated once, after its last step (its learning curve is one point); lower train.eval_every",) \
+        if spec.train.eval_every > privacy_plan.steps else ()
     return replace(spec, plan=replace(privacy_plan, model_parameters=count_parameters(model)),
                    train=replace(spec.train, device=str(device), engine=engine),
-                   warnings=spec.warnings + ((fallback,) if fallback else ()))
+                   warnings=spec.warnings + ((fallback,) if fallback else ()) + once)
 
 
 def planned(spec: GridSpec, n_train: int) -> GridSpec:

@@ -1,11 +1,30 @@
-"""The settings as conf/ documents them: `dpgrid run --help` prints every setting of conf/config.yaml with its
+"""The command line's usage, and the settings as conf/ documents them: `dpgrid run --help` prints every setting of conf/config.yaml with its
 default and its one-line comment, and those a protocol sets. The comments in conf/ are the documentation, read
 here rather than copied."""
 
 import re
 from pathlib import Path
 
-from dpgrid.config.compose import config_dir
+from dpgrid.config.compose import config_dir, options
+
+
+USAGE = """usage: dpgrid run [-m] [OVERRIDES...]     run one private grid (-m: Hydra multirun sweep)
+       dpgrid plan [--json] [--compare] [OVERRIDES...]  the privacy plan, no training (--compare: all accountants)
+       dpgrid tables [--mix-budgets] [--out DIR] [RESULTS_DIR]  tables and figures (default outputs/, into its tables/)
+       dpgrid --version
+       dpgrid model RUN_DIR [--seed S] [--out FILE]  the model a grid released, what covers it (--out: a copy)
+
+overrides are Hydra's: dataset=mnist strategy=fixed_threshold privacy.epsilon=3 grid.k=7 ...
+your own options: hydra.searchpath=[file:///abs/path/to/conf] (see docs/extending.md)"""
+
+
+def usage(args=()) -> str:
+    """The usage, and the options of each config group: dpgrid's and those of the folders a
+    hydra.searchpath=[...] among `args` adds."""
+    searchpath = [a.partition("=")[2] for a in args if a.partition("=")[0].lstrip("+") == "hydra.searchpath"]
+    lines = [f"{group}: {', '.join(options(group, searchpath[-1] if searchpath else None))}"
+             for group in ("dataset", "strategy", "model", "protocol")]
+    return USAGE + "\n" + "\n".join(lines)
 
 
 def settings() -> str:

@@ -65,3 +65,17 @@ def select(configs: list, only) -> list:
     if unknown:
         raise DpgridError(f"grid.only names unknown configuration(s) {unknown}; valid: {sorted(known)}")
     return [c for c in configs if c["config_id"] in only]
+
+
+def edges(configuration: dict, configurations: list, axes: list) -> list:
+    """The axes on whose end a configuration lies, as "ρ at its largest": a best configuration there suggests the
+    grid stopped short of the best value. Only axes of three values or more (with two, every value is an end)."""
+    found = []
+    for axis in axes:
+        values = sorted({c[axis] for c in configurations if axis in c})
+        if len(values) < 3 or axis not in configuration:
+            continue
+        at = [end for end, value in (("smallest", values[0]), ("largest", values[-1]))
+              if math.isclose(float(configuration[axis]), value, rel_tol=1e-9)]
+        found += [f"{AXIS_SYMBOL.get(axis, axis)} at its {end}" for end in at]
+    return found

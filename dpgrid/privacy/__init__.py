@@ -61,7 +61,7 @@ class Plan:
     epochs: int
     steps: int                # T, per run
     sample_rate: float        # q = B / N
-    epsilon: float            # the grid's target
+    epsilon: float            # the grid's target (None for a non-private baseline, which spends none)
     delta: float
     seeds: int
     account_seeds: bool
@@ -114,6 +114,8 @@ def make_plan(*, strategy_cls, options: dict, privacy: dict, problem: dict, n_tr
         plan = replace(plan, **method().plan(plan, strategy_cls, options, privacy, problem))
         if plan.epsilon_spent is not None:
             check_spent(plan)
+    else:  # a non-private baseline: no budget, no epsilon (its runs do not depend on them)
+        plan = replace(plan, epsilon=None, delta=None, budget="non-private", accountant=None)
     if plan.sampling == "shuffle":  # the noise is the Poisson plan's, but no analysis covers shuffled batches
         plan = replace(plan, epsilon_spent=None, epsilon_grid=None, epsilon_per_run=None, epsilon_with_seeds=None,
                        liu_talwar={}, sampling=NOT_DP_SAMPLING)

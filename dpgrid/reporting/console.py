@@ -38,3 +38,29 @@ def describe_best(summary, task: str) -> str:
         return f"selected configuration {b.config_id} ({hps}): {unit} {b['mean']:.4g} (selection.json)"
     return (f"best configuration {b.config_id} ({hps}): {unit} {b['mean']:.4g} ± {b['std']:.2g} "
             f"over {b.n_seeds - b.n_diverged} seed(s)")
+
+
+def edge_warning(summary, plan) -> str:
+    """Where a grid's best (or a selection's released) configuration lies on the edge of its grid, a line saying
+    so ('' where it does not): a wider range may hold a better configuration."""
+    from dpgrid.config.grid import edges
+
+    best = summary[summary.best] if len(summary) and "best" in summary else summary.iloc[0:0]
+    if not len(best):
+        return ""
+    found = edges({a: best.iloc[0][a] for a in plan.axes if a in best}, plan.configurations, plan.axes)
+    return (f"the best configuration lies on the edge of its grid ({', '.join(found)}): a wider grid.lr_range or "
+            "grid.clip_range may hold a better one") if found else ""
+
+
+def previous_edge(out, plan) -> str:
+    """edge_warning of the summary a run directory holds ('' where it holds none, or another grid's)."""
+    from dpgrid.results.files import read_frame
+
+    try:
+        summary = read_frame(out / "summary.csv")
+    except (OSError, ValueError):
+        return ""
+    if not set(plan.axes) <= set(summary.columns) or "best" not in summary:
+        return ""
+    return edge_warning(summary, plan)

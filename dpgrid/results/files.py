@@ -9,6 +9,7 @@
 """
 
 import contextlib
+import contextvars
 import csv
 import errno
 import io
@@ -23,6 +24,21 @@ MIN_FREE_BYTES = 16 * 2 ** 20  # a grid's files are small; less free space than 
 MIN_FREE_INODES = 64  # and it creates a few dozen files at most (temporary files included)
 
 
+# how the caller names the directory it writes into, for the hints below: hydra.run.dir=... for `dpgrid run`,
+# hydra.sweep.dir=... for a sweep, --out DIR for `dpgrid tables`, run_grid's out_dir from Python
+DIRECTORY = contextvars.ContextVar("directory", default="hydra.run.dir=...")
+
+
+@contextlib.contextmanager
+def directory_setting(name: str):
+    """Within the block, the hints of refusals name the directory as `name` says (e.g. "--out DIR")."""
+    token = DIRECTORY.set(name)
+    try:
+        yield
+    finally:
+        DIRECTORY.reset(token)
+
+
 def describe_os_error(e: OSError, path) -> EnvironmentFault:
     """An OSError at `path` as one line saying what to do (naming the file dpgrid meant, never its temporary)."""
     temporary = e.filename and Path(str(e.filename)).name.endswith(".tmp") and str(e.filename) != str(path)
@@ -30,14 +46,14 @@ def describe_os_error(e: OSError, path) -> EnvironmentFault:
     what = {errno.ENOSPC: "no space left on the device: free some space, then run the same command again "
                           "(it resumes where it stopped)",
             errno.EDQUOT: "disk quota exceeded: free some space, then run the same command again",
-            errno.EACCES: "permission denied: choose a writable directory (hydra.run.dir=...)",
-            errno.EPERM: "permission denied: choose a writable directory (hydra.run.dir=...)",
-            errno.EROFS: "read-only file system: choose a writable directory (hydra.run.dir=...)",
+            errno.EACCES: f"permission denied: choose a writable directory ({DIRECTORY.get()})",
+            errno.EPERM: f"permission denied: choose a writable directory ({DIRECTORY.get()})",
+            errno.EROFS: f"read-only file system: choose a writable directory ({DIRECTORY.get()})",
             errno.ENOTDIR: "a file stands where a folder is needed: choose another directory",
             errno.EEXIST: "a file stands where a folder is needed: choose another directory",
             errno.EISDIR: "a folder stands where a file is needed: move it away",
             errno.ENAMETOOLONG: "a name in the path is too long (at most 255 bytes per folder or file name): choose a "
-                                "shorter hydra.run.dir"}
+                                f"shorter one ({DIRECTORY.get()})"}
     return EnvironmentFault(f"cannot write {path}: {what.get(e.errno, e.strerror or str(e))}")
 
 
@@ -136,8 +152,8 @@ def read_frame(source):
 
     frame = pd.read_csv(source, dtype=str, keep_default_na=False)
     for column in frame.columns:
-        if column not in TEXT_COLUMNS:
-            frame[column] = typed_column(frame[column])
+        frame[column] = typed_column(frame[column]) if column not in TEXT_COLUMNS else \
+            frame[column].astype(object).where(frame[column] != "", None)  # an empty name: none (as written)
     return frame
 
 
@@ -177,10 +193,10 @@ def check_writable(folder) -> None:
         check_entries(folder)
     if not existing.is_dir():
         raise EnvironmentFault(f"cannot write {folder}: {existing} is a file, not a folder; choose another "
-                               "directory (hydra.run.dir=...)")
+                               f"directory ({DIRECTORY.get()})")
     if not os.access(existing, os.W_OK | os.X_OK):
         raise EnvironmentFault(f"cannot write {folder}: {existing} is not writable; choose a writable directory "
-                               "(hydra.run.dir=...)")
+                               f"({DIRECTORY.get()})")
     if shutil.disk_usage(existing).free < MIN_FREE_BYTES:
         raise EnvironmentFault(f"cannot write {folder}: less than {MIN_FREE_BYTES // 2 ** 20} MB free on its "
                                "device; free some space first")
@@ -238,7 +254,7 @@ def locked(folder):
                 raise BlockingIOError
         except BlockingIOError:
             raise Busy(f"another dpgrid process is writing into {folder}; wait for it to finish, or give "
-                       "this job its own hydra.run.dir") from None
+                       f"this job its own directory ({DIRECTORY.get()})") from None
         yield
     finally:
         handle.close()  # releases the lock

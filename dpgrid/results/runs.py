@@ -22,10 +22,10 @@ from dpgrid.results.files import (delete_release, environment, read_frame, read_
 RERUN = "fix or delete that line; the same command then trains that run again"
 # columns that must hold numbers (may be empty where a run has none, e.g. best_value of a diverged run)
 NUMERIC = ("epsilon", "delta", "k", "candidate", "seed", "steps", "best_value", "best_step", "lr", "clip", "quantile",
-           "final_clip", "final_lr", "epsilon_spent", "epsilon_grid", "momentum", "seconds", "eval_seconds",
-           "count_noise_std")
+           "final_clip", "final_lr", "epsilon_spent", "epsilon_grid", "epsilon_with_seeds", "momentum", "seconds",
+           "eval_seconds", "count_noise_std")
 OPTIONAL = ("best_value", "final_clip", "final_lr", "epsilon_spent", "epsilon_grid", "noise_multiplier", "epsilon_zcdp",
-            "epsilon_rdp")
+            "epsilon_rdp", "epsilon_with_seeds", "epsilon", "delta")  # the last three: none for a non-private grid
 
 
 class Lost(DpgridError):
@@ -80,7 +80,7 @@ def runs_disagree(runs_path: Path, plan) -> str:
         return str(e)
     if len(runs) == 0:
         return ""
-    checked = [("epsilon", plan.epsilon), ("strategy", plan.strategy), ("dataset", plan.dataset)] + (
+    checked = [("epsilon", plan.epsilon)] * plan.private + [("strategy", plan.strategy), ("dataset", plan.dataset)] + (
         [] if plan.schedule else [("noise_multiplier", plan.noise_multiplier), ("steps", plan.steps)])  # schedules: per run
     for column, value in checked:
         found = set(runs[column]) if column in runs else {None}
@@ -120,7 +120,7 @@ def read_runs(path: Path, config_ids, digest: str = None, repair: str = RERUN) -
                 raise DpgridError(f"{path}, line {line}: {column} = {value!r} is not a finite number; {repair}")
             if column == "seed" and not (number.is_integer() and number >= 0):
                 raise DpgridError(f"{path}, line {line}: seed = {value!r} is not a whole number; {repair}")
-        for column in ("diverged", "seeds_accounted"):
+        for column in ("diverged", "seeds_accounted", "private"):
             if column in record and record[column] not in ("True", "False"):
                 raise DpgridError(f"{path}, line {line}: {column} = {record[column]!r} is not True or False; {repair}")
         key = (record["config_id"], int(float(record["seed"])))

@@ -1,0 +1,226 @@
+"""The grids under a results tree, each read and vouched for: every figure a table, figure or results.csv publishes
+comes from the rows of runs.csv whose config hash matches plan.json (or is recomputed from them), or the grid is
+skipped in one line naming the file and the field. No torch: CSVs and JSON only (an older runs.csv without its
+epsilon_with_seeds column has it recomputed with the accountant, which loads it).
+
+`collect(results_dir)` -> one row per grid (its best configuration, or a selection's released one) and the lines
+of the grids skipped."""
+
+import math
+from pathlib import Path
+
+import pandas as pd
+
+from dpgrid import DpgridError, tasks
+from dpgrid.config.grid import edges
+from dpgrid.privacy import NOT_DP_SAMPLING
+from dpgrid.results.files import read_json
+from dpgrid.results.runs import read_runs, summarize
+
+DIVERGED, NOT_DP = "all seeds diverged", "not DP (sampling=shuffle)"
+NOTHING_SELECTED, SELECTION = "no candidate drawn or converged", "selection"  # random-stopping grids' budget
+PLAN_KEYS = ("dataset", "strategy", "k", "epsilon", "n_configs", "configurations")  # what a grid's table needs
+# every column a table reads from runs.csv (config_hash too, wherever plan.json records one)
+RUN_COLUMNS = ("dataset", "strategy", "metric", "epsilon", "k", "config_id", "seed", "noise_multiplier", "budget",
+               "accountant", "epsilon_spent", "epsilon_grid", "sampling", "protocol", "steps", "best_value", "diverged")
+PRIVACY_FIGURES = ("noise_multiplier", "epsilon_spent", "epsilon_grid", "budget", "sampling", "accountant")
+REPAIR = "run the grid's command again to rewrite it (its results are kept)"
+COLUMNS = ["dataset", "strategy", "k", "epsilon", "budget", "protocol", "epsilon_spent", "epsilon_grid",
+           "epsilon_with_seeds", "accountant", "sampling", "metric", "lr", "clip", "quantile", "config_id", "value", "std",
+           "n_seeds", "status", "edge", "noise_multiplier", "n_configs", "configs_run", "runs_done", "runs_planned", "label",
+           "private", "axes", "adapts", "dataset_epsilons", "path"]
+
+
+def grid_folders(results_dir: Path, out: Path = None) -> list:
+    """Every folder under results_dir that holds a grid (plan.json or runs.csv), the tables' folder excepted."""
+    found = {p.parent for name in ("plan.json", "runs.csv") for p in results_dir.rglob(name)}
+    skip = [Path(out).absolute()] if out is not None else []
+    return sorted(f for f in found if "tables" not in f.relative_to(results_dir).parts
+                  and not any(f.absolute() == s or s in f.absolute().parents for s in skip))
+
+
+def same(a, b) -> bool:
+    missing = lambda v: v is None or (isinstance(v, float) and math.isnan(v))  # noqa: E731
+    if missing(a) or missing(b):
+        return missing(a) and missing(b)
+    if isinstance(a, (int, float)) and isinstance(b, (int, float)) and not isinstance(a, bool):
+        return math.isclose(a, b, rel_tol=1e-12)
+    return str(a) == str(b)
+
+
+def recorded(folder: Path, runs: pd.DataFrame, plan: dict, key: str, combine=None):
+    """The one value runs.csv records for `key` (None where no row does; `combine` folds several into one),
+    refused unless plan.json records the same."""
+    values = set(runs[key].dropna()) if key in runs else set()
+    if combine and values:
+        values = {combine(values)}
+    if len(values) > 1:
+        raise DpgridError(f"{folder / 'runs.csv'} holds several {key} values ({sorted(values, key=str)}); one grid "
+                          "has one")
+    value = values.pop() if values else None
+    if not same(value, plan.get(key)):
+        raise DpgridError(f"plan.json says {key} = {plan.get(key)} but runs.csv says {value}; the results "
+                          "were not made with this plan (remove the wrong file, or run the grid again)")
+    return value
+
+
+def grid_row(folder: Path) -> dict:
+    """One grid's best configuration, with the privacy figures its runs record (checked against plan.json)."""
+    plan = read_json(folder / "plan.json", REPAIR)
+    missing = [key for key in PLAN_KEYS if key not in plan]
+    if missing:
+        raise DpgridError(f"{folder / 'plan.json'} lacks {', '.join(missing)}; {REPAIR}")
+    if not (folder / "runs.csv").exists():  # planned, its first run still training (or stopped before it ended)
+        raise DpgridError(f"{folder} holds no finished run yet")
+    runs = vouched_runs(folder, plan)
+    private = bool(recorded(folder, runs, plan, "private")) if "private" in runs else bool(plan.get("private", True))
+    for key in ("dataset", "strategy", "k", "config_hash") + (("epsilon",) if private else ()):
+        if key in runs:  # the grid's identity (a non-private grid's runs depend on no epsilon)
+            recorded(folder, runs, plan, key)
+    schedule = plan.get("schedule")  # noise schedules: each run spends its own epsilon, the grid the largest
+    privacy = {key: recorded(folder, runs, plan, key, max if schedule and key == "epsilon_spent" else None)
+               for key in PRIVACY_FIGURES}
+    axes = plan.get("axes") or [a for a in plan.get("configurations", [{}])[0] if a != "config_id"]
+    check_axes(folder, runs, plan, axes)
+    metric = runs.metric.iloc[0]
+    summary = summarize(runs, axes, tasks.get(metric).name)
+    planned = len(plan.get("grid_only") or plan["configurations"]) * int(plan.get("seeds", 1))
+    protocols = set(runs.protocol.dropna().astype(str))
+    row = dict(dataset=plan["dataset"], strategy=plan["strategy"], k=plan["k"], epsilon=plan["epsilon"],
+               metric=metric, **privacy, n_configs=plan["n_configs"], configs_run=len(summary), path=str(folder),
+               runs_done=len(runs), runs_planned=planned, protocol=",".join(sorted(protocols)),
+               label=plan.get("label") or plan["strategy"], private=private,
+               axes=",".join(axes), adapts=",".join(plan.get("adapts", [])),
+               dataset_epsilons=",".join(f"{e:g}" for e in plan.get("dataset_epsilons", [])),
+               epsilon_with_seeds=epsilon_with_seeds(folder, plan, runs, privacy))
+    if plan.get("selection") == "random_stopping":
+        return selected_row(folder, row, runs, plan, axes)
+    best = summary[summary.best]
+    # shuffled batches, or a private strategy whose runs claim no epsilon (a schedule that reads the data)
+    if privacy["sampling"] == NOT_DP_SAMPLING or (row["private"] and privacy["epsilon_spent"] is None):
+        row.update(status=NOT_DP, value=math.nan, std=math.nan)
+    elif len(best):
+        b = best.iloc[0]
+        row.update({a: b[a] for a in axes}, config_id=b.config_id, value=b["mean"], std=b["std"],
+                   n_seeds=int(b.n_seeds - b.n_diverged), status="ok",
+                   edge="; ".join(edges({a: b[a] for a in axes}, plan["configurations"], axes)))
+    else:
+        row.update(status=DIVERGED, value=math.nan, std=math.nan)
+    return row
+
+
+def vouched_runs(folder: Path, plan: dict) -> pd.DataFrame:
+    """runs.csv, checked as `dpgrid run` checks it (whole lines, numbers, this grid's configurations and hash), with
+    every column a table reads and every value in its metric's range."""
+    path = folder / "runs.csv"
+    text = path.read_text(errors="replace")
+    if not text.strip():
+        raise DpgridError(f"damaged file {path} (empty); fix or delete it, then run the grid's command again")
+    header = text.partition("\n")[0].split(",")
+    needed = RUN_COLUMNS + (("config_hash",) if plan.get("config_hash") else ())
+    absent = [c for c in needed if c not in header]
+    if absent:
+        raise DpgridError(f"{path} has no {', '.join(absent)} column (damaged or edited): its rows cannot be vouched "
+                          "for; restore it, or run the grid again in another directory")
+    ids = [c.get("config_id") for c in plan["configurations"]] if isinstance(plan["configurations"], list) else []
+    runs = read_runs(path, ids, plan.get("config_hash"), repair="fix or delete that line, then run the grid's command again")
+    if not len(runs):
+        raise DpgridError(f"{path} holds no finished run yet")
+    task = tasks.get(str(runs.metric.iloc[0]))
+    low, high = task.valid
+    values = runs.best_value[~runs.diverged.astype(bool)].astype(float)
+    outside = values[(values < low) | (values > high)]
+    if len(outside):
+        raise DpgridError(f"{path}, line {int(outside.index[0]) + 2}: best_value = {outside.iloc[0]:g} is outside "
+                          f"{task.metric}'s range {low:g}..{high:g} (edited or damaged); fix or delete that line")
+    return runs
+
+
+def check_axes(folder: Path, runs: pd.DataFrame, plan: dict, axes: list) -> None:
+    """The axes plan.json names are the rows' hyperparameter columns, with the values of their configurations."""
+    by_id = {c.get("config_id"): c for c in plan["configurations"]}
+    for axis in axes:
+        if axis not in runs:
+            raise DpgridError(f"plan.json names the axis {axis} but {folder / 'runs.csv'} has no {axis} column; the "
+                              "results were not made with this plan")
+        for config_id, value in zip(runs.config_id, runs[axis].astype(float)):
+            if not math.isclose(value, float(by_id[config_id].get(axis, math.nan)), rel_tol=1e-9):
+                raise DpgridError(f"{folder / 'runs.csv'}: configuration {config_id} has {axis} = {value:g}, plan.json "
+                                  f"{by_id[config_id].get(axis)}; the results were not made with this plan")
+
+
+def epsilon_with_seeds(folder: Path, plan: dict, runs: pd.DataFrame, privacy: dict):
+    """The epsilon of what a table of this grid publishes (means over seeds): K x seeds runs with its nu. From the
+    rows (checked against plan.json); rows of an older dpgrid that lack it: recomputed from the figures they vouch
+    for. None where no epsilon is claimed."""
+    if privacy["epsilon_spent"] is None:
+        return None
+    most = int(runs.groupby(["candidate", "config_id"] if "candidate" in runs else "config_id").size().max())
+    if most > int(plan.get("seeds", 1)):
+        raise DpgridError(f"{folder / 'runs.csv'} holds {most} seeds of a configuration but plan.json was written for "
+                          f"{plan.get('seeds')}, so its epsilon_with_seeds would understate what a table publishes")
+    if "epsilon_with_seeds" in runs:
+        return recorded(folder, runs, plan, "epsilon_with_seeds")
+    if plan.get("selection") == "random_stopping":  # the selection's epsilon covers its candidates' seeds
+        return privacy["epsilon_spent"]
+    if plan.get("schedule") or "epsilon_with_seeds" not in plan:
+        raise DpgridError(f"{folder / 'runs.csv'} does not record epsilon_with_seeds (made by an older dpgrid); run the "
+                          "grid again in another directory to table it")
+    from dpgrid.privacy.accountants import epsilon_of
+
+    steps = int(recorded(folder, runs, plan, "steps"))
+    value = epsilon_of(privacy["accountant"], plan["batch_size"] / plan["n_train"], privacy["noise_multiplier"],
+                       int(plan["n_configs"]) * int(plan["seeds"]) * steps, float(recorded(folder, runs, plan, "delta")))
+    if not math.isclose(value, float(plan["epsilon_with_seeds"]), rel_tol=1e-6):
+        raise DpgridError(f"plan.json says epsilon_with_seeds = {plan['epsilon_with_seeds']} but its runs spend {value:.6g}; "
+                          "the results were not made with this plan")
+    return value
+
+
+def selected_row(folder: Path, row: dict, runs: pd.DataFrame, plan: dict, axes: list) -> dict:
+    """A random-stopping selection's cell: only what selection.json releases (configuration and score), recomputed
+    from its candidates' rows; nothing that depends on how many candidates were drawn or on another candidate."""
+    from dpgrid.results.selection import candidate_summary
+
+    chosen = read_json(folder / "selection.json", REPAIR).get("chosen")
+    summary = candidate_summary(runs, axes, tasks.get(row["metric"]).name)
+    best = summary[summary.best]
+    found = None if not len(best) else (best.iloc[0].config_id, float(best.iloc[0]["mean"]))
+    if (chosen is None) != (found is None) or (found and (chosen.get("config_id") != found[0]
+                                                          or not same(float(chosen.get("score")), found[1]))):
+        raise DpgridError(f"{folder / 'selection.json'} does not release what its candidates' rows select (edited); "
+                          f"{REPAIR}")
+    row.update(budget=SELECTION, std=math.nan, configs_run=math.nan, runs_done=math.nan, runs_planned=math.nan)
+    if not chosen:
+        return {**row, "status": NOTHING_SELECTED, "value": math.nan}
+    row["n_seeds"] = int(best.iloc[0].n_seeds - best.iloc[0].n_diverged)  # the chosen candidate's own
+    return {**row, **{a: chosen[a] for a in axes}, "config_id": chosen["config_id"], "value": chosen["score"],
+            "status": "ok", "edge": "; ".join(edges({a: chosen[a] for a in axes}, plan["configurations"], axes))}
+
+
+CELL = ["dataset", "k", "strategy", "epsilon", "budget"]  # what places a grid in a table
+
+
+def collect(results_dir: Path, out: Path = None) -> tuple:
+    """(one row per readable grid under results_dir, [one line per grid skipped and why]). Two private grids for one
+    cell (dataset, k, strategy, epsilon, budget) stand side by side when their protocols differ (the tables then show
+    a protocol column) and are both skipped, naming both, when nothing a table shows tells them apart."""
+    rows, skipped = [], []
+    for folder in grid_folders(Path(results_dir), out):
+        try:
+            rows.append(grid_row(folder))
+        except DpgridError as e:
+            skipped.append(f"skipped the grid in {folder}: {e}")
+    grids = pd.DataFrame(rows)
+    if len(grids):
+        private = grids[grids.private.astype(bool)]
+        twins = private[private.assign(epsilon=private.epsilon.astype(float)).duplicated(CELL + ["protocol"], keep=False)]
+        for _, pair in twins.groupby(CELL + ["protocol"], dropna=False):
+            differ = [c for c in ("accountant", "sampling", "epsilon_spent", "noise_multiplier", "n_configs", "metric")
+                      if pair[c].astype(str).nunique() > 1]
+            skipped.append(f"skipped the grids in {' and '.join(pair.path)}: two grids for one cell ({pair.strategy.iloc[0]} "
+                           f"ε={pair.epsilon.iloc[0]:g}, k={pair.k.iloc[0]}) that differ in "
+                           f"{', '.join(differ) or 'nothing a table shows'}; table them from separate results directories")
+        grids = grids.drop(index=twins.index)
+    axes = sorted({a for r in rows for a in str(r.get("axes", "")).split(",") if a and a not in COLUMNS})
+    return grids.reindex(columns=COLUMNS + axes), skipped  # a strategy's own axes (e.g. sigma) too

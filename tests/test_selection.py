@@ -285,3 +285,26 @@ def test_a_damaged_selection_json_is_written_again(tmp_path, monkeypatch):
         r = dpgrid("run", *SELECTION, "hydra.run.dir=sel", cwd=tmp_path / "sel0")
         assert r.returncode == 0, r.stderr
         assert (out / "selection.json").read_bytes() == released
+
+
+@pytest.mark.slow
+def test_the_console_and_cli_log_do_not_depend_on_k_for_a_model_that_does_not_stack(tmp_path, monkeypatch):
+    """A strategy written for one run (the example's automatic clipping) trains one run at a time, and says so in a
+    line: the same line, and nothing else that differs, whether one candidate was drawn (one run: nothing to stack)
+    or several."""
+    from .plugin import EXAMPLES, SEARCHPATH
+
+    seen = []
+    for name, drawn in (("one", ["lr1"]), ("three", ["lr1", "lr0", "lr2"])):
+        monkeypatch.setattr(selection, "draw_candidates", lambda stopping, ids, source, drawn=drawn: list(drawn))
+        folder = tmp_path / name
+        folder.mkdir()
+        r = dpgrid("run", "strategy=automatic", SEARCHPATH, "grid.k=3", "train.epochs=1", "train.seeds=1",
+                   "train.eval_every=4", "privacy.selection=random_stopping", "hydra.run.dir=sel", cwd=folder,
+                   path=[EXAMPLES])
+        assert r.returncode == 0, r.stderr
+        log = (folder / "sel" / "cli.log").read_text() if (folder / "sel" / "cli.log").exists() else ""
+        seen.append((r.stdout.replace(str(folder.resolve()), "FOLDER"), r.stderr,
+                     [line.split("] ", 1)[-1] for line in log.splitlines()]))
+    assert "train.parallel_runs: one run at a time" in seen[0][1]
+    assert seen[0] == seen[1]

@@ -52,7 +52,7 @@ def plot_metric_vs_epsilon(grids, dataset, k, metric, out_base: Path) -> list:
     fig, ax = plt.subplots(figsize=(5.5, 4.0))
     strategies = private_strategies(grids)
     levels = sorted(grids[grids.private.astype(bool)].epsilon.dropna().astype(float).unique())
-    span = (levels[-1] - levels[0]) if len(levels) > 1 else 1.0
+    span = (levels[-1] - levels[0]) if len(levels) > 1 else (levels[0] if levels else 1.0)
     shown = grids[grids.private.astype(bool) & (grids.status == "ok")]
     for i, (strategy, label, _) in enumerate(strategies):
         g = shown[shown.strategy == strategy].sort_values("epsilon")
@@ -67,6 +67,8 @@ def plot_metric_vs_epsilon(grids, dataset, k, metric, out_base: Path) -> list:
                    label=f"{best.label} (non-private)")
     ax.margins(y=0.12)  # keep the baseline's line off the frame
     ax.set_xticks(levels)
+    if len(levels) == 1:  # one level: the axis around it, not around the points' small shifts
+        ax.set_xlim(levels[0] * 0.8, levels[0] * 1.2)
     ax.set_xlabel("ε (the grid's target)")
     unit = task.unit + (" × 10²" if task.table_scale == 100 and "%" not in task.unit else "")
     ax.set_ylabel(f"{unit} ({'higher' if task.higher_is_better else 'lower'} is better)")

@@ -22,6 +22,7 @@ from dpgrid.results.curves import append_curves
 from dpgrid.results.files import (check_writable, environment, locked, outermost_missing, read_frame, remove_created,
                                   write_csv, write_json)
 from dpgrid.models import build_model
+from dpgrid.training.layers import MethodChoice
 from dpgrid.training.persample import make_engine
 from dpgrid.privacy.randomness import SecureRandom
 from dpgrid.results import ledger
@@ -74,12 +75,13 @@ def sources(spec, config: dict, seed: int, device) -> tuple:
     return torch.Generator().manual_seed(derive_seed(*names, "sampling")), noise
 
 
-def run_one(spec, data, config: dict, seed: int, progress: bool):
+def run_one(spec, data, config: dict, seed: int, progress: bool, methods: MethodChoice = None):
+    """One run; `methods`: the grid's choice of each convolution's per-sample method (measured once)."""
     plan, train, device = spec.plan, spec.train, data.x_train.device
     model = initial_model(spec, seed, device)
     sampler, noise = sources(spec, config, seed, device)
     strategy = build_strategy(spec, model.parameters(), config, noise)
-    engine = make_engine(model, data.task, train.engine)
+    engine = make_engine(model, data.task, train.engine, methods)
     steps = plan.schedule.get(config["config_id"], {}).get("steps", plan.steps)
     result = train_run(model, engine, strategy, data, steps, plan.sample_rate, train.eval_every, sampler, progress,
                        sampling=train.sampling)
@@ -132,7 +134,7 @@ def default_dtype(dtype):
         torch.set_default_dtype(previous)
 
 
-def run_row(spec, config, seed, result, draw=None, n_threads=None) -> dict:
+def run_row(spec, config, seed, result, draw=None, n_threads=None, conv_methods: str = "") -> dict:
     plan = spec.plan
     row = dict(dataset=plan.dataset, strategy=plan.strategy, metric=tasks.get(spec.task).metric,
                epsilon=plan.epsilon, delta=plan.delta, k=plan.k, config_id=config["config_id"])
@@ -155,7 +157,7 @@ def run_row(spec, config, seed, result, draw=None, n_threads=None) -> dict:
     if "lr" in plan.adapts:
         row["final_lr"] = result.final_lr
     row.update(diverged=result.diverged, seconds=round(result.seconds, 3), eval_seconds=round(result.eval_seconds, 3),
-               threads=n_threads,
+               threads=n_threads, **({"conv_methods": conv_methods} if conv_methods else {}),
                config_hash=spec.config_hash)
     return row
 
@@ -234,21 +236,24 @@ def train_grid(spec, out: Path, progress: bool, on_lock=None) -> pd.DataFrame:
     # Groups are fixed slices of the grid's runs, whatever is done: a group with a run left trains whole and
     # commits what is left, so a resumed grid's runs get the numbers of an uninterrupted one (padding, kernels).
     size = stacking(spec, data, len(work)) if todo or quiet else 1
-    finished = total - len(todo)
+    finished, methods, said = total - len(todo), MethodChoice(spec.train.conv_method), 0
     for start in range(0, len(work), size):
         group = work[start:start + size]
         left = [(c, s) for c, s in group if (c["config_id"], s) not in done]
         if not left:
             continue
         results = run_group(spec, data, group, progress and not quiet) if size > 1 else \
-            [run_one(spec, data, *group[0], progress and not quiet)]
+            [run_one(spec, data, *group[0], progress and not quiet, methods)]
+        if not quiet:  # the convolutions' per-sample methods, once measured (a selection's stay in its rows)
+            said = say_methods(methods, said)
         for (config, seed), result in zip(group, results):  # each run committed on its own, as when trained alone
             if (config, seed) not in left:
                 continue
             if result.weights is not None:  # before the commit: a committed run's model is never missing
                 keep_weights(out, config["config_id"], seed, result.weights)
             append_curves(out / "curves.csv", [dict(config_id=config["config_id"], seed=seed, **c) for c in result.curve])
-            committed = commit_run(out / "runs.csv", run_row(spec, config, seed, result, draw, torch.get_num_threads()))
+            row = run_row(spec, config, seed, result, draw, torch.get_num_threads(), methods.summary())
+            committed = commit_run(out / "runs.csv", row)
             ledger.record(out, spec, committed)
             finished += 1
             if not quiet:
@@ -265,6 +270,15 @@ def train_grid(spec, out: Path, progress: bool, on_lock=None) -> pd.DataFrame:
     summary.attrs["selection"] = plan.selection == "random_stopping"
     summary.attrs["release"] = release_when_finished(out, spec, runs, summary, work, data_files)
     return summary
+
+
+def say_methods(methods: MethodChoice, said: int) -> int:
+    """Log (cli.log and stderr) each convolution's per-sample method newly chosen; returns how many are said."""
+    lines = methods.describe()
+    for line in lines[said:]:
+        logging.getLogger("dpgrid").info(f"per-sample method: {line}")
+        print(f"per-sample method: {line}", file=sys.stderr, flush=True)
+    return len(lines)
 
 
 def stacking(spec, data, runs: int) -> int:

@@ -34,6 +34,7 @@ import dpgrid
 from dpgrid import strategies
 from dpgrid.config.compose import options
 from dpgrid.models import autoencoder, bag_of_words, cnn
+from dpgrid.training.layers import MethodChoice
 from dpgrid.training.persample import make_engine, per_sample_losses
 from dpgrid.runner import build_strategy
 
@@ -87,16 +88,20 @@ def nonprivate_step(model_name):
     return step
 
 
+METHODS = MethodChoice(os.environ.get("DPGRID_BENCH_CONV_METHOD", "auto"))  # one choice for every step, as a grid
+
+
 def strategy_step(model_name, strategy, engine_name):
     """The strategy's step exactly as `dpgrid run` builds it: the compiled grid of this strategy on the model's
-    dataset (its protocol's momentum, its plan's multipliers), a configuration in the middle of its grid."""
+    dataset (its protocol's momentum, its plan's multipliers), a configuration in the middle of its grid, the
+    convolutions' per-sample methods chosen by measurement (or --conv-method)."""
     model = MODELS[model_name][0]()
     x, y, task = batch(model_name)
     spec = dpgrid.compile(dpgrid.compose([f"dataset={MODELS[model_name][4]}", f"strategy={strategy}",
                                           f"model={model_name}", f"train.batch_size={BATCH}", *searchpath()]))
     configs = spec.plan.configurations
     s = build_strategy(spec, model.parameters(), configs[len(configs) // 2], torch.Generator().manual_seed(0))
-    engine = make_engine(model, task, engine_name)
+    engine = make_engine(model, task, engine_name, METHODS)
     return lambda: s.step(engine(x, y))
 
 
@@ -119,7 +124,7 @@ def sampled_step(model_name, mode, engine_name):
     noise = SecureRandom() if secure_noise else torch.Generator().manual_seed(2)
     s = strategies.FixedThreshold(model.parameters(), hp={"lr": 0.1, "clip": 1.0}, multipliers={"noise_multiplier": NOISE},
                                   batch_size=BATCH, options={}, generator=noise)
-    engine = make_engine(model, task, engine_name)
+    engine = make_engine(model, task, engine_name, METHODS)
 
     def step():
         idx = poisson_batch(n, BATCH / n, sampler)
@@ -279,9 +284,70 @@ def bench_grids(models: list, repeats: int, memory: bool, setting: str = "auto")
     return rows
 
 
+RECORD = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "benchmarks", "steps.json")
+DRIFT = 0.10  # a ratio that moved by more than this (relative) against the record is flagged
+
+
+def cpu_name() -> str:
+    """The processor's model name (Linux's /proc/cpuinfo), else what platform says."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            return next(line.split(":", 1)[1].strip() for line in f if line.startswith("model name"))
+    except (OSError, StopIteration):
+        return platform.processor() or platform.machine()
+
+
+def commit() -> str:
+    try:
+        return subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, check=True,
+                              cwd=os.path.dirname(os.path.abspath(__file__))).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        return "unknown"
+
+
+def ratios(report: dict) -> dict:
+    """{"model strategy": private step / non-private step, "model opacus": Opacus's / non-private} of a report."""
+    found = {f"{r['model']} {r['strategy']}": r["ratio_to_nonprivate"] for r in report["results"]}
+    found.update({f"{r['model']} opacus": r["ratio_to_nonprivate"] for r in report.get("opacus", [])})
+    return found
+
+
+def compare(report: dict, record: dict) -> list:
+    """(name, recorded ratio, measured ratio, moved) for every ratio both hold; moved: by more than DRIFT."""
+    old, new = ratios(record), ratios(report)
+    return [(name, old[name], new[name], abs(new[name] / old[name] - 1) > DRIFT) for name in sorted(old) if name in new]
+
+
+def profile(model_name: str, strategy: str, engine_name: str, steps: int = 5) -> None:
+    """Where a private step's time goes beside the non-private step's: torch's profiler over `steps` of each
+    (after a warm-up), the operators that take the most time, side by side."""
+    from torch.profiler import ProfilerActivity, profile as torch_profile
+
+    totals = {}
+    for name, step in (("nonprivate", nonprivate_step(model_name)), (strategy, strategy_step(model_name, strategy,
+                                                                                                engine_name))):
+        for _ in range(2):
+            step()
+        with torch_profile(activities=[ProfilerActivity.CPU]) as prof:
+            for _ in range(steps):
+                step()
+        totals[name] = {e.key: e.self_cpu_time_total / steps / 1e3 for e in prof.key_averages()}
+    names = sorted(set(totals["nonprivate"]) | set(totals[strategy]),
+                   key=lambda k: -max(totals["nonprivate"].get(k, 0), totals[strategy].get(k, 0)))
+    print(f"{model_name}: self CPU time per step (ms), {steps} steps each after warm-up")
+    print(f"{'operator':<42} {'nonprivate':>11} {strategy:>16} {'difference':>11}")
+    for key in names[:25]:
+        a, b = totals["nonprivate"].get(key, 0.0), totals[strategy].get(key, 0.0)
+        print(f"{key[:42]:<42} {a:>11.1f} {b:>16.1f} {b - a:>+11.1f}")
+    print(f"{'total':<42} {sum(totals['nonprivate'].values()):>11.1f} {sum(totals[strategy].values()):>16.1f}")
+
+
 def main():
     if "--searchpath" in sys.argv:  # before the strategies are listed: its folder adds to them
         os.environ["DPGRID_BENCH_SEARCHPATH"] = sys.argv[sys.argv.index("--searchpath") + 1]
+    if "--conv-method" in sys.argv:  # the memory subprocesses build their steps from the environment too
+        os.environ["DPGRID_BENCH_CONV_METHOD"] = sys.argv[sys.argv.index("--conv-method") + 1]
+        METHODS.setting = os.environ["DPGRID_BENCH_CONV_METHOD"]
     strategies_found = dp_sgd_strategies()
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--searchpath", help="a config folder (file://...) whose strategies join the benchmark")
@@ -300,6 +366,16 @@ def main():
                         "(train.parallel_runs=auto) instead of single steps; --models from " + ", ".join(GRIDS))
     parser.add_argument("--repeats", type=int, default=3, help="--grid: passes per mode (median reported)")
     parser.add_argument("--parallel-runs", default="auto", help="--grid: train.parallel_runs of the stacked mode")
+    parser.add_argument("--conv-method", default="auto", choices=["auto", "grouped", "unfold16", "unfold64"],
+                        help="a convolution's per-sample method (train.conv_method; auto: measured on the first batch)")
+    parser.add_argument("--record", nargs="?", const=RECORD, default=None,
+                        help="write the report as the benchmark record (default benchmarks/steps.json), with the "
+                        "machine, the commit and the command")
+    parser.add_argument("--profile", nargs=2, metavar=("MODEL", "STRATEGY"),
+                        help="where the private step's time goes beside the non-private step's (torch's profiler)")
+    parser.add_argument("--check", nargs="?", const=RECORD, default=None,
+                        help="run the steps of the record (default benchmarks/steps.json) and flag every ratio that "
+                        f"moved by more than {DRIFT:.0%}; exit 1 if any did")
     if "--grid" in sys.argv:
         parser.set_defaults(models=list(GRIDS))
         for action in parser._actions:
@@ -307,8 +383,11 @@ def main():
                 action.choices = list(GRIDS)
     args = parser.parse_args()
     warnings.filterwarnings("ignore")
+    if args.profile:
+        profile(*args.profile, args.engine)
+        return
     if args.grid:
-        machine = {"cpu": platform.processor() or platform.machine(), "cores": os.cpu_count(),
+        machine = {"cpu": cpu_name(), "cores": os.cpu_count(),
                    "torch_threads": torch.get_num_threads(), "torch": torch.__version__}
         rows = bench_grids(args.models, args.repeats, not args.no_memory, args.parallel_runs)
         if args.json:
@@ -327,7 +406,14 @@ def main():
               "run-step over the matmuls no private step avoids, timed alone (the most any method keeping them gains)")
         return
 
-    report = {"machine": {"cpu": platform.processor() or platform.machine(), "cores": os.cpu_count(),
+    record = None
+    if args.check:
+        with open(args.check) as f:
+            record = json.load(f)
+        args.models = sorted({r["model"] for r in record["results"]})
+        args.strategies = sorted({r["strategy"] for r in record["results"]} & set(strategies_found))
+        args.no_opacus = not record.get("opacus")
+    report = {"machine": {"cpu": cpu_name(), "cores": os.cpu_count(),
                           "torch_threads": torch.get_num_threads(), "torch": torch.__version__,
                           "batch_size": BATCH, "engine": args.engine},
               "nonprivate": [], "results": [], "opacus": []}
@@ -364,10 +450,19 @@ def main():
                 report["results"].append({"model": model_name, "strategy": m, **{k: v for k, v in row.items() if k != "model"},
                                           "target_ratio": target,
                                           "met": None if target is None else row["ratio_to_nonprivate"] <= target})
+    report["per_sample_methods"] = METHODS.describe()
+    if args.record:
+        report.update(commit=commit(), command="python scripts/bench.py " + " ".join(sys.argv[1:]),
+                      date=time.strftime("%Y-%m-%d"))
+        os.makedirs(os.path.dirname(os.path.abspath(args.record)), exist_ok=True)
+        with open(args.record, "w") as f:
+            f.write(json.dumps(report, indent=2) + "\n")
     if args.json:
         print(json.dumps(report, indent=2))
         return
     print(f"machine: {report['machine']}")
+    for line in report["per_sample_methods"]:
+        print(f"per-sample method: {line}")
     print(f"{'model':<13} {'step':<16} {'seconds':>8} {'ratio':>6} {'target':>7} {'peak MB':>8}")
     for r in report["nonprivate"] + report["results"] + report["opacus"]:
         name = r.get("strategy", "opacus" if r in report["opacus"] else "nonprivate")
@@ -386,6 +481,14 @@ def main():
         fastest = max((r for r in report["results"] if r["model"] == o["model"]), key=lambda r: r["seconds"])
         print(f"{o['model']}: slowest dpgrid strategy ({fastest['strategy']}) is {o['seconds'] / fastest['seconds']:.1f}x "
               "faster than Opacus hooks")
+    if record is not None:
+        moved = compare(report, record)
+        print(f"against the record ({record.get('commit')}, {record.get('date')}, {record['machine'].get('cpu')}): "
+              f"ratios that moved by more than {DRIFT:.0%} are flagged !")
+        for name, old, new, flag in moved:
+            print(f"  {name:<30} {old:>6.2f} -> {new:>6.2f}{' !' if flag else ''}")
+        if any(flag for *_, flag in moved):
+            raise SystemExit(1)
 
 
 if __name__ == "__main__":

@@ -7,6 +7,7 @@ from torch import nn
 
 from dpgrid.models import autoencoder, bag_of_words, cnn
 from dpgrid import DpgridError
+from dpgrid.training.layers import CONV_METHODS, MethodChoice, applicable
 from dpgrid.training.persample import FastEngine, FuncEngine, make_engine
 
 
@@ -57,7 +58,12 @@ def relative_error(a, b):
     return float((a - b).norm() / b.norm())
 
 
-@pytest.mark.parametrize("engine", [FastEngine, FuncEngine])
+ENGINES = {"func": lambda model, task: FuncEngine(model, task),
+           **{f"fast:{name}": (lambda name: lambda model, task: FastEngine(model, task, MethodChoice(name)))(name)
+              for name in ("auto", *CONV_METHODS)}}  # every per-sample method of a convolution, forced
+
+
+@pytest.mark.parametrize("engine", ENGINES)
 @pytest.mark.parametrize("case", CASES)
 def test_engine_matches_loop_in_float64(engine, case):
     build, x_shape, task = CASES[case]
@@ -66,7 +72,7 @@ def test_engine_matches_loop_in_float64(engine, case):
     x = torch.rand(x_shape, dtype=torch.float64)
     y = x if task == "reconstruction" else torch.randint(0, 3, (len(x),))
     reference = loop_reference(model, x, y, task)
-    grads = engine(model, task)(x, y)
+    grads = ENGINES[engine](model, task)(x, y)
     norms = reference.norm(dim=1)
     assert relative_error(grads.norms, norms) < 1e-6
     clip = norms.median()
@@ -199,3 +205,52 @@ def test_unfolded_correlation_is_the_grouped_one_across_chunks():
     for padding in ((0, 0), (1, 2)):
         grouped = correlate_per_sample(x, kernels, padding).permute(1, 2, 0, 3, 4)
         assert torch.allclose(correlate_by_unfolding(x, kernels, padding, chunk=4), grouped, rtol=1e-12, atol=1e-12)
+
+
+def test_the_method_choice_times_the_applicable_methods_once_per_shape_and_keeps_the_fastest(monkeypatch):
+    from dpgrid.training import layers
+
+    calls = []
+    monkeypatch.setattr(layers, "timed", lambda method, module, a, g: calls.append(method) or
+                        {layers.CONV_METHODS["grouped"]: 3.0, layers.CONV_METHODS["unfold16"]: 1.0}.get(method, 2.0))
+    model = wide_convs().double()
+    engine = FastEngine(model, "classification", MethodChoice("auto"))
+    x, y = torch.rand(6, 2, 9, 9, dtype=torch.float64), torch.randint(0, 3, (6,))
+    engine(x, y).weighted_sum(torch.ones(6, dtype=torch.float64))
+    assert calls == []  # a sum asked before any norm needs no per-sample gradient
+    engine(x, y).norms
+    assert len(calls) == 4 * 3  # four layer shapes, three methods each
+    engine(x, y).norms
+    assert len(calls) == 12  # measured once per shape
+    assert engine.methods.summary() == "unfold16,unfold16,unfold16,unfold16"
+    assert all("unfold16 (unfold16 1000.0 ms, unfold64 2000.0 ms, grouped 3000.0 ms" in line
+               for line in engine.methods.describe())
+
+
+def test_a_strided_convolution_is_given_only_the_methods_that_compute_it():
+    assert applicable(nn.Conv2d(2, 3, 3, stride=2)) == ["grouped"]
+    assert applicable(nn.Conv2d(2, 3, 3, padding="same")) == ["grouped"]
+    assert applicable(nn.Conv2d(2, 3, 3, padding=1)) == list(CONV_METHODS)
+    assert MethodChoice("unfold64").choose(nn.Conv2d(2, 3, 3, stride=2), None, None)[0] == "grouped"
+
+
+def test_the_config_offers_the_methods_the_engine_has():
+    from dpgrid.config.checks import CONV_METHODS as offered
+
+    assert set(offered) == set(CONV_METHODS)
+
+
+@pytest.mark.parametrize("case", ["cnn", "autoencoder", "strided_conv", "wide_convs"])
+def test_a_weighted_sum_asked_before_any_norm_is_exact_without_per_sample_gradients(case):
+    """The non-private baseline's mean: the convolutions' ordinary weight gradients of the weighted output
+    gradients, never their per-sample ones."""
+    build, x_shape, task = CASES[case]
+    torch.manual_seed(0)
+    model = build().double()
+    x = torch.rand(x_shape, dtype=torch.float64)
+    y = x if task == "reconstruction" else torch.randint(0, 3, (len(x),))
+    reference = loop_reference(model, x, y, task)
+    grads = FastEngine(model, task)(x, y)
+    w = torch.rand(len(x), dtype=torch.float64)
+    flat = torch.cat([t.flatten() for t in grads.weighted_sum(w)])
+    assert relative_error(flat, w @ reference) < 1e-6

@@ -117,6 +117,7 @@ def is_number(v) -> bool:
 
 BUDGETS = ("per_grid", "per_run")
 SAVE_MODELS = ("released", "all", "none")  # train.save_models (dpgrid.results.models)
+CONV_METHODS = ("grouped", "unfold16", "unfold64")  # train.conv_method besides auto (dpgrid.training.layers)
 
 
 def check_config(cfg, n_train: int = None) -> list:
@@ -155,6 +156,7 @@ def check_config(cfg, n_train: int = None) -> list:
         warnings.append("train.sampling=shuffle: fixed-size shuffled batches are NOT covered by the Poisson analysis; "
                         "these runs claim no epsilon (epsilon_spent is empty, rows marked 'not DP')")
     read.choice("train.engine", ("fast", "func"))
+    read.choice("train.conv_method", ("auto", *CONV_METHODS))
     read.choice("train.save_models", SAVE_MODELS)
     threads = str(read.get("train.threads"))
     if threads != "auto" and not (threads.isdigit() and int(threads) >= 1):

@@ -37,6 +37,7 @@ class Training:
     threads: str = "auto"  # torch threads: auto (chosen when the grid runs, dpgrid.training.threads) or a number
     parallel_runs: str = "auto"  # runs trained stacked: auto (dpgrid.training.stacked.group_size) or a number
     save_models: str = "released"  # released | all | none (dpgrid.results.models)
+    conv_method: str = "auto"    # a convolution's per-sample method: auto (measured) or one (dpgrid.training.layers)
 
 
 @dataclass(frozen=True)
@@ -120,7 +121,7 @@ def compile(cfg, n_train: int = None, run_dir=None, plan: bool = True) -> GridSp
                        sampling=str(cfg.train.sampling), device=str(cfg.train.device), engine=str(cfg.train.engine),
                        float64=bool(cfg.train.float64), secure_rng=bool(cfg.privacy.secure_rng),
                        threads=str(cfg.train.threads), parallel_runs=str(cfg.train.parallel_runs),
-                       save_models=str(cfg.train.save_models)),
+                       save_models=str(cfg.train.save_models), conv_method=str(cfg.train.conv_method)),
         dataset=dataset, model=read_only(cfg.model),
         data_root=str(cfg.data.root), task=task, normalize=str(cfg.dataset.get("normalize", "unit")),
         protocol=str(cfg.protocol), overwrite=bool(cfg.overwrite), stopping_seed=int(cfg.privacy.stopping_seed),

@@ -13,7 +13,8 @@ from dpgrid import DpgridError
 
 # Settings that cannot change what a run computes. data.root: the data's content is recorded instead
 # (plan.json's data_files), so a moved data directory resumes and a changed file is named.
-NOT_HASHED = ("train.device", "train.engine", "train.threads", "train.parallel_runs", "train.save_models", "grid.only",
+NOT_HASHED = ("train.device", "train.engine", "train.conv_method", "train.threads", "train.parallel_runs",
+              "train.save_models", "grid.only",
               "overwrite", "grid.allow_large", "data.root",
               "dataset.stacked_seconds_per_step")  # the last a time estimate only
 # settings added after grids were recorded, hashed only when set away from these defaults: older grids keep their hash

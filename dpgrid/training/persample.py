@@ -10,7 +10,8 @@ How they are computed is this module's business: engines change without touching
     Linear (2-D input):  ||g_i||^2 = ||G_i||^2 ||a_i||^2 (+ ||G_i||^2 for the bias), never materialised;
                          sum_i w_i g_i = (w * G)^T A, one matmul.
     Conv2d:              g_i = a_i correlated with G_i, materialised per sample (out x in x k x k
-                         numbers: small for convolutions), all samples in one grouped convolution.
+                         numbers: small for convolutions), by the faster of a grouped convolution over the
+                         batch and unfolding in chunks, measured per layer shape (layers.MethodChoice).
     ConvTranspose2d:     g_i = G_i correlated with a_i (stride 1, no padding), likewise.
 - `FuncEngine`: torch.func vmap(grad), materialises all b x P numbers; the reference, and the
   fallback for models with other parametrised layers.
@@ -23,7 +24,7 @@ from torch import nn
 from torch.func import functional_call, grad, vmap
 
 from dpgrid import DpgridError, tasks
-from dpgrid.training.layers import disjoint_subsets, layer_factors
+from dpgrid.training.layers import MethodChoice, disjoint_subsets, layer_factors
 
 
 class PerSampleGrads:
@@ -156,8 +157,9 @@ def unsupported_layers(model: nn.Module) -> dict:
 class FastEngine:
     """Book-keeping per-sample norms and weighted sums (see the module docstring)."""
 
-    def __init__(self, model: nn.Module, task: str):
+    def __init__(self, model: nn.Module, task: str, methods: MethodChoice = None):
         self.model, self.task = model, task
+        self.methods = methods or MethodChoice()  # a convolution's per-sample method, measured once per shape
         self.params = list(model.parameters())
         self.layers = parametrised_layers(model)
         problems = unsupported_layers(model)
@@ -186,7 +188,7 @@ class FastEngine:
         outputs = [record[m][1] for m in self.layers]
         # Gradients of sum_i loss_i w.r.t. each layer's output: G_i of every sample, no weight grads.
         out_grads = torch.autograd.grad(losses.sum(), outputs)
-        factors = [layer_factors(m, record[m][0], g) for m, g in zip(self.layers, out_grads)]
+        factors = [layer_factors(m, record[m][0], g, self.methods) for m, g in zip(self.layers, out_grads)]
 
         def norms():
             return torch.sqrt(sum(f.sq_norms() for f in factors))
@@ -247,10 +249,11 @@ def engine_for(model: nn.Module, name: str = "fast") -> tuple:
     return name, None
 
 
-def make_engine(model: nn.Module, task: str, name: str = "fast"):
-    """The engine `name` for this model (fast falls back to func, with a warning, where it cannot serve)."""
+def make_engine(model: nn.Module, task: str, name: str = "fast", methods: MethodChoice = None):
+    """The engine `name` for this model (fast falls back to func, with a warning, where it cannot serve); `methods`:
+    the convolutions' per-sample methods, shared by the runs of a grid (measured once)."""
     name, warning = engine_for(model, name)
     if warning:
         import warnings
         warnings.warn(warning)
-    return FuncEngine(model, task) if name == "func" else FastEngine(model, task)
+    return FuncEngine(model, task) if name == "func" else FastEngine(model, task, methods)

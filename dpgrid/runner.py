@@ -27,7 +27,7 @@ from dpgrid.training.persample import make_engine
 from dpgrid.privacy.randomness import SecureRandom
 from dpgrid.results import ledger
 from dpgrid.results.models import final_weights, keep_weights, release_when_finished
-from dpgrid.reporting.console import SELECTION_QUIET, report_run
+from dpgrid.reporting.console import SELECTION_QUIET, report_run, say_methods
 from dpgrid.results.runs import claim, commit_run, summarize, write_header
 from dpgrid.training import threads
 from dpgrid.training.stacked import StackedEngine, StackedModel, group_size
@@ -157,7 +157,7 @@ def run_row(spec, config, seed, result, draw=None, n_threads=None, conv_methods:
     if "lr" in plan.adapts:
         row["final_lr"] = result.final_lr
     row.update(diverged=result.diverged, seconds=round(result.seconds, 3), eval_seconds=round(result.eval_seconds, 3),
-               threads=n_threads, **({"conv_methods": conv_methods} if conv_methods else {}),
+               threads=n_threads, device=spec.train.device, **({"conv_methods": conv_methods} if conv_methods else {}),
                config_hash=spec.config_hash)
     return row
 
@@ -200,7 +200,8 @@ def run_grid(spec, out_dir, progress: bool = True, on_lock=None, created="unknow
         out.mkdir(parents=True, exist_ok=True)
     with locked(out):
         try:
-            with threads.using(threads.choose(spec.train.threads, spec.plan.model_parameters, parallel_jobs)):
+            with threads.using(threads.choose(spec.train.threads, spec.plan.model_parameters, parallel_jobs)), \
+                    threads.exact_cuda():
                 return train_grid(spec, out, progress, on_lock)
         except DpgridError:
             remove_created(out, created)
@@ -270,15 +271,6 @@ def train_grid(spec, out: Path, progress: bool, on_lock=None) -> pd.DataFrame:
     summary.attrs["selection"] = plan.selection == "random_stopping"
     summary.attrs["release"] = release_when_finished(out, spec, runs, summary, work, data_files)
     return summary
-
-
-def say_methods(methods: MethodChoice, said: int) -> int:
-    """Log (cli.log and stderr) each convolution's per-sample method newly chosen; returns how many are said."""
-    lines = methods.describe()
-    for line in lines[said:]:
-        logging.getLogger("dpgrid").info(f"per-sample method: {line}")
-        print(f"per-sample method: {line}", file=sys.stderr, flush=True)
-    return len(lines)
 
 
 def stacking(spec, data, runs: int) -> int:

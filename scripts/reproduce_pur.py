@@ -16,7 +16,6 @@ Every run goes through `dpgrid.run_grid` (the same runs `dpgrid run dataset=iris
 """
 
 import argparse
-import math
 import time
 from pathlib import Path
 

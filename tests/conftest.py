@@ -47,5 +47,8 @@ __all__ = ["load_cfg", "OmegaConf", "strategy_class"]
 
 
 def pytest_configure(config):
-    """The noise searches' cache in a folder of this session (shared by its processes), not the user's."""
+    """The noise searches' cache in a folder of this session (shared by its processes), not the user's; and the
+    CPU as every grid's default device: the tests that compare numbers (golden data, stacked against one at a
+    time, kill and resume) compare the CPU's, and the CUDA tests (tests/test_cuda.py) say train.device=cuda."""
     os.environ.setdefault("DPGRID_CACHE", tempfile.mkdtemp(prefix="dpgrid-noise-"))
+    os.environ["DPGRID_DEVICE"] = "cpu"

@@ -154,3 +154,23 @@ def test_version_and_the_help_of_a_search_path():
     assert "automatic" in strategies and "online" in strategies
     assert "wdbc" in next(line for line in r.stdout.splitlines() if line.startswith("dataset:"))
     assert (EXAMPLES / "dpgrid_example" / "conf" / "dataset" / "wdbc.yaml").exists()
+
+
+@pytest.mark.slow
+def test_a_resume_on_another_device_type_is_refused_naming_it(tmp_path):
+    """A grid records its device (plan.json, every row); a seeded run's streams are the device's generator's, so a
+    resume or a grid.only split on another device type is refused."""
+    import json
+
+    import pandas as pd
+
+    out = tmp_path / "grid"
+    args = ["strategy=fixed_threshold", "grid.k=2", "train.seeds=1", "train.epochs=1", f"hydra.run.dir={out}"]
+    assert dpgrid("run", *args, "grid.only=[lr0_clip0]").returncode == 0
+    assert json.loads((out / "plan.json").read_text())["device"] == "cpu"
+    assert set(pd.read_csv(out / "runs.csv").device) == {"cpu"}
+    plan = json.loads((out / "plan.json").read_text())
+    (out / "plan.json").write_text(json.dumps({**plan, "device": "cuda:0"}))  # as if run on a GPU
+    r = dpgrid("run", *args)
+    assert r.returncode == 2 and one_line(r.stderr), r.stderr
+    assert "train.device is cuda:0 there, cpu here" in r.stderr

@@ -219,7 +219,7 @@ def test_the_table_path_is_the_command_lines():
     (["train.momentum=1.5"], "train.momentum must be in [0, 1)"),
     (["strategy=fixed_quantile", "grid.quantiles=[0,1.5]"], "grid.quantiles must be a list of numbers in (0, 1)"),
     (["grid.lr_range=[1,-1]"], "grid.lr_range must be [low, high] with low < high"),
-    (["train.device=cuda:7"], "train.device"),
+    ([f"train.device=cuda:{__import__('torch').cuda.device_count()}"], "train.device"),  # one past the last
     (["strategy=fixed_threshold", "grid.k=1000"], "1,000,000 configurations"),
     (["strategy=nodp", "train.epochs=1000000000"], "grid.allow_large=true"),
 ])

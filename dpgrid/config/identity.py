@@ -83,19 +83,29 @@ def other_config(out: Path, settings: dict, private: bool, recorded: str, digest
 # plan.json records each under, and why.
 RECORDED = {"seeds": ("train.seeds", "the epsilon of what it publishes, means over its seeds, would change with it"),
             "parallel_runs": ("train.parallel_runs", "runs stacked in groups of another size round differently, so the "
-                              "grid would match neither setting's numbers")}
+                              "grid would match neither setting's numbers"),
+            "device": ("train.device", "a seeded run's noise and batches come from the device's own generator, so "
+                       "the grid would mix two devices' streams")}
 
 
 def other_setting(out: Path, recorded: dict, spec) -> str:
     """The refusal of a run directory whose plan.json was written with another value of a RECORDED setting ('' when
     it was not)."""
-    here = {"seeds": spec.train.seeds, "parallel_runs": spec.train.parallel_runs}
+    here = {"seeds": spec.train.seeds, "parallel_runs": spec.train.parallel_runs,
+            "device": device_type(spec.train.device)}
     for key, (setting, why) in RECORDED.items():
         there = recorded.get(key)
-        if there is not None and str(there) != str(here[key]):
+        if key == "device" and (there is None or here[key] == "auto"):  # compared once the device is resolved
+            continue
+        if there is not None and str(device_type(there) if key == "device" else there) != str(here[key]):
             return (f"{out} holds results of a different config ({setting} is {there} there, {here[key]} here: {why}); "
                     "choose another hydra.run.dir, or pass overwrite=true to delete them")
     return ""
+
+
+def device_type(device: str) -> str:
+    """cpu or cuda (cuda:1 is a cuda): what a run's streams depend on."""
+    return str(device).split(":")[0]
 
 
 def refuse_other_config(out: Path, spec) -> None:

@@ -93,5 +93,7 @@ def standard_normal(shape, source, device, dtype, out=None) -> torch.Tensor:
         if out is not None:
             return torch.randn(shape, generator=source, out=out)
         return torch.randn(shape, generator=source, device=device, dtype=dtype)
-    z = source.normal(shape).to(device=device, dtype=dtype)
-    return z if out is None else out.copy_(z)
+    z = source.normal(shape).to(dtype)  # drawn on the CPU from the OS's bytes, in float64, rounded once
+    if torch.device(device).type == "cuda":  # one pinned, non-blocking copy: no wait for the GPU's queue
+        z = z.pin_memory().to(device, non_blocking=True)
+    return z if out is None else out.copy_(z, non_blocking=True)

@@ -64,3 +64,12 @@ def previous_edge(out, plan) -> str:
     if not set(plan.axes) <= set(summary.columns) or "best" not in summary:
         return ""
     return edge_warning(summary, plan)
+
+
+def say_methods(methods, said: int) -> int:
+    """Log (cli.log and stderr) each convolution's per-sample method newly chosen; returns how many are said."""
+    lines = methods.describe()
+    for line in lines[said:]:
+        logging.getLogger("dpgrid").info(f"per-sample method: {line}")
+        print(f"per-sample method: {line}", file=sys.stderr, flush=True)
+    return len(lines)

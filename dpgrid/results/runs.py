@@ -237,4 +237,5 @@ def write_header(out: Path, spec, data_files: dict) -> None:
     write_atomic(out / "config.yaml", OmegaConf.to_yaml(OmegaConf.create(dict(spec.settings))))
     only = list(spec.only) if spec.only is not None else None  # the configurations this command trains
     write_json(out / "plan.json", {**spec.plan.to_dict(), "config_hash": spec.config_hash, "data_files": data_files,
-                                   "grid_only": only, "parallel_runs": spec.train.parallel_runs})
+                                   "grid_only": only, "parallel_runs": spec.train.parallel_runs,
+                                   "device": spec.train.device})

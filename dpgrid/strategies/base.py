@@ -5,7 +5,7 @@ from __future__ import annotations
 import functools
 
 from dpgrid.lazy import lazy_import
-from dpgrid.privacy.randomness import standard_normal  # noqa: F401  (strategies draw their noise through it)
+from dpgrid.privacy.randomness import SecureRandom, standard_normal  # noqa: F401  (strategies draw through it)
 
 torch = lazy_import("torch")  # loaded at first use: checking a config does not load it
 
@@ -107,6 +107,10 @@ class Strategy:
         The noise is drawn sum by sum: the same numbers as one standard_normal per sum."""
         flat, views = flat_like(sums, self.stacked)
         for run, generator in enumerate(self.generator) if self.stacked else [(None, self.generator)]:
+            if isinstance(generator, SecureRandom):  # not reproducible anyway: one draw (and one copy) per run
+                whole = flat if run is None else flat[run]
+                standard_normal(whole.shape, generator, flat.device, flat.dtype, out=whole)
+                continue
             for view in views:  # a run's draws in the same order whether it trains alone or stacked
                 out = view if run is None else view[run]
                 standard_normal(out.shape, generator, flat.device, flat.dtype, out=out)

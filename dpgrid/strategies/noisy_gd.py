@@ -60,15 +60,15 @@ class NoisyGD(Strategy):
         self.t, self.rho, self.finished, self.grad_norm = 0, 0.0, False, math.nan
         self.schedule = None if self.oracle else iter(self.sigmas(self.hp, p))
 
-    def sigma(self, gradient_norm: float) -> float:
-        return next(self.schedule)
+    def sigma(self, gradient_norm) -> float:
+        return next(self.schedule)  # data-independent: the norm (a tensor on the device) is not read
 
     @no_grad
     def step(self, grads) -> None:
         n = self.batch_size
         sums = grads.weighted_sum(self.clip_weights(grads.norms))
         gradient = [s / n + self.p["l2"] * w for s, w in zip(sums, self.params)]  # grad F(theta_t)
-        self.grad_norm = float(torch.sqrt(sum(g.pow(2).sum() for g in gradient)))
+        self.grad_norm = torch.sqrt(sum(g.pow(2).sum() for g in gradient))  # on the device until a validation reads it
         sigma = self.sigma(self.grad_norm)
         cost = zcdp.step_rho(sigma, self.p["lipschitz"], n)
         if self.rho + cost > self.p["rho_budget"]:  # the next step would exceed the budget: stop before it
@@ -83,4 +83,5 @@ class NoisyGD(Strategy):
         """Recorded with every validation: ||grad F|| at the last step's start and the epsilon its schedule has
         spent (for the oracle: what it would have spent were the gradient norm free). Both are evaluations on the
         training data for the paper's Figure 1; no epsilon covers them."""
-        return {"grad_norm": self.grad_norm, "epsilon": zcdp.epsilon(self.rho, self.p["delta"], self.p["accountant"])}
+        return {"grad_norm": float(self.grad_norm),
+                "epsilon": zcdp.epsilon(self.rho, self.p["delta"], self.p["accountant"])}

@@ -12,5 +12,5 @@ class PUROracle(NoisyGD):
     label = "PUR oracle (not private)"
     oracle = True
 
-    def sigma(self, gradient_norm: float) -> float:
-        return max(gradient_norm, 1e-300) / math.sqrt(self.p["d"])
+    def sigma(self, gradient_norm) -> float:
+        return max(float(gradient_norm), 1e-300) / math.sqrt(self.p["d"])  # reads the norm: one wait per step

@@ -156,5 +156,6 @@ def padded_batch(data, indices: list) -> tuple:
     for run, idx in enumerate(indices):
         rows[run, :len(idx)] = idx
         mask[run, :len(idx)] = 1
-    rows, mask = rows.to(data.x_train.device), mask.to(data.x_train.device)
+    if data.x_train.is_cuda:  # pinned and non-blocking: the copy does not wait for the GPU's queue
+        rows, mask = (t.pin_memory().to(data.x_train.device, non_blocking=True) for t in (rows, mask))
     return data.x_train[rows], data.y_train[rows], mask

@@ -37,6 +37,28 @@ def choose(setting: str, model_parameters: int, parallel_jobs: int = 1) -> int:
 
 
 @contextlib.contextmanager
+def exact_cuda():
+    """On CUDA, within the block: no TF32 (it rounds float32 products to 10 bits of mantissa, ~1e-3 relative: the
+    per-sample convolution gradients, hence the clipping, would be that far from float32's), and cuDNN's
+    deterministic algorithms (a run on one GPU reproduces itself). Restored afterwards (a notebook's settings)."""
+    import torch
+
+    if not torch.cuda.is_available():
+        yield
+        return
+    flags = (torch.backends.cuda.matmul, "allow_tf32"), (torch.backends.cudnn, "allow_tf32"), \
+        (torch.backends.cudnn, "deterministic"), (torch.backends.cudnn, "benchmark")
+    saved = [getattr(owner, name) for owner, name in flags]
+    for (owner, name), value in zip(flags, (False, False, True, False)):
+        setattr(owner, name, value)
+    try:
+        yield
+    finally:
+        for (owner, name), value in zip(flags, saved):
+            setattr(owner, name, value)
+
+
+@contextlib.contextmanager
 def using(threads: int):
     """torch's intra-op threads set to `threads`, and restored afterwards (a notebook's or a test's process)."""
     import torch

@@ -98,9 +98,11 @@ def train_run(model, engine, strategy, data, steps: int, sample_rate: float, eva
 def validate(model, strategy, data, step: int, result: RunResult, run: int = None) -> bool:
     """One validation into result's curve; False when the run has diverged. `run`: its index in a stacked
     strategy (the run's parameters, clip and lr are its slices)."""
-    eval_start = time.perf_counter()
     params = strategy.params if run is None else [p[run] for p in strategy.params]
-    finite = all(bool(torch.isfinite(p).all()) for p in params)
+    if params[0].is_cuda:  # the training queued before it is the steps' time, not the validation's
+        torch.cuda.synchronize(params[0].device)
+    eval_start = time.perf_counter()
+    finite = bool(torch.stack([torch.isfinite(p).all() for p in params]).all())  # one wait for every parameter
     value, test_loss = evaluate(model, data.x_test, data.y_test, data.task) if finite else (math.nan, math.nan)
     clip, lr = (float(strategy.clip), float(strategy.lr)) if run is None else \
         (float(strategy.clip[run]), float(strategy.lr[run]))

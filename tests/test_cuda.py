@@ -1,0 +1,122 @@
+"""The CUDA path, where a GPU is present (each test is skipped, cleanly, where none is): the device's own generator
+gives each run its stream whether it trains alone or stacked, nothing on the hot path of one run or of a stacked
+group waits for the host (torch's sync debug mode turns any wait into an error), the group size follows the
+device's free memory, secure mode draws on the device, and a grid records its device and refuses another one."""
+
+import json
+
+import pytest
+import torch
+
+from dpgrid.config import compile
+
+from .command import dpgrid, one_line
+from .conftest import load_cfg
+
+pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device")
+SMALL = {"train.device": "cuda", "grid.k": 2, "train.seeds": 2, "train.epochs": 1, "train.eval_every": 4}
+
+
+def spec_of(strategy="online", **overrides):
+    return compile(load_cfg("digits", strategy, **{**SMALL, **overrides}))
+
+
+def steps_without_a_host_wait(spec, group: bool) -> None:
+    """A few steps of one run (or of a stacked group of four) under torch.cuda.set_sync_debug_mode("error"), after a
+    first step that may wait (the per-sample methods are measured then, the lazy CUDA state made)."""
+    from dpgrid.data import load
+    from dpgrid.privacy.randomness import poisson_batch
+    from dpgrid.runner import build_strategy, initial_model, sources
+    from dpgrid.training.persample import make_engine
+    from dpgrid.training.stacked import StackedEngine, StackedModel, padded_batch
+
+    data = load(spec.dataset, spec.data_root, "cuda")
+    config = spec.plan.configurations[0]
+    if group:
+        runs = [(config, s) for s in range(4)]
+        models = [initial_model(spec, s, "cuda") for _, s in runs]
+        stack = StackedModel(models)
+        pairs = [sources(spec, c, s, "cuda") for c, s in runs]
+        hp = {k: tuple(c[k] for c, _ in runs) for k in config if k != "config_id"}
+        strategy = build_strategy(spec, stack.params, hp, [noise for _, noise in pairs])
+        engine = StackedEngine(stack, data.task)
+
+        def step():
+            strategy.step(engine(*padded_batch(data, [poisson_batch(data.n_train, spec.plan.sample_rate, sampler)
+                                                      for sampler, _ in pairs])))
+    else:
+        model = initial_model(spec, 0, "cuda")
+        sampler, noise = sources(spec, config, 0, "cuda")
+        strategy = build_strategy(spec, model.parameters(), config, noise)
+        engine = make_engine(model, data.task, spec.train.engine)
+
+        def step():
+            idx = poisson_batch(data.n_train, spec.plan.sample_rate, sampler).pin_memory().to("cuda", non_blocking=True)
+            strategy.step(engine(data.x_train[idx], data.y_train[idx]))
+    step()
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        for _ in range(3):
+            step()
+    finally:
+        torch.cuda.set_sync_debug_mode(0)
+    torch.cuda.synchronize()
+
+
+@pytest.mark.parametrize("strategy", ["fixed_threshold", "online", "fixed_quantile", "adamwosm", "dpadam"])
+@pytest.mark.parametrize("group", [False, True], ids=["one run", "stacked group"])
+def test_no_host_synchronisation_per_step(strategy, group):
+    steps_without_a_host_wait(spec_of(strategy), group)
+
+
+def test_secure_mode_draws_without_a_host_wait():
+    steps_without_a_host_wait(spec_of("fixed_threshold", **{"privacy.secure_rng": True}), group=False)
+
+
+def test_a_stacked_group_on_cuda_matches_its_runs_trained_alone(tmp_path):
+    """float64 on the device: each run's stream from its own CUDA generator, whichever group it trains in."""
+    import pandas as pd
+
+    from dpgrid.runner import run_grid
+
+    for name, setting in (("alone", "1"), ("stacked", "4")):
+        run_grid(spec_of("online", **{"train.float64": True, "train.parallel_runs": setting}), tmp_path / name,
+                 progress=False)
+    a, b = (pd.read_csv(tmp_path / n / "curves.csv").sort_values(["config_id", "seed", "step"]) for n in ("alone",
+                                                                                                         "stacked"))
+    assert len(a) == len(b)
+    for column in ("value", "test_loss", "clip", "lr"):
+        assert b[column].tolist() == pytest.approx(a[column].tolist(), rel=1e-9), column
+
+
+def test_the_group_size_follows_the_devices_free_memory():
+    from dpgrid.models import build_model
+    from dpgrid.training.stacked import available_memory, bytes_per_run, group_size
+
+    from .conftest import strategy_class
+
+    mlp = build_model(load_cfg("digits", "online").model).cuda()
+    size, why = group_size("auto", mlp, strategy_class("online"), 35, 128, torch.device("cuda"))
+    assert why == "" and size == min(35, 64, available_memory(torch.device("cuda")) // 4 // bytes_per_run(mlp, 128))
+    assert available_memory(torch.device("cuda")) == torch.cuda.mem_get_info()[0]
+
+
+def test_a_grid_records_its_device_and_refuses_another_on_a_resume(tmp_path):
+    out = tmp_path / "grid"
+    args = ["strategy=fixed_threshold", "grid.k=2", "train.seeds=1", "train.epochs=1", f"hydra.run.dir={out}"]
+    assert dpgrid("run", *args, "train.device=cuda").returncode == 0
+    plan = json.loads((out / "plan.json").read_text())
+    assert plan["device"].startswith("cuda")
+    r = dpgrid("run", *args, "train.device=cpu")
+    assert r.returncode == 2 and one_line(r.stderr) and "train.device is cuda" in r.stderr, r.stderr
+
+
+def test_tf32_is_off_while_a_grid_trains_and_restored_after():
+    from dpgrid.training.threads import exact_cuda
+
+    torch.backends.cudnn.allow_tf32 = True
+    with exact_cuda():
+        assert not torch.backends.cudnn.allow_tf32 and not torch.backends.cuda.matmul.allow_tf32
+        assert torch.backends.cudnn.deterministic
+    assert torch.backends.cudnn.allow_tf32

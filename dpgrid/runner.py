@@ -6,7 +6,6 @@ commit record), `curves.csv` (every validation), `summary.csv` (per configuratio
 """
 
 import contextlib
-import hashlib
 import logging
 import sys
 from pathlib import Path
@@ -16,48 +15,32 @@ import torch
 from tqdm.auto import tqdm
 
 from dpgrid import DpgridError, data as data_mod, tasks
-from dpgrid.results import selection
 from dpgrid.config import planned
 from dpgrid.results.curves import append_curves
 from dpgrid.results.files import (check_writable, environment, locked, outermost_missing, read_frame, remove_created,
-                                  write_csv, write_json)
+                                  write_csv)
 from dpgrid.models import build_model
 from dpgrid.training.layers import MethodChoice
 from dpgrid.training.persample import make_engine
-from dpgrid.privacy.randomness import SecureRandom
+from dpgrid.privacy.randomness import SecureRandom, derive_seed
 from dpgrid.results import ledger
 from dpgrid.results.models import final_weights, keep_weights, release_when_finished
 from dpgrid.reporting.console import SELECTION_QUIET, report_run, say_methods
-from dpgrid.results.runs import claim, commit_run, summarize, write_header
+from dpgrid.results.runs import claim, commit_run, write_header
 from dpgrid.training import threads
 from dpgrid.training.stacked import StackedEngine, StackedModel, group_size
 from dpgrid.training.train import train_group, train_run
 
 
-def derive_seed(*parts) -> int:
-    """A 63-bit seed from names only, so a run's randomness never depends on run order or job split."""
-    digest = hashlib.sha256("|".join(str(p) for p in parts).encode()).digest()
-    return int.from_bytes(digest[:8], "little") & (2 ** 63 - 1)
-
-
 def planned_runs(out: Path, spec, selected: list) -> tuple:
-    """((configuration, seed) of every run, the draw's digest or None): each selected configuration's seeds,
-    or, for a random-stopping selection, candidate i's seeds i * seeds ... (i + 1) * seeds - 1 (each
-    candidate is a fresh run) and the draw they come from."""
-    plan = spec.plan
-    if plan.selection == "composition":
-        return [(c, s) for c in selected for s in range(plan.seeds)], None
-    source = (SecureRandom() if spec.train.secure_rng
-              else torch.Generator().manual_seed(derive_seed(*spec.seed_names(), "stopping")))
-    drawn, draw = selection.candidates(out, plan, selected, source, spec.overwrite)
-    return [(c, i * plan.seeds + s) for i, c in enumerate(drawn) for s in range(plan.seeds)], draw
+    """((configuration, seed) of every run this command trains, a draw's digest or None): its accounting method's."""
+    return spec.plan.accounting().runs(out, spec, selected)
 
 
 def initial_model(spec, seed: int, device):
-    """Seed s's starting point, the same for every strategy and configuration. A selection's candidate i trains
-    seeds i * seeds ... (i + 1) * seeds - 1 and starts its j-th from seed j's point, whatever i: the candidates are
-    identically distributed, as the stopping theorems assume, and nothing of a run depends on how many came before."""
-    own = seed % spec.plan.seeds if spec.plan.selection == "random_stopping" else seed
+    """Seed s's starting point, the same for every strategy and configuration (a selection's candidates start their
+    j-th seed from seed j's: the accounting method's start_seed)."""
+    own = spec.plan.accounting().start_seed(seed, spec.plan.seeds)
     with torch.random.fork_rng(devices=[]), default_dtype(torch.float64 if spec.train.float64 else None):
         torch.manual_seed(derive_seed(spec.plan.dataset, "init", own))
         return build_model(spec.model).to(device)
@@ -82,7 +65,7 @@ def run_one(spec, data, config: dict, seed: int, progress: bool, methods: Method
     sampler, noise = sources(spec, config, seed, device)
     strategy = build_strategy(spec, model.parameters(), config, noise)
     engine = make_engine(model, data.task, train.engine, methods)
-    steps = plan.schedule.get(config["config_id"], {}).get("steps", plan.steps)
+    steps = plan.accounting().run_steps(plan, config["config_id"])
     result = train_run(model, engine, strategy, data, steps, plan.sample_rate, train.eval_every, sampler, progress,
                        sampling=train.sampling)
     return keeping_weights(spec, [result], [model])[0]
@@ -135,23 +118,19 @@ def default_dtype(dtype):
 
 
 def run_row(spec, config, seed, result, draw=None, n_threads=None, conv_methods: str = "") -> dict:
-    plan = spec.plan
+    plan, method = spec.plan, spec.plan.accounting()
     row = dict(dataset=plan.dataset, strategy=plan.strategy, metric=tasks.get(spec.task).metric,
                epsilon=plan.epsilon, delta=plan.delta, k=plan.k, config_id=config["config_id"])
     row.update({k: v for k, v in config.items() if k != "config_id"})
-    if plan.selection == "random_stopping":
-        row.update(candidate=seed // plan.seeds, draw=draw)
+    row.update(method.run_fields(plan, seed, draw))
     row.update(seed=seed, noise_multiplier=plan.noise_multiplier, **plan.per_query,
                budget=plan.budget, accountant=plan.accountant, epsilon_spent=plan.epsilon_spent,
                epsilon_grid=plan.epsilon_grid, epsilon_with_seeds=plan.epsilon_with_seeds, private=plan.private,
                seeds_accounted=plan.account_seeds,
                protocol=spec.protocol, momentum=spec.train.momentum, sampling=plan.sampling,
-               normalize=spec.normalize, steps=result.steps if plan.schedule else plan.steps,
+               normalize=spec.normalize, steps=plan.steps,
                best_value=result.best_value, best_step=result.best_step)
-    if config["config_id"] in plan.schedule and plan.epsilon_spent is not None:  # a noise schedule (not the oracle):
-        spent = plan.schedule[config["config_id"]]  # this run's own epsilon, under both conversions
-        row.update(epsilon_spent=spent[f"epsilon_{plan.accountant}"],
-                   **{k: v for k, v in spent.items() if k.startswith("epsilon_")})
+    row.update(method.spent_fields(plan, config["config_id"], result))
     if "clip" in plan.adapts:
         row["final_clip"] = result.final_clip
     if "lr" in plan.adapts:
@@ -223,12 +202,13 @@ def train_grid(spec, out: Path, progress: bool, on_lock=None) -> pd.DataFrame:
     if on_lock:
         on_lock(out)
     write_header(out, spec, data_files)
+    method = plan.accounting()
     work, draw = planned_runs(out, spec, list(spec.selected))
     todo = [(c, s) for c, s in work if (c["config_id"], s) not in done]
     total = len(work)
     # A selection's console and cli.log say nothing that depends on the candidates: not their number
     # (a bar's total, a line per run) nor their scores. Those stay in the private files.
-    quiet = plan.selection == "random_stopping"
+    quiet = method.releases_best_only
     if quiet:
         print(SELECTION_QUIET, file=sys.stderr, flush=True)
     budget = f"eps={plan.epsilon:g}" if plan.private else "non-private"
@@ -262,13 +242,9 @@ def train_grid(spec, out: Path, progress: bool, on_lock=None) -> pd.DataFrame:
             bar.update()
     bar.close()
     runs = read_frame(out / "runs.csv") if work else None
-    if plan.selection == "random_stopping":
-        summary, released = selection.summarize_selection(runs, plan, plan.axes, data.task)
-        write_json(out / "selection.json", released)
-    else:
-        summary = summarize(runs, plan.axes, data.task)
+    summary, _ = method.summarize(out, runs, plan, data.task)
     write_csv(out / "summary.csv", summary)
-    summary.attrs["selection"] = plan.selection == "random_stopping"
+    summary.attrs["selection"] = method.releases_best_only
     summary.attrs["release"] = release_when_finished(out, spec, runs, summary, work, data_files)
     return summary
 
@@ -280,11 +256,9 @@ def stacking(spec, data, runs: int) -> int:
     device = data.x_train.device
     size, why = group_size(spec.train.parallel_runs, initial_model(spec, 0, device), spec.strategy_cls, runs,
                            spec.plan.batch_size, device)
-    if spec.plan.selection == "random_stopping":
+    if spec.plan.accounting().releases_best_only:
         runs = 2  # `why` does not depend on the number of runs: the line below is the same for K = 0, 1 or more
-        # A group holds one candidate's runs at most: a stacked run's batch is padded to its group's largest, and its
-        # rounding would otherwise depend on the other candidates (the released weights to their last bit).
-        size = max(d for d in range(1, spec.plan.seeds + 1) if spec.plan.seeds % d == 0 and d <= size)
+    size = spec.plan.accounting().group_limit(spec.plan.seeds, size)
     if why and runs > 1 and spec.train.parallel_runs != "1":
         line = f"train.parallel_runs: one run at a time: {why}"
         logging.getLogger("dpgrid").info(line)

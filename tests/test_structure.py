@@ -129,3 +129,37 @@ def test_the_plan_and_the_spec_are_frozen():
 
     assert all(cls.__dataclass_params__.frozen for cls in (GridSpec, Training, Plan))
     assert dataclasses.fields(GridSpec)
+
+
+
+def method_branches(source: str, where: str, names) -> list:
+    """Comparisons with an accounting method's name, and a method's own plan field read as a condition
+    (`if plan.schedule`, `... if plan.selection else`): branches on which method a grid has."""
+    found = []
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Compare):
+            for part in [node.left, *node.comparators]:
+                if isinstance(part, ast.Constant) and part.value in names:
+                    found.append(f"{where}:{node.lineno}: compared with {part.value!r}")
+        tests = node.values if isinstance(node, ast.BoolOp) else \
+            [node.test] if isinstance(node, (ast.If, ast.IfExp, ast.While)) else []
+        for test in tests:
+            if isinstance(test, ast.Attribute) and test.attr in ("schedule", "selection"):
+                found.append(f"{where}:{node.lineno}: branches on .{test.attr}")
+    return found
+
+
+def test_the_runner_and_the_results_ask_the_accounting_method():
+    """What a grid trains, what its rows add and what it releases are its accounting method's answers
+    (dpgrid.privacy.method): the runner and the results hold no branch on a method's name. The selection's own
+    draw and release (results/selection.py) are random stopping's implementation and exempt."""
+    from dpgrid.privacy import ACCOUNTING
+
+    names = set(ACCOUNTING)
+    # the walk finds the branches it looks for
+    assert len(method_branches("if plan.selection == 'random_stopping': pass\nx = 1 if plan.schedule else 2\n",
+                               "example", names)) == 2
+    modules = [PACKAGE / "runner.py", *sorted((PACKAGE / "results").glob("*.py"))]
+    found = [f for path in modules if path.name != "selection.py"
+             for f in method_branches(path.read_text(), str(path.relative_to(ROOT)), names)]
+    assert not found, found

@@ -1,9 +1,10 @@
 """A grid's privacy: its plan (how much noise, what it spends) and the accounting methods behind it.
 
-An accounting method is one module here with one class in ACCOUNTING: `name`, the `accountants` it takes
-(privacy.accountant), and `plan(plan, strategy_cls, options, privacy, problem) -> dict`, which is told the
-plan's public figures (N, B, q, T, K, seeds, the target (epsilon, delta), privacy.accountant) and returns
-what it records: the noise, its split among the strategy's queries, and what it spends. A strategy declares the method it needs (`Strategy.accounting`); a composition grid
+An accounting method is one module here with one class in ACCOUNTING, an AccountingMethod (method.py): `name`,
+the `accountants` it takes (privacy.accountant), and `plan(plan, strategy_cls, options, privacy, problem) -> dict`,
+which is told the plan's public figures (N, B, q, T, K, seeds, the target (epsilon, delta), privacy.accountant)
+and returns what it records: the noise, its split among the strategy's queries, and what it spends. What it
+trains, what its rows add and what it releases are asked of it too (method.py); the runner holds no branch on it. A strategy declares the method it needs (`Strategy.accounting`); a composition grid
 becomes a random-stopping selection with privacy.selection=random_stopping.
 
 - composition (composition.py): the K runs compose (privacy.accountant: rdp, pld or prv, accountants.py);
@@ -88,11 +89,17 @@ class Plan:
     axes: list = field(default_factory=list)    # the grid's axes, e.g. ["lr", "clip"]
     dataset_epsilons: list = field(default_factory=list)  # the dataset's privacy levels (table rows)
     configurations: list = field(default_factory=list)
+    method: str = "composition"  # its accounting method (a key of ACCOUNTING): what the runner and results ask
 
     def to_dict(self) -> dict:
         d = asdict(self)
         d.update(d.pop("per_query"))
+        del d["method"]  # plan.json names it through its fields (selection, schedule, budget)
         return d
+
+    def accounting(self):
+        """Its accounting method (an AccountingMethod, method.py): what the runner and the results ask of it."""
+        return ACCOUNTING[self.method]()
 
 
 def make_plan(*, strategy_cls, options: dict, privacy: dict, problem: dict, n_train: int, batch_size: int,
@@ -111,7 +118,7 @@ def make_plan(*, strategy_cls, options: dict, privacy: dict, problem: dict, n_tr
                 sampling=sampling)
     if strategy_cls.private:
         method = accounting_for(strategy_cls, str(privacy["selection"]))
-        plan = replace(plan, **method().plan(plan, strategy_cls, options, privacy, problem))
+        plan = replace(plan, method=method.name, **method().plan(plan, strategy_cls, options, privacy, problem))
         if plan.epsilon_spent is not None:
             check_spent(plan)
     else:  # a non-private baseline: no budget, no epsilon (its runs do not depend on them)

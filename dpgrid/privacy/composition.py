@@ -10,10 +10,11 @@ Liu-Talwar random-stopping selection (Mohapatra et al. 2022, Theorem 1) is recor
 import math
 
 from dpgrid.privacy.accountants import ACCOUNTANTS, calibrate, epsilon_curve
+from dpgrid.privacy.method import AccountingMethod
 from dpgrid.privacy.random_stopping import liu_talwar_parameters
 
 
-class Composition:
+class Composition(AccountingMethod):
     name = "composition"
     accountants = tuple(ACCOUNTANTS)
 

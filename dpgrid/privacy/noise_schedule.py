@@ -12,6 +12,7 @@ A run stops at the last step whose epsilon is within the target: epsilon_T <= ta
 import math
 
 from dpgrid import DpgridError
+from dpgrid.privacy.method import AccountingMethod
 
 ORACLE = "full batch; not private (oracle)"  # how plans, rows and tables mark the data-dependent schedule
 CONVERSIONS = ("zcdp", "rdp")
@@ -59,13 +60,27 @@ def steps_within(sigmas, lipschitz: float, n: int, budget_rho: float, max_steps:
     return steps, total
 
 
-class NoiseSchedule:
+class NoiseSchedule(AccountingMethod):
     """Per configuration: T, the steps of the strategy's schedule (`sigmas`) that fit the budget, and the epsilon
     they spend under both conversions (the budget is met under privacy.accountant). Each run spends its epsilon
     on its own (per_run): the best constant of a grid is chosen in hindsight, as in the paper. A strategy
     whose schedule reads the data (`oracle`) claims no epsilon."""
     name = "noise_schedule"
     accountants = CONVERSIONS
+    noise_per_run = True
+
+    def run_steps(self, plan, config_id: str) -> int:
+        return plan.schedule.get(config_id, {}).get("steps", plan.steps)
+
+    def spent_fields(self, plan, config_id: str, result) -> dict:
+        """Each run's own T (the oracle's stops where its budget does) and, for a schedule that claims one, its own
+        epsilon under both conversions."""
+        fields = {"steps": result.steps}
+        if config_id in plan.schedule and plan.epsilon_spent is not None:
+            spent = plan.schedule[config_id]
+            fields.update(epsilon_spent=spent[f"epsilon_{plan.accountant}"],
+                          **{k: v for k, v in spent.items() if k.startswith("epsilon_")})
+        return fields
 
     def plan(self, plan, strategy_cls, options: dict, privacy: dict, problem: dict) -> dict:
         conversion = plan.accountant

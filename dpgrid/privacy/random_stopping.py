@@ -24,6 +24,7 @@ import math
 import numpy as np
 
 from dpgrid.privacy.accountants import rdp_epsilon, smallest_noise
+from dpgrid.privacy.method import AccountingMethod
 
 # orders lambda (and lambda-hat): fine near 1, where the log(E[K]) / (lambda - 1) term is steep
 ORDERS = [1 + x / 20 for x in range(1, 80)] + [5 + x / 2 for x in range(0, 30)] + list(range(20, 64)) + \
@@ -148,13 +149,66 @@ def selection_noise(sample_rate: float, steps: int, epsilon: float, delta: float
                                                                                            else [analysis]))
 
 
-class RandomStopping:
+class RandomStopping(AccountingMethod):
     """nu at which the whole random-stopping selection spends (epsilon, delta): the candidate's RDP curve (its
     seeds x T subsampled Gaussian steps, Opacus) with the stopping rule's theorem on top, then RDP -> (epsilon,
     delta); or, under privacy.selection_accountant=profile, the candidate's PLD profile and the profile bound
-    (dpgrid.privacy.selection_profiles)."""
+    (dpgrid.privacy.selection_profiles).
+
+    It trains the drawn candidates (candidate i: seeds i * seeds ... (i + 1) * seeds - 1, each a fresh run starting
+    from seed j's weights for its j-th, whatever i: identically distributed, as the theorems assume) and releases
+    the best one alone (selection.json, its model); the draw and its keeping are dpgrid.results.selection's."""
     name = "random_stopping"
     accountants = ("rdp", "pld")
+    releases_best_only = True
+    seeds_beyond_plan = True
+
+    def runs(self, out, spec, selected: list) -> tuple:
+        import torch
+
+        from dpgrid.privacy.randomness import SecureRandom, derive_seed
+        from dpgrid.results import selection
+
+        plan = spec.plan
+        source = (SecureRandom() if spec.train.secure_rng
+                  else torch.Generator().manual_seed(derive_seed(*spec.seed_names(), "stopping")))
+        drawn, draw = selection.candidates(out, plan, selected, source, spec.overwrite)
+        return [(c, i * plan.seeds + s) for i, c in enumerate(drawn) for s in range(plan.seeds)], draw
+
+    def every_run(self, plan, work: list) -> set:
+        return {(c["config_id"], s) for c, s in work}
+
+    def start_seed(self, seed: int, seeds: int) -> int:
+        return seed % seeds
+
+    def run_fields(self, plan, seed: int, draw) -> dict:
+        return dict(candidate=seed // plan.seeds, draw=draw)
+
+    def group_limit(self, seeds: int, size: int) -> int:
+        # A group holds one candidate's runs at most: a stacked run's batch is padded to its group's largest, and its
+        # rounding would otherwise depend on the other candidates (the released weights to their last bit).
+        return max(d for d in range(1, seeds + 1) if seeds % d == 0 and d <= size)
+
+    def summarize(self, out, runs, plan, task: str):
+        from dpgrid.results import selection
+        from dpgrid.results.files import write_json
+
+        summary, released = selection.summarize_selection(runs, plan, plan.axes, task)
+        write_json(out / "selection.json", released)
+        return summary, released
+
+    def release_reason(self, plan, summary_row, runs):
+        ok = ~runs.diverged.astype(bool)
+        mine = runs[(runs.candidate == int(summary_row.candidate)) & ok]
+        seeds = [(int(s), int(s) % plan.seeds) for s in sorted(mine.seed)]
+        why = ("the chosen candidate of a random-stopping selection: its output (the trained models and its score) is "
+               f"covered by the selection's epsilon ({plan.selection_accountant} analysis)")
+        return seeds, why
+
+    def unreleased_draw(self, out, committed: int) -> str:
+        if committed and not (out / "candidates.json").exists():
+            return f"{out / 'candidates.json'} is missing but this secure selection trained {committed} run(s)"
+        return ""
 
     def plan(self, plan, strategy_cls, options: dict, privacy: dict, problem: dict) -> dict:
         mean = float(privacy["stopping_mean"]) if privacy.get("stopping_mean") is not None else float(plan.n_configs)

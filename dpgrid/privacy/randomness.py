@@ -9,6 +9,7 @@ does: `SecureRandom` below, which never touches torch's Mersenne Twister.
 
 from __future__ import annotations
 
+import hashlib
 import math
 import os
 
@@ -97,3 +98,9 @@ def standard_normal(shape, source, device, dtype, out=None) -> torch.Tensor:
     if torch.device(device).type == "cuda":  # one pinned, non-blocking copy: no wait for the GPU's queue
         z = z.pin_memory().to(device, non_blocking=True)
     return z if out is None else out.copy_(z, non_blocking=True)
+
+
+def derive_seed(*parts) -> int:
+    """A 63-bit seed from names only, so a run's randomness never depends on run order or job split."""
+    digest = hashlib.sha256("|".join(str(p) for p in parts).encode()).digest()
+    return int.from_bytes(digest[:8], "little") & (2 ** 63 - 1)

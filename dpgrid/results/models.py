@@ -87,20 +87,7 @@ def chosen_runs(spec, runs, summary) -> tuple:
         return None, [], ""
     row = best.iloc[0]
     configuration = {"config_id": row.config_id, **{a: float(row[a]) for a in plan.axes}}
-    ok = ~runs.diverged.astype(bool)
-    if plan.selection == "random_stopping":
-        mine = runs[(runs.candidate == int(row.candidate)) & ok]
-        seeds = [(int(s), int(s) % plan.seeds) for s in sorted(mine.seed)]
-        why = ("the chosen candidate of a random-stopping selection: its output (the trained models and its score) is "
-               f"covered by the selection's epsilon ({plan.selection_accountant} analysis)")
-    else:
-        mine = runs[(runs.config_id == row.config_id) & ok]
-        seeds = [(int(s), int(s)) for s in sorted(mine.seed)]
-        why = ("the best configuration of a composition grid: choosing it read every seed's score of every "
-               + ("configuration, all of them accounted" if plan.account_seeds else
-                  f"configuration, so it is covered by the epsilon of all {plan.n_configs} x {plan.seeds} runs "
-                  f"(epsilon_with_seeds), not by the per-grid epsilon {plan.epsilon_spent:.4g} alone")
-               if plan.epsilon_spent is not None else "the best configuration of the grid")
+    seeds, why = plan.accounting().release_reason(plan, row, runs)
     return configuration, seeds, why
 
 
@@ -112,8 +99,7 @@ def release_when_finished(out: Path, spec, runs, summary, work: list, data_files
     from dpgrid.results.curves import read_curves
     from dpgrid.results.runs import run_ids
 
-    everything = {(c["config_id"], s) for c in spec.plan.configurations for s in range(spec.plan.seeds)} \
-        if spec.plan.selection == "composition" else {(c["config_id"], s) for c, s in work}
+    everything = spec.plan.accounting().every_run(spec.plan, work)
     left = len(everything - set(run_ids(runs)))
     if left:
         return (f"model: released once every run of the grid has finished ({left} of {len(everything)} runs left, "

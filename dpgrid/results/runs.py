@@ -81,12 +81,12 @@ def runs_disagree(runs_path: Path, plan) -> str:
     if len(runs) == 0:
         return ""
     checked = [("epsilon", plan.epsilon)] * plan.private + [("strategy", plan.strategy), ("dataset", plan.dataset)] + (
-        [] if plan.schedule else [("noise_multiplier", plan.noise_multiplier), ("steps", plan.steps)])  # schedules: per run
+        [] if plan.accounting().noise_per_run else [("noise_multiplier", plan.noise_multiplier), ("steps", plan.steps)])
     for column, value in checked:
         found = set(runs[column]) if column in runs else {None}
         if found != {value}:
             return f"its {column} is {', '.join(map(str, sorted(found, key=str)))}, this plan's {value}"
-    if plan.selection == "composition" and runs.seed.max() >= plan.seeds:
+    if not plan.accounting().seeds_beyond_plan and runs.seed.max() >= plan.seeds:
         return f"it holds seed {runs.seed.max()}, this plan's train.seeds is {plan.seeds}"
     return ""
 

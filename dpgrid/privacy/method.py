@@ -1,0 +1,73 @@
+"""What an accounting method decides beyond the noise: which runs a grid trains, what its rows add, what it
+releases. The runner and the results ask these of the grid's method (`plan.accounting()`, the class of
+dpgrid.privacy.ACCOUNTING that planned it) and hold no branch on a method's name.
+
+A new method subclasses AccountingMethod and overrides what differs: `plan` (the noise and what it spends) always,
+the rest where it trains or releases something other than every configuration's seeds composed.
+"""
+
+
+class AccountingMethod:
+    name = ""
+    accountants = ()           # the privacy.accountant values it takes
+    releases_best_only = False  # True: only the chosen candidate leaves the grid; console and logs say nothing of
+                                # the others (not even how many were trained)
+    seeds_beyond_plan = False  # True: its runs' seeds go past train.seeds (fresh runs per candidate)
+    noise_per_run = False      # True: each run has its own noise and T (a schedule), not the plan's
+
+    def plan(self, plan, strategy_cls, options: dict, privacy: dict, problem: dict) -> dict:
+        """The plan's fields this method fills in: the noise, its split among the strategy's queries, what it spends."""
+        raise NotImplementedError
+
+    def runs(self, out, spec, selected: list) -> tuple:
+        """((configuration, seed) of every run the grid trains, a draw's digest or None): each selected
+        configuration's seeds."""
+        return [(c, s) for c in selected for s in range(spec.plan.seeds)], None
+
+    def every_run(self, plan, work: list) -> set:
+        """(config_id, seed) of every run of the whole grid, whatever grid.only trains: what must have finished
+        before its model is released."""
+        return {(c["config_id"], s) for c in plan.configurations for s in range(plan.seeds)}
+
+    def start_seed(self, seed: int, seeds: int) -> int:
+        """The seed whose initial weights run `seed` starts from."""
+        return seed
+
+    def run_steps(self, plan, config_id: str) -> int:
+        """T of one configuration's runs."""
+        return plan.steps
+
+    def run_fields(self, plan, seed: int, draw) -> dict:
+        """Columns a row holds before its seed, after the configuration (a candidate's index and draw)."""
+        return {}
+
+    def spent_fields(self, plan, config_id: str, result) -> dict:
+        """Columns of a row that replace or follow the plan's (its steps, its own epsilon)."""
+        return {}
+
+    def group_limit(self, seeds: int, size: int) -> int:
+        """How many runs may train stacked in one group, given `size` would fit."""
+        return size
+
+    def summarize(self, out, runs, plan, task: str):
+        """(summary.csv's frame, what is released beyond it or None): per configuration, the best marked."""
+        from dpgrid.results.runs import summarize
+
+        return summarize(runs, plan.axes, task), None
+
+    def release_reason(self, plan, summary_row, runs):
+        """(the released runs' (seed, starting seed) pairs, why the epsilon covers them) for the best row."""
+        ok = ~runs.diverged.astype(bool)
+        mine = runs[(runs.config_id == summary_row.config_id) & ok]
+        seeds = [(int(s), int(s)) for s in sorted(mine.seed)]
+        why = ("the best configuration of a composition grid: choosing it read every seed's score of every "
+               + ("configuration, all of them accounted" if plan.account_seeds else
+                  f"configuration, so it is covered by the epsilon of all {plan.n_configs} x {plan.seeds} runs "
+                  f"(epsilon_with_seeds), not by the per-grid epsilon {plan.epsilon_spent:.4g} alone")
+               if plan.epsilon_spent is not None else "the best configuration of the grid")
+        return seeds, why
+
+    def unreleased_draw(self, out, committed: int) -> str:
+        """Why a secure grid that committed runs cannot go on ('' when it can): files its method needs."""
+        return ""
+

@@ -27,6 +27,7 @@ from dpgrid.results import ledger
 from dpgrid.results.models import final_weights, keep_weights, release_when_finished
 from dpgrid.reporting.console import SELECTION_QUIET, report_run, say_methods
 from dpgrid.results.runs import claim, commit_run, write_header
+from dpgrid.strategies.base import Progress
 from dpgrid.training import threads
 from dpgrid.training.stacked import StackedEngine, StackedModel, group_size
 from dpgrid.training.train import train_group, train_run
@@ -63,9 +64,9 @@ def run_one(spec, data, config: dict, seed: int, progress: bool, methods: Method
     plan, train, device = spec.plan, spec.train, data.x_train.device
     model = initial_model(spec, seed, device)
     sampler, noise = sources(spec, config, seed, device)
-    strategy = build_strategy(spec, model.parameters(), config, noise)
-    engine = make_engine(model, data.task, train.engine, methods)
     steps = plan.accounting().run_steps(plan, config["config_id"])
+    strategy = build_strategy(spec, model.parameters(), config, noise, steps)
+    engine = make_engine(model, data.task, train.engine, methods)
     result = train_run(model, engine, strategy, data, steps, plan.sample_rate, train.eval_every, sampler, progress,
                        sampling=train.sampling)
     return keeping_weights(spec, [result], [model])[0]
@@ -95,14 +96,16 @@ def run_group(spec, data, runs: list, progress: bool = False) -> list:
     return keeping_weights(spec, results, models)
 
 
-def build_strategy(spec, params, hp: dict, generator):
-    """The strategy of one run of the grid (or of a stacked group: hp values and generators one per run)."""
+def build_strategy(spec, params, hp: dict, generator, steps: int = None):
+    """The strategy of one run of the grid (or of a stacked group: hp values and generators one per run) of `steps`
+    steps (None: the plan's T)."""
     plan = spec.plan
     multipliers = {"noise_multiplier": plan.noise_multiplier, **plan.per_query, "delta": plan.delta,
                    "accountant": plan.accountant}
     return spec.strategy_cls(params, hp={k: v for k, v in hp.items() if k != "config_id"},
                              multipliers=multipliers, batch_size=plan.batch_size, options=dict(spec.options),
-                             generator=generator, momentum=spec.train.momentum)
+                             generator=generator, momentum=spec.train.momentum,
+                             progress=Progress(steps or plan.steps, plan.n_train, plan.batch_size))
 
 
 @contextlib.contextmanager

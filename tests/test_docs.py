@@ -118,3 +118,11 @@ def test_the_minimal_configs_of_extending_md_run_as_written(tmp_path):
     assert len(run_grid(spec, tmp_path / "out", progress=False).summary) == 4
     with pytest.raises(DpgridError, match=r"names no model: pass model=<name>"):
         compose([searchpath, *(c for c in chosen if not c.startswith("model="))])
+
+
+def test_the_clip_schedule_of_extending_md_is_the_examples_code():
+    """docs/extending.md shows examples/'s clip_decay.py as it is (tests/test_plugin_strategy.py runs it)."""
+    doc = (ROOT / "docs" / "extending.md").read_text()
+    start = doc.index("```python\nclass ClipDecay")
+    block = doc[start + len("```python\n"):doc.index("```", start + 3)]
+    assert block.strip() in (ROOT / "examples" / "dpgrid_example" / "clip_decay.py").read_text()

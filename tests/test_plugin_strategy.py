@@ -60,3 +60,23 @@ def test_a_target_that_is_not_a_strategy_is_refused(tmp_path):
     assert r.returncode == 2 and "is not a subclass of dpgrid.Strategy" in r.stderr, r.stderr
     r = dpgrid("plan", "strategy=missing", search)
     assert r.returncode == 2 and "strategy=missing: cannot import _target_ nowhere.Nothing" in r.stderr, r.stderr
+
+
+@pytest.mark.parametrize("parallel_runs", ["1", "auto"])
+def test_a_clip_schedule_reads_the_runs_progress(tmp_path, parallel_runs):
+    """examples/'s clip_decay: C_t = C (1 - 0.9 t / T) from Strategy.progress, one run at a time and stacked; the
+    plan's noise is fixed_threshold's (the schedule changes the sensitivity and the noise together)."""
+    grid = ["strategy=clip_decay", "grid.k=2", "train.epochs=1", "train.seeds=2", "train.eval_every=3", SEARCHPATH]
+    out = tmp_path / "decay"
+    r = dpgrid("run", *grid, f"train.parallel_runs={parallel_runs}", f"hydra.run.dir={out}")
+    assert r.returncode == 0, r.stderr
+    runs, curves = pd.read_csv(out / "runs.csv"), pd.read_csv(out / "curves.csv")
+    plan = json.loads((out / "plan.json").read_text())
+    assert len(runs) == 8 and (runs.steps == plan["steps"]).all()
+    assert runs.final_clip.to_numpy() == pytest.approx(0.1 * runs["clip"].to_numpy(), rel=1e-5)
+    for (config_id, seed), curve in curves.groupby(["config_id", "seed"]):
+        clip = float(runs[runs.config_id == config_id]["clip"].iloc[0])
+        expected = [clip * (1 - 0.9 * t / plan["steps"]) for t in curve.step]
+        assert curve["clip"].to_numpy() == pytest.approx(expected, rel=1e-5), (config_id, seed)
+    fixed = json.loads(dpgrid("plan", "--json", "strategy=fixed_threshold", *grid[1:]).stdout)
+    assert plan["noise_multiplier"] == fixed["noise_multiplier"]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import functools
+from dataclasses import dataclass
 
 from dpgrid.lazy import lazy_import
 from dpgrid.privacy.randomness import SecureRandom, standard_normal  # noqa: F401  (strategies draw through it)
@@ -19,6 +20,22 @@ def no_grad(step):
     return wrapped
 
 
+@dataclass
+class Progress:
+    """Where a run is in its training, for a rule that depends on it (a clip or learning-rate schedule). T, N and B
+    are public (the plan's); the training loop sets `step` before each call of Strategy.step, and a strategy only
+    reads it."""
+    steps: int = None       # T: the steps the run takes at most (a strategy that sets `finished` may stop sooner)
+    n_train: int = None     # N: the training set's size, as loaded
+    batch_size: int = None  # B: the expected batch size
+    step: int = 0           # t: the step being taken, 1..T (0 before the first)
+
+    @property
+    def epoch(self) -> float:
+        """Passes over the training data once step t is taken (in expectation under Poisson sampling): t B / N."""
+        return self.step * self.batch_size / self.n_train
+
+
 class Strategy:
     """One run's optimiser state. Subclasses implement `step(grads)` from the paper's equations.
 
@@ -27,7 +44,8 @@ class Strategy:
     the EXPECTED batch size B, the divisor of every noisy sum (the realised size is private and never used);
     `options` the strategy config's own keys as a plain dict (e.g. {"clip0": 0.1, ...}); `generator` the
     run's noise source (a seeded torch.Generator or a SecureRandom); `momentum` the heavy-ball coefficient
-    (0 when the strategy says `uses_momentum = False`).
+    (0 when the strategy says `uses_momentum = False`); `progress` where the run is (T, the step t, N, B and the
+    epoch: a Progress the training loop keeps up to date).
 
     Stacked runs (train.parallel_runs): a strategy that says `stacks = True` also trains G runs at once. It is
     then built with `generator` a list of the G runs' own sources, `hp` values as G-tuples, and each parameter
@@ -64,12 +82,13 @@ class Strategy:
         return {}
 
     def __init__(self, params, *, hp: dict, multipliers: dict, batch_size: int, options: dict, generator,
-                 momentum: float = 0.0):
+                 momentum: float = 0.0, progress: Progress = None):
         self.params = list(params)
         self.hp, self.multipliers, self.batch_size, self.options = hp, multipliers, batch_size, options
         self.generator = generator
         self.stacked = isinstance(generator, (list, tuple))  # G runs, each with its own source
         self.momentum = momentum
+        self.progress = progress or Progress(batch_size=batch_size)
         self._velocity = None
         self.lr, self.clip = self.per_run_value(hp.get("lr", 0.0)), self.per_run_value(hp.get("clip", float("nan")))
 

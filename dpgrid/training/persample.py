@@ -42,8 +42,8 @@ class PerSampleGrads:
     """
 
     def __init__(self, size: int, norms_fn: Callable, sum_fn: Callable, group_norms_fn: Callable = None,
-                 group_sum_fn: Callable = None, device=None):
-        self.size, self.device = size, device
+                 group_sum_fn: Callable = None, device=None, mask=None):
+        self.size, self.device, self.mask = size, device, mask  # mask (G, b): stacked runs' padded batches
         self._norms_fn, self._sum_fn, self._norms = norms_fn, sum_fn, None
         self._group_norms_fn, self._group_sum_fn, self._group_norms = group_norms_fn, group_sum_fn, None
 
@@ -70,11 +70,17 @@ class PerSampleGrads:
         return self.weighted_sums(weights)[0]
 
     def in_batch(self) -> torch.Tensor:
-        """1 for each sample of the batch: (b,); stacked runs' padded batches override it with their mask (G, b)."""
+        """1 for each sample of the batch: (b,); for stacked runs' padded batches, their mask (G, b)."""
+        if self.mask is not None:
+            return self.mask
         return torch.ones(self.size, device=self.device)
 
     def mean_weights(self) -> torch.Tensor:
-        """1 / b for each of the batch's b samples (the realised size: for the non-private baseline only)."""
+        """1 / b for each of the batch's b samples (the realised size: for the non-private baseline only); stacked,
+        1 / b_r for run r's b_r samples and 0 for padding (computed in float64, then rounded once)."""
+        if self.mask is not None:
+            counts = self.mask.double().sum(1, keepdim=True).clamp_min(1)
+            return (self.mask.double() / counts).to(torch.get_default_dtype())
         return torch.full((self.size,), 1.0 / max(self.size, 1), device=self.device)
 
 

@@ -140,12 +140,7 @@ class StackedEngine:
                     sums.append(wg.sum(2))
             return sums
 
-        grads = PerSampleGrads(b, norms, weighted_sums, device=x.device)
-        counts = mask.double().sum(1, keepdim=True).clamp_min(1)
-        grads.in_batch = lambda: mask
-        # the non-private baseline's 1 / b_r, rounded as PerSampleGrads.mean_weights rounds it
-        grads.mean_weights = lambda: (mask.double() / counts).to(torch.get_default_dtype())
-        return grads
+        return PerSampleGrads(b, norms, weighted_sums, device=x.device, mask=mask)
 
 
 def padded_batch(data, indices: list) -> tuple:

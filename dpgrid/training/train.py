@@ -79,6 +79,7 @@ def train_run(model, engine, strategy, data, steps: int, sample_rate: float, eva
         if device.type == "cuda":  # pinned + non_blocking: the copy does not wait for the GPU's queue
             idx = idx.pin_memory().to(device, non_blocking=True)
         grads = engine(data.x_train[idx], data.y_train[idx])
+        strategy.progress.step = step
         strategy.step(grads)
         if strategy.finished:
             break
@@ -133,7 +134,9 @@ def train_group(models: list, engine, strategy, data, steps: int, sample_rate: f
     bar = tqdm(range(1, steps + 1), desc=f"steps ({len(models)} runs together)", leave=False,
                disable=None if progress else True)
     for step in bar:
-        strategy.step(engine(*padded_batch(data, [next(s) for s in samplers])))
+        grads = engine(*padded_batch(data, [next(s) for s in samplers]))
+        strategy.progress.step = step
+        strategy.step(grads)
         for run in training:
             results[run].steps = step
         if step % eval_every and step != steps:

@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from dpgrid import DpgridError
-from dpgrid.config.compose import compose, sweep_jobs
+from dpgrid.config.compose import check_launcher, compose, sweep_jobs
 
 if TYPE_CHECKING:  # pandas is imported when a grid is run: `dpgrid` refuses bad input before that
     import pandas as pd
@@ -32,7 +32,7 @@ def check_sweep(overrides: list) -> list:
     from dpgrid.results.files import check_writable
 
     by_dir = {}
-    for job in sweep_jobs(overrides):
+    for number, job in enumerate(sweep_jobs(overrides)):
         try:
             cfg = compose(job, with_hydra=True)
             out = (Path(str(cfg.hydra.sweep.dir)) / str(cfg.hydra.sweep.subdir)).absolute()
@@ -40,6 +40,8 @@ def check_sweep(overrides: list) -> list:
             check_writable(out)
         except DpgridError as e:
             raise type(e)(f"sweep job {' '.join(job)}: {e}") from None
+        if not number:  # one launcher for the whole sweep
+            check_launcher(cfg)
         by_dir.setdefault(out, {}).setdefault(spec.config_hash, job)
     for out, jobs in by_dir.items():
         if len(jobs) > 1:

@@ -20,41 +20,129 @@ from pathlib import Path
 NOT_ON_A_CLUSTER = ("hydra/launcher=slurm submits from a machine of a SLURM cluster (a login node); "
                     "hydra/launcher=local runs the sweep's grids side by side on this machine")
 POLL_S = 10.0  # between two looks at the queue; submitit itself asks sacct at most this often
-# pending reasons that do not resolve by waiting: the job asks for what the partition, QOS or account cannot give
-HOPELESS = ("PartitionConfig", "PartitionNodeLimit", "PartitionTimeLimit", "ReqNodeNotAvail", "QOSMax", "AssocMax",
-            "AssocGrp", "InvalidAccount", "InvalidQOS", "BadConstraints")
+# pending reasons that waiting never resolves: each job asks for what the partition, QOS or account never gives
+# (per-job limits; group and per-user limits, held priorities and nodes down or reserved clear as other jobs end)
+NEVER = ("PartitionConfig", "PartitionNodeLimit", "PartitionTimeLimit", "InvalidAccount", "InvalidQOS",
+         "BadConstraints", "QOSMaxCpuPerJobLimit", "QOSMaxGRESPerJob", "QOSMaxMemoryPerJob", "QOSMaxNodePerJobLimit",
+         "QOSMaxWallDurationPerJobLimit", "AssocMaxCpuPerJobLimit", "AssocMaxGRESPerJob", "AssocMaxMemPerJob",
+         "AssocMaxNodePerJobLimit", "AssocMaxWallDurationPerJobLimit")
+LOWER = "hydra.launcher.cpus_per_task, mem_gb, timeout_min, gpus_per_node or partition"
 
 
 def launch(launcher, job_overrides, initial_job_idx) -> list:
-    """The plugin's launch (one SLURM array job, one task per grid), with dpgrid's submission, wait and errors."""
+    """The plugin's launch (SLURM array jobs of one task per grid, split at the cluster's MaxArraySize), with
+    dpgrid's submission, wait and errors. Grids whose run directory holds a finished grid are not queued again;
+    once every grid has finished, each one's result in a line, as a local run ends."""
     from hydra.core.singleton import Singleton
 
     sweep_dir = Path(str(launcher.config.hydra.sweep.dir))
-    sweep_dir.mkdir(parents=True, exist_ok=True)
-    if "mode" in launcher.config.hydra.sweep:  # as the plugin: hydra.sweep.mode sets the folder's permissions
-        os.chmod(sweep_dir, int(str(launcher.config.hydra.sweep.mode), 8))
-    args = [(list(overrides), "hydra.sweep.dir", initial_job_idx + i, f"job_id_for_{initial_job_idx + i}",
-             Singleton.get_state()) for i, overrides in enumerate(job_overrides)]
-    try:
-        made = executor(launcher)
-    except RuntimeError as e:  # submitit looks for srun first
-        from dpgrid.cli import fail
+    grids = [grid_of(launcher, overrides) for overrides in job_overrides]
+    first = {}  # jobs that are one grid (its settings differ only in what it does not read) train it once
+    for i, (out, _, _) in enumerate(grids):
+        first.setdefault(out, i)
+    if len(first) < len(grids):
+        print(f"dpgrid: the sweep's {len(grids)} jobs are {len(first)} grids (jobs whose settings differ only in what "
+              "their grid does not read write into one directory): each is trained once", file=sys.stderr, flush=True)
+    todo = [i for i in first.values() if grids[i][2] or not finished_grid(grids[i][0])]
+    if len(todo) < len(first):
+        print(f"dpgrid: {len(first) - len(todo)} of {len(first)} grids finished, "
+              + ("submitting the rest" if todo else "nothing to submit"), file=sys.stderr, flush=True)
+    returns = {i: finished_return(grids[i][0]) for i in first.values() if i not in todo}
+    if todo:
+        sweep_dir.mkdir(parents=True, exist_ok=True)
+        if "mode" in launcher.config.hydra.sweep:  # as the plugin: hydra.sweep.mode sets the folder's permissions
+            os.chmod(sweep_dir, int(str(launcher.config.hydra.sweep.mode), 8))
+        args = [(list(job_overrides[i]), "hydra.sweep.dir", initial_job_idx + i, f"job_id_for_{initial_job_idx + i}",
+                 Singleton.get_state()) for i in todo]
+        try:
+            made = executor(launcher)
+        except RuntimeError as e:  # submitit looks for srun first
+            from dpgrid.cli import fail
 
-        fail(f"no SLURM on this machine ({e}): {NOT_ON_A_CLUSTER}")
-    jobs = submit(made, launcher, args)
-    print(f"dpgrid: submitted {len(jobs)} SLURM job(s) as {array_id(jobs)}; their logs: {log_folder(jobs)}",
-          file=sys.stderr, flush=True)
-    try:
-        wait(jobs)
-    except KeyboardInterrupt as e:
-        from dpgrid.cli import Interrupted, fail
+            fail(f"no SLURM on this machine ({e}): {NOT_ON_A_CLUSTER}")
+        before = entries(sweep_dir / ".submitit")
+        jobs = submit(made, launcher, args, max_array_size(), on_refused=lambda: clear_refused(sweep_dir, before))
+        print(f"dpgrid: submitted {len(jobs)} SLURM job(s) as {array_id(jobs)}; their logs: {log_folder(jobs)}",
+              file=sys.stderr, flush=True)
+        try:
+            wait(jobs)
+        except KeyboardInterrupt as e:
+            from dpgrid.cli import Interrupted, fail
 
-        left = [j.job_id for j in jobs if not j.done()]
-        name, code = ("SIGTERM", 143) if isinstance(e, Interrupted) else ("interrupted", 130)
-        fail(f"{name}: {len(left)} SLURM job(s) go on queued or running without this process ({compact(left)}): "
-             f"squeue -j {array_id(jobs)} shows them, scancel {array_id(jobs)} cancels them; the same command "
-             "resumes any grid left incomplete", code)
-    return outcomes(jobs, job_overrides)
+            left = [j.job_id for j in jobs if not j.done()]
+            name, code = ("SIGTERM", 143) if isinstance(e, Interrupted) else ("interrupted", 130)
+            fail(f"{name}: {len(left)} SLURM job(s) go on queued or running without this process ({compact(left)}): "
+                 f"squeue -j {array_id(jobs)} shows them, scancel {array_id(jobs)} cancels them; the same command "
+                 "resumes any grid left incomplete", code)
+        returns.update(zip(todo, outcomes(jobs, [job_overrides[i] for i in todo])))
+    say_results([grids[i] for i in first.values()], sweep_dir)
+    return [returns[first[out]] for out, _, _ in grids]
+
+
+def entries(folder: Path) -> set:
+    return set(os.listdir(folder)) if folder.is_dir() else set()
+
+
+def clear_refused(sweep_dir: Path, before: set) -> None:
+    """Nothing left behind by a submission SLURM refused: the job pickles made for it, and a sweep folder that then
+    holds nothing but Hydra's multirun.yaml."""
+    folder = sweep_dir / ".submitit"
+    for name in entries(folder) - before:
+        shutil.rmtree(folder / name, ignore_errors=True)
+    if folder.is_dir() and not entries(folder):
+        folder.rmdir()
+    if entries(sweep_dir) <= {"multirun.yaml"}:
+        shutil.rmtree(sweep_dir, ignore_errors=True)
+
+
+def grid_of(launcher, overrides) -> tuple:
+    """(run directory, dataset task, overwrite) of one sweep job, composed as the job will compose it."""
+    cfg = launcher.hydra_context.config_loader.load_sweep_config(launcher.config, list(overrides))
+    out = (Path(str(cfg.hydra.sweep.dir)) / str(cfg.hydra.sweep.subdir)).absolute()
+    return out, str(cfg.dataset.task), bool(cfg.get("overwrite", False))
+
+
+def finished_grid(out: Path) -> bool:
+    """Whether `out` holds a grid that has finished: run_grid writes summary.csv once every run it planned is
+    committed, so a summary no older than the last row is a finished grid (an interrupted resume appends rows
+    after it). Anything else (missing, partial, damaged) is queued, and the job judges it as a local run does."""
+    try:
+        summary, runs = (out / "summary.csv").stat(), (out / "runs.csv").stat()
+    except OSError:
+        return False
+    return (out / "plan.json").is_file() and summary.st_mtime_ns >= runs.st_mtime_ns
+
+
+def finished_return(out: Path):
+    """Hydra's record of a job that was not queued because its grid had finished."""
+    from hydra.core.utils import JobReturn, JobStatus
+
+    return JobReturn(status=JobStatus.COMPLETED, _return_value=None, working_dir=str(out))
+
+
+def say_results(grids: list, sweep_dir: Path) -> None:
+    """Each grid's best configuration (or what its selection released), one line each, and where the results are."""
+    from dpgrid.reporting.console import describe_best
+    from dpgrid.results.files import read_frame
+
+    for out, task, _ in grids:
+        try:
+            line = describe_best(read_frame(out / "summary.csv"), task)
+        except Exception as e:  # noqa: BLE001  (a summary this process cannot read: said, the sweep goes on)
+            line = f"no summary ({type(e).__name__}); the grid's own files say more"
+        print(f"{out.relative_to(sweep_dir.absolute()) if out.is_relative_to(sweep_dir.absolute()) else out}: {line}")
+    print(f"results: {sweep_dir.absolute()} (dpgrid tables {sweep_dir} writes their tables)")
+
+
+def max_array_size() -> int:
+    """The cluster's MaxArraySize (scontrol show config; SLURM's default 1001): an array holds at most that many
+    tasks, so a larger sweep is submitted as several arrays."""
+    with contextlib.suppress(OSError, subprocess.SubprocessError, ValueError):
+        found = subprocess.run(["scontrol", "show", "config"], capture_output=True, text=True, timeout=30)
+        for line in found.stdout.splitlines():
+            if line.split("=")[0].strip() == "MaxArraySize":
+                return max(1, int(line.split("=")[1].split()[0]))
+    return 1001
 
 
 def executor(launcher):
@@ -73,62 +161,81 @@ def executor(launcher):
     return made
 
 
-def submit(executor, task, args) -> list:
-    """executor.map_array, with sbatch's refusal as dpgrid's one line (submitit prints sbatch's stderr itself:
-    it is kept from the terminal and its error line quoted instead)."""
+def submit(executor, task, args, array_size: int = 1001, on_refused=None) -> list:
+    """executor.map_array in arrays of at most `array_size` tasks, with sbatch's refusal as dpgrid's one line
+    (submitit prints sbatch's stderr itself: it is kept from the terminal and its error line quoted instead);
+    `on_refused()` clears what was made for a submission of which nothing was queued."""
     from submitit.core.utils import FailedJobError
 
     from dpgrid.cli import fail
 
-    said = io.StringIO()
+    said, jobs = io.StringIO(), []
     try:
         with contextlib.redirect_stderr(said):
-            return executor.map_array(task, *zip(*args))
+            for start in range(0, len(args), array_size):
+                jobs += executor.map_array(task, *zip(*args[start:start + array_size]))
+            return jobs
     except FileNotFoundError:
         fail(f"sbatch not found: {NOT_ON_A_CLUSTER}")
     except FailedJobError as e:
         lines = [line.strip() for line in str(e).splitlines() if line.strip()]
         first = next((line for line in lines if "error" in line.lower()), lines[0] if lines else "no message")
         hint = ("hydra.launcher.partition= names a partition that `sinfo -s` lists" if "partition" in first.lower()
+                else "the SLURM controller does not answer: `scontrol ping` says whether it is up; try again once it "
+                "is, or ask the cluster's admins" if "controller" in first.lower()
                 else "see the hydra.launcher settings (conf/hydra/launcher/slurm.yaml)")
+        if jobs:  # an earlier array of a split sweep was queued
+            fail(f"SLURM refused the jobs after {len(jobs)} were queued ({array_id(jobs)}; scancel {array_id(jobs)} "
+                 f"cancels them, or the same command submits the rest): {first}; {hint}")
+        if on_refused:
+            on_refused()
         fail(f"SLURM refused the jobs, nothing was queued: {first}; {hint}")
 
 
-def wait(jobs, poll_s: float = POLL_S) -> None:
-    """Until every job has ended, saying why pending jobs wait whenever that changes."""
+def wait(jobs, poll_s: float = None) -> None:
+    """Until every job has ended, saying why pending jobs wait whenever the reasons change (not as the counts drain).
+    Jobs that can never start (every job left is pending for a reason in NEVER) are cancelled: one line, exit 2."""
     said = None
     while not all(job.done() for job in jobs):
         reasons = pending_reasons(jobs)
-        if reasons and reasons != said:
+        left = sum(not job.done() for job in jobs)
+        never = {r: ids for r, ids in reasons.items() if r.startswith(NEVER)}
+        if never and sum(len(ids) for ids in never.values()) >= left:
+            cancel_pending(jobs)
+            from dpgrid.cli import fail
+
+            reason = ", ".join(sorted(never))
+            fail(f"{left} SLURM job(s) can never start ({reason}: each asks for more than the partition, QOS or account "
+                 f"gives); cancelled them (scancel --state=PENDING {array_id(jobs)}); ask for less ({LOWER}, `sinfo -o "
+                 "'%P %c %m %l'` lists what each partition gives) and run the same command again")
+        if reasons and set(reasons) != said:
             print(f"dpgrid: {describe_pending(reasons)}", file=sys.stderr, flush=True)
-            said = reasons
-        time.sleep(poll_s)
+            said = set(reasons)
+        time.sleep(poll_s or POLL_S)
+
+
+def cancel_pending(jobs) -> None:
+    with contextlib.suppress(OSError):
+        subprocess.run(["scancel", "--state=PENDING", array_id(jobs)], capture_output=True, timeout=60)
 
 
 def pending_reasons(jobs) -> dict:
-    """{reason: [job ids]} of the pending jobs, as squeue gives them ({} without squeue)."""
+    """{reason: [job ids]} of the pending jobs, one per array element (squeue -r; a collapsed array would count as
+    one), as squeue gives them ({} without squeue). A reason SLURM has not set yet ("None") is no reason."""
     if shutil.which("squeue") is None:
         return {}
-    found = subprocess.run(["squeue", "-h", "-o", "%i|%T|%r", "-j", ",".join(sorted({array_of(j.job_id) for j in jobs}))],
-                           capture_output=True, text=True)
+    found = subprocess.run(["squeue", "-h", "-r", "-o", "%i|%T|%r", "-j",
+                            ",".join(sorted({array_of(j.job_id) for j in jobs}))], capture_output=True, text=True)
     reasons = {}
     for line in found.stdout.splitlines():
         job_id, state, reason = (line.split("|") + ["", ""])[:3]
-        if state == "PENDING":
-            reasons.setdefault(reason or "no reason given", []).append(job_id)
+        if state == "PENDING" and reason not in ("", "None", "(null)"):
+            reasons.setdefault(reason, []).append(job_id)
     return reasons
 
 
 def describe_pending(reasons: dict) -> str:
-    parts = []
-    for reason, ids in sorted(reasons.items()):
-        part = f"{len(ids)} SLURM job(s) pending ({reason}: {compact(ids)})"
-        if any(reason.startswith(h) for h in HOPELESS):
-            part += (" and they will not start: they ask for more than the partition, QOS or account gives; scancel "
-                     f"{array_of(ids[0])} and ask for less (hydra.launcher.cpus_per_task, mem_gb, timeout_min, "
-                     "partition)")
-        parts.append(part)
-    return "; ".join(parts)
+    return "; ".join(f"{len(ids)} SLURM job(s) pending ({reason}: {compact(ids)})" for reason, ids in sorted(reasons.items()))
 
 
 def outcomes(jobs, job_overrides) -> list:
@@ -153,7 +260,8 @@ def outcomes(jobs, job_overrides) -> list:
 
 
 def array_id(jobs) -> str:
-    return array_of(jobs[0].job_id)
+    """The array job(s) of `jobs`: 4242, or 4242,4243 when the sweep was split at MaxArraySize."""
+    return ",".join(dict.fromkeys(array_of(j.job_id) for j in jobs))
 
 
 def array_of(job_id) -> str:

@@ -13,8 +13,10 @@ from .command import dpgrid
 pytest.importorskip("hydra_plugins.hydra_submitit_launcher")
 pytestmark = pytest.mark.slow  # each test runs a sweep (in this process; Ctrl-C in a real one)
 
-SWEEP = ["-m", "hydra/launcher=slurm", "strategy=nodp", "grid.k=2", "train.seeds=1", "train.epochs=1",
-         "train.eval_every=4", "privacy.epsilon=3,5"]
+SWEEP = ["-m", "hydra/launcher=slurm", "strategy=fixed_threshold", "grid.k=2", "train.seeds=1", "train.epochs=1",
+         "train.eval_every=4", "privacy.epsilon=3,5"]  # two grids
+ONE_GRID = ["-m", "hydra/launcher=slurm", "strategy=nodp", "grid.k=2", "train.seeds=1", "train.epochs=1",
+            "train.eval_every=4", "privacy.epsilon=3,5"]  # nodp reads no epsilon: one grid in one directory
 
 FAKES = {
     "sbatch": """
@@ -28,17 +30,49 @@ if [ "$FAKE_SLURM" = fail ]; then  # the first job's grid refused something and 
   log="$(dirname "$1")/${FAKE_SLURM_ID}_0"; mkdir -p "$log"
   printf 'loading\ndpgrid: error: another dpgrid process is writing into /x\n' > "$log/${FAKE_SLURM_ID}_0_0_log.err"
 fi
-echo "Submitted batch job $FAKE_SLURM_ID"
+id=$((FAKE_SLURM_ID + $(grep -c '^/' "$FAKE_SLURM_LOG") - 1))  # one id per array: a split sweep's second is id + 1
+if [ "$FAKE_SLURM" = run ]; then  # run each task here, in the background, once submitit has written its pickle
+  last=$(sed -n 's/^#SBATCH --array=0-\\([0-9]*\\).*/\\1/p' "$1")  # none: one job, not an array
+  folder=$(sed -n 's/.* -m submitit.core._submit //p' "$1")
+  python=$(sed -n 's/.* \\([^ ]*\\) -u -m submitit.core._submit .*/\\1/p' "$1")
+  for i in $(seq 0 "${last:-0}"); do
+    (job="${id}_$i"; [ -z "$last" ] && job=$id
+     task=$(echo "$folder" | sed "s/%j/$job/")
+     while [ ! -f "$task/${job}_submitted.pkl" ]; do sleep 0.1; done
+     number=$id; [ -n "$last" ] && { number=$((id * 100 + i)); export SLURM_ARRAY_JOB_ID=$id SLURM_ARRAY_TASK_ID=$i; }
+     SUBMITIT_EXECUTOR=slurm SLURM_JOB_ID=$number SLURM_NTASKS=1 SLURM_PROCID=0 SLURM_LOCALID=0 \
+     SLURM_NODEID=0 SLURM_JOB_NUM_NODES=1 SLURM_JOB_NODELIST=node \
+       "$python" -u -m submitit.core._submit "$folder" > "$task/${job}_0_log.out" 2> "$task/${job}_0_log.err"
+     state=COMPLETED; [ -f "$task/${job}_0_result.pkl" ] || state=FAILED  # what sacct says once it has ended
+     echo "$state" > "$(dirname "$FAKE_SLURM_LOG")/state_$job"
+    ) < /dev/null > /dev/null 2>&1 &  # sbatch itself returns at once, as SLURM's
+  done
+fi
+echo "Submitted batch job $id"
 """,
     "sacct": """
+if [ "$FAKE_SLURM" = run ]; then  # the tasks that ended; the others are not listed yet
+  echo "JobID|State|NodeList"
+  for f in "$(dirname "$FAKE_SLURM_LOG")"/state_*; do [ -f "$f" ] && echo "${f##*/state_}|$(cat "$f")|node"; done
+  exit 0
+fi
 state=PENDING; [ "$FAKE_SLURM" = cancel ] && state="CANCELLED by 1000"; [ "$FAKE_SLURM" = fail ] && state=FAILED
+[ "$FAKE_SLURM" = run ] && state=RUNNING  # a task's result pickle tells submitit it has ended
 echo "JobID|State|NodeList"; echo "${FAKE_SLURM_ID}_0|$state|None assigned"; echo "${FAKE_SLURM_ID}_1|$state|None assigned"
 """,
     "srun": "exit 0\n",  # submitit checks it is there
+    "scontrol": 'echo "MaxArraySize            = ${FAKE_MAX_ARRAY:-1001}"\n',
     "squeue": """
-[ "$FAKE_SLURM" = pending ] && { echo "${FAKE_SLURM_ID}_0|PENDING|PartitionConfig"; echo "${FAKE_SLURM_ID}_1|PENDING|PartitionConfig"; }
+case "$FAKE_SLURM" in
+  pending) echo "${FAKE_SLURM_ID}_0|PENDING|Priority"; echo "${FAKE_SLURM_ID}_1|PENDING|Priority";;
+  never) echo "${FAKE_SLURM_ID}_0|PENDING|PartitionConfig"; echo "${FAKE_SLURM_ID}_1|PENDING|QOSMaxCpuPerJobLimit";;
+  none)  # right after submission SLURM has no reason yet; an array waiting whole is one collapsed line without -r
+    case "$*" in *-r*) echo "${FAKE_SLURM_ID}_0|PENDING|None"; echo "${FAKE_SLURM_ID}_1|PENDING|None";;
+                 *) echo "${FAKE_SLURM_ID}_[0-1]|PENDING|None";; esac;;
+esac
 exit 0
 """,
+    "scancel": 'echo "scancel $*" >> "$FAKE_SLURM_LOG"\n',
 }
 
 
@@ -108,11 +142,107 @@ def test_an_interrupted_submitter_names_the_jobs_still_queued_and_how_to_cancel_
     proc = subprocess.Popen([sys.executable, "-m", "dpgrid.cli", "run", *SWEEP, f"hydra.sweep.dir={tmp_path / 'sweep'}"],
                             stderr=subprocess.PIPE, stdout=subprocess.DEVNULL, text=True, env=slurm("pending", 4244))
     lines = [proc.stderr.readline(), proc.stderr.readline()]  # submitted; then why the jobs wait
-    assert lines[1].startswith("dpgrid: 2 SLURM job(s) pending (PartitionConfig: 4244_0, 4244_1) and they will not "
-                               "start"), lines
+    assert lines[1].strip() == "dpgrid: 2 SLURM job(s) pending (Priority: 4244_0, 4244_1)", lines
     proc.send_signal(signal.SIGINT)  # the submitter now waits on the queue: Ctrl-C
     rest = proc.stderr.read()
     assert proc.wait(timeout=60) == 130
     assert rest.strip().splitlines() == [
         "dpgrid: error: interrupted: 2 SLURM job(s) go on queued or running without this process (4244_0, 4244_1): "
         "squeue -j 4244 shows them, scancel 4244 cancels them; the same command resumes any grid left incomplete"], rest
+
+
+def test_jobs_that_can_never_start_are_cancelled_in_one_line(slurm, tmp_path):
+    slurm("never", 4245)
+    r = dpgrid("run", *SWEEP, "hydra.launcher.cpus_per_task=64", f"hydra.sweep.dir={tmp_path / 'sweep'}")
+    assert r.returncode == 2, r.stderr
+    lines = r.stderr.strip().splitlines()
+    assert len(lines) == 2 and lines[1].startswith(
+        "dpgrid: error: 2 SLURM job(s) can never start (PartitionConfig, QOSMaxCpuPerJobLimit: each asks for more than "
+        "the partition, QOS or account gives); cancelled them (scancel --state=PENDING 4245); ask for less "
+        "(hydra.launcher.cpus_per_task, mem_gb"), r.stderr
+    assert "scancel --state=PENDING 4245" in (tmp_path / "sbatch.log").read_text()
+
+
+def test_pending_jobs_are_counted_per_array_element_and_no_reason_is_not_said(slurm):
+    from dpgrid import launchers
+
+    slurm("none", 4246)
+
+    class Job:
+        def __init__(self, i):
+            self.job_id = f"4246_{i}"
+    assert launchers.pending_reasons([Job(0), Job(1)]) == {}  # "None": SLURM has not said yet
+    slurm("pending", 4246)
+    assert launchers.pending_reasons([Job(0), Job(1)]) == {"Priority": ["4246_0", "4246_1"]}
+    assert launchers.describe_pending({"Priority": ["4246_0", "4246_1"]}) == \
+        "2 SLURM job(s) pending (Priority: 4246_0, 4246_1)"
+
+
+def test_a_launcher_hydra_cannot_find_is_one_line_naming_the_install_that_fixes_it(slurm, tmp_path, monkeypatch):
+    """As after `pip install -e .` in setuptools' default editable mode: Hydra's discovery misses hydra_plugins."""
+    from hydra.core.plugins import Plugins
+
+    discover = Plugins.discover
+    monkeypatch.setattr(Plugins, "discover", lambda self, kind=None: [
+        c for c in discover(self, kind) if f"{c.__module__}.{c.__name__}" != "hydra_plugins.dpgrid_launcher.SlurmLauncher"])
+    slurm("pending", 4247)
+    r = dpgrid("run", *SWEEP, f"hydra.sweep.dir={tmp_path / 'sweep'}")
+    assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1, r.stderr
+    assert "pip install -e \".[cluster]\" --config-settings editable_mode=compat" in r.stderr, r.stderr
+    assert not (tmp_path / "sbatch.log").exists() and not (tmp_path / "sweep").exists()
+
+
+def grid_lines(stdout: str) -> list:
+    return [line for line in stdout.splitlines() if ": best configuration " in line or line.startswith("results: ")]
+
+
+def test_a_finished_sweep_says_each_grids_result_and_a_resume_queues_only_what_is_missing(slurm, tmp_path,
+                                                                                          monkeypatch):
+    from dpgrid import launchers
+
+    monkeypatch.setattr(launchers, "POLL_S", 0.2)
+    slurm("run", 4250)
+    sweep = tmp_path / "sweep"
+    r = dpgrid("run", *SWEEP, f"hydra.sweep.dir={sweep}")
+    assert r.returncode == 0, r.stderr
+    lines = grid_lines(r.stdout)
+    assert len(lines) == 3 and lines[-1].startswith(f"results: {sweep}") and "dpgrid tables" in lines[-1], r.stdout
+    grids = sorted(p.parent for p in sweep.rglob("summary.csv"))
+    assert len(grids) == 2 and all(line.split(":")[0] in [str(g.relative_to(sweep)) for g in grids] for line in lines[:2])
+
+    again = dpgrid("run", *SWEEP, f"hydra.sweep.dir={sweep}")  # everything finished: nothing queued
+    assert again.returncode == 0 and "dpgrid: 2 of 2 grids finished, nothing to submit" in again.stderr, again.stderr
+    assert grid_lines(again.stdout) == lines
+    assert (tmp_path / "sbatch.log").read_text().count("\n") == 1
+
+    (grids[0] / "summary.csv").unlink()  # as a grid whose job was cancelled before its end
+    resumed = dpgrid("run", *SWEEP, f"hydra.sweep.dir={sweep}")
+    assert resumed.returncode == 0 and "dpgrid: 1 of 2 grids finished, submitting the rest" in resumed.stderr
+    assert "dpgrid: submitted 1 SLURM job(s) as 4251" in resumed.stderr, resumed.stderr
+    assert grid_lines(resumed.stdout) == lines
+
+
+def test_a_sweep_larger_than_max_array_size_is_split_into_arrays(slurm, tmp_path, monkeypatch):
+    from dpgrid import launchers
+
+    monkeypatch.setattr(launchers, "POLL_S", 0.2)
+    monkeypatch.setenv("FAKE_MAX_ARRAY", "1")
+    slurm("run", 4260)
+    r = dpgrid("run", *SWEEP, f"hydra.sweep.dir={tmp_path / 'sweep'}")
+    assert r.returncode == 0, r.stderr
+    assert "dpgrid: submitted 2 SLURM job(s) as 4260,4261" in r.stderr, r.stderr
+    assert len((tmp_path / "sbatch.log").read_text().splitlines()) == 2
+    assert len(grid_lines(r.stdout)) == 3
+
+
+def test_jobs_that_are_one_grid_are_trained_once(slurm, tmp_path, monkeypatch):
+    """nodp reads no epsilon: privacy.epsilon=3,5 is one grid in one directory, queued once (twice, the second
+    job would find the first's lock)."""
+    from dpgrid import launchers
+
+    monkeypatch.setattr(launchers, "POLL_S", 0.2)
+    slurm("run", 4270)
+    r = dpgrid("run", *ONE_GRID, f"hydra.sweep.dir={tmp_path / 'sweep'}")
+    assert r.returncode == 0, r.stderr
+    assert "dpgrid: the sweep's 2 jobs are 1 grids" in r.stderr and "submitted 1 SLURM job(s) as 4270" in r.stderr
+    assert len(grid_lines(r.stdout)) == 2, r.stdout

@@ -144,6 +144,21 @@ def refuse_added_settings(overrides: list) -> None:
 
 
 LAUNCHER_PLUGINS = {"joblib": "hydra-joblib-launcher", "submitit": "hydra-submitit-launcher"}
+DPGRID_LAUNCHER = "hydra_plugins.dpgrid_launcher.SlurmLauncher"
+
+
+def check_launcher(cfg) -> None:
+    """Refuse, before anything is queued, a sweep whose launcher is dpgrid's and which Hydra would not find: an editable
+    install in setuptools' default mode hides the hydra_plugins namespace from Hydra's plugin discovery."""
+    if str(cfg.hydra.launcher.get("_target_", "")) != DPGRID_LAUNCHER:
+        return
+    from hydra.core.plugins import Plugins
+    from hydra.plugins.launcher import Launcher
+
+    if DPGRID_LAUNCHER not in {f"{c.__module__}.{c.__name__}" for c in Plugins.instance().discover(Launcher)}:
+        raise DpgridError("hydra/launcher=slurm: Hydra does not find dpgrid's launcher (hydra_plugins.dpgrid_launcher), "
+                          "as after an editable install in setuptools' default mode; install it so that Hydra sees it: "
+                          "pip install -e \".[cluster]\" --config-settings editable_mode=compat")
 
 
 def readable(message: str, overrides: list) -> str:

@@ -41,7 +41,7 @@ def check_sweep(overrides: list) -> list:
         except DpgridError as e:
             raise type(e)(f"sweep job {' '.join(job)}: {e}") from None
         if not number:  # one launcher for the whole sweep
-            check_launcher(cfg)
+            check_launcher(cfg.hydra.launcher)
         by_dir.setdefault(out, {}).setdefault(spec.config_hash, job)
     for out, jobs in by_dir.items():
         if len(jobs) > 1:

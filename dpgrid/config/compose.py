@@ -147,10 +147,10 @@ LAUNCHER_PLUGINS = {"joblib": "hydra-joblib-launcher", "submitit": "hydra-submit
 DPGRID_LAUNCHER = "hydra_plugins.dpgrid_launcher.SlurmLauncher"
 
 
-def check_launcher(cfg) -> None:
+def check_launcher(launcher) -> None:
     """Refuse, before anything is queued, a sweep whose launcher is dpgrid's and which Hydra would not find: an editable
     install in setuptools' default mode hides the hydra_plugins namespace from Hydra's plugin discovery."""
-    if str(cfg.hydra.launcher.get("_target_", "")) != DPGRID_LAUNCHER:
+    if str(launcher.get("_target_", "")) != DPGRID_LAUNCHER:
         return
     from hydra.core.plugins import Plugins
     from hydra.plugins.launcher import Launcher

@@ -38,7 +38,7 @@ if [ "$FAKE_SLURM" = run ]; then  # run each task here, in the background, once 
   for i in $(seq 0 "${last:-0}"); do
     (job="${id}_$i"; [ -z "$last" ] && job=$id
      task=$(echo "$folder" | sed "s/%j/$job/")
-     while [ ! -f "$task/${job}_submitted.pkl" ]; do sleep 0.1; done
+     n=0; while [ ! -f "$task/${job}_submitted.pkl" ] && [ $n -lt 1200 ]; do sleep 0.1; n=$((n + 1)); done  # else FAILED
      number=$id; [ -n "$last" ] && { number=$((id * 100 + i)); export SLURM_ARRAY_JOB_ID=$id SLURM_ARRAY_TASK_ID=$i; }
      SUBMITIT_EXECUTOR=slurm SLURM_JOB_ID=$number SLURM_NTASKS=1 SLURM_PROCID=0 SLURM_LOCALID=0 \
      SLURM_NODEID=0 SLURM_JOB_NUM_NODES=1 SLURM_JOB_NODELIST=node \

@@ -58,6 +58,16 @@ def relative_error(a, b):
     return float((a - b).norm() / b.norm())
 
 
+def float64_case(case: str, seed: int = 0):
+    """(model, x, y, task, the per-sample loop's gradients) of one of CASES, in float64."""
+    build, x_shape, task = CASES[case]
+    torch.manual_seed(seed)
+    model = build().double()
+    x = torch.rand(x_shape, dtype=torch.float64)
+    y = x if task == "reconstruction" else torch.randint(0, 3, (len(x),))
+    return model, x, y, task, loop_reference(model, x, y, task)
+
+
 ENGINES = {"func": lambda model, task: FuncEngine(model, task),
            **{f"fast:{name}": (lambda name: lambda model, task: FastEngine(model, task, MethodChoice(name)))(name)
               for name in ("auto", *CONV_METHODS)}}  # every per-sample method of a convolution, forced
@@ -66,12 +76,7 @@ ENGINES = {"func": lambda model, task: FuncEngine(model, task),
 @pytest.mark.parametrize("engine", ENGINES)
 @pytest.mark.parametrize("case", CASES)
 def test_engine_matches_loop_in_float64(engine, case):
-    build, x_shape, task = CASES[case]
-    torch.manual_seed(0)
-    model = build().double()
-    x = torch.rand(x_shape, dtype=torch.float64)
-    y = x if task == "reconstruction" else torch.randint(0, 3, (len(x),))
-    reference = loop_reference(model, x, y, task)
+    model, x, y, task, reference = float64_case(case)
     grads = ENGINES[engine](model, task)(x, y)
     norms = reference.norm(dim=1)
     assert relative_error(grads.norms, norms) < 1e-6
@@ -175,12 +180,7 @@ def test_evaluation_forward_does_not_record():
 @pytest.mark.parametrize("clip_at", ["median", "all_clipped", "none_clipped"])
 def test_weighted_sums_of_disjoint_and_overlapping_weights(engine, clip_at):
     """Online asks for sums over unclipped samples and of q_i (disjoint supports) in one call."""
-    torch.manual_seed(2)
-    build, x_shape, task = CASES["cnn"]
-    model = build().double()
-    x = torch.rand(x_shape, dtype=torch.float64)
-    y = torch.randint(0, 3, (len(x),))
-    reference = loop_reference(model, x, y, task)
+    model, x, y, task, reference = float64_case("cnn", seed=2)
     norms = reference.norm(dim=1)
     clip = {"median": norms.median(), "all_clipped": norms.min() / 2, "none_clipped": norms.max() * 2}[clip_at]
     unclipped = (norms <= clip).double()
@@ -244,12 +244,7 @@ def test_the_config_offers_the_methods_the_engine_has():
 def test_a_weighted_sum_asked_before_any_norm_is_exact_without_per_sample_gradients(case):
     """The non-private baseline's mean: the convolutions' ordinary weight gradients of the weighted output
     gradients, never their per-sample ones."""
-    build, x_shape, task = CASES[case]
-    torch.manual_seed(0)
-    model = build().double()
-    x = torch.rand(x_shape, dtype=torch.float64)
-    y = x if task == "reconstruction" else torch.randint(0, 3, (len(x),))
-    reference = loop_reference(model, x, y, task)
+    model, x, y, task, reference = float64_case(case)
     grads = FastEngine(model, task)(x, y)
     w = torch.rand(len(x), dtype=torch.float64)
     flat = torch.cat([t.flatten() for t in grads.weighted_sum(w)])

@@ -192,30 +192,29 @@ def submit(executor, task, args, array_size: int = 1001, on_refused=None) -> lis
         fail(f"SLURM refused the jobs, nothing was queued: {first}; {hint}")
 
 
-def wait(jobs, poll_s: float = None) -> None:
+def wait(jobs) -> None:
     """Until every job has ended, saying why pending jobs wait whenever the reasons change (not as the counts drain).
     Jobs that can never start (every job left is pending for a reason in NEVER) are cancelled: one line, exit 2."""
     said = None
-    while not all(job.done() for job in jobs):
+    while left := [job for job in jobs if not job.done()]:
         reasons = pending_reasons(jobs)
-        left = sum(not job.done() for job in jobs)
         never = {r: ids for r, ids in reasons.items() if r.startswith(NEVER)}
-        if never and sum(len(ids) for ids in never.values()) >= left:
+        if never and sum(len(ids) for ids in never.values()) >= len(left):
             cancel_pending(jobs)
             from dpgrid.cli import fail
 
             reason = ", ".join(sorted(never))
-            fail(f"{left} SLURM job(s) can never start ({reason}: each asks for more than the partition, QOS or account "
+            fail(f"{len(left)} SLURM job(s) can never start ({reason}: each asks for more than the partition, QOS or account "
                  f"gives); cancelled them (scancel --state=PENDING {array_id(jobs)}); ask for less ({LOWER}, `sinfo -o "
                  "'%P %c %m %l'` lists what each partition gives) and run the same command again")
         if reasons and set(reasons) != said:
             print(f"dpgrid: {describe_pending(reasons)}", file=sys.stderr, flush=True)
             said = set(reasons)
-        time.sleep(poll_s or POLL_S)
+        time.sleep(POLL_S)
 
 
 def cancel_pending(jobs) -> None:
-    with contextlib.suppress(OSError):
+    with contextlib.suppress(OSError, subprocess.SubprocessError):
         subprocess.run(["scancel", "--state=PENDING", array_id(jobs)], capture_output=True, timeout=60)
 
 

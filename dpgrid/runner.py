@@ -259,9 +259,10 @@ def stacking(spec, data, runs: int) -> int:
     device = data.x_train.device
     size, why = group_size(spec.train.parallel_runs, initial_model(spec, 0, device), spec.strategy_cls, runs,
                            spec.plan.batch_size, device)
-    if spec.plan.accounting().releases_best_only:
+    method = spec.plan.accounting()
+    if method.releases_best_only:
         runs = 2  # `why` does not depend on the number of runs: the line below is the same for K = 0, 1 or more
-    size = spec.plan.accounting().group_limit(spec.plan.seeds, size)
+    size = method.group_limit(spec.plan.seeds, size)
     if why and runs > 1 and spec.train.parallel_runs != "1":
         line = f"train.parallel_runs: one run at a time: {why}"
         logging.getLogger("dpgrid").info(line)

@@ -49,8 +49,8 @@ def check(out: Path, spec) -> None:
         problem = f"{out / 'runs.csv'} is missing or damaged but this secure grid committed {committed} run(s) ({path})"
     elif rows is not None and rows < committed:
         problem = f"{out / 'runs.csv'} holds {rows} of the {committed} runs this secure grid committed ({path})"
-    elif spec.plan.accounting().unreleased_draw(out, committed):
-        problem = spec.plan.accounting().unreleased_draw(out, committed)
+    elif draw_problem := spec.plan.accounting().unreleased_draw(out, committed):
+        problem = draw_problem
     elif not committed and any((out / name).exists() for name in ("selection.json", "model")):
         problem = f"{out} holds released files (selection.json or model/) but no committed run"
     if not problem:

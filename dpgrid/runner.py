@@ -22,6 +22,7 @@ from dpgrid.results.files import (check_writable, environment, locked, outermost
 from dpgrid.models import build_model
 from dpgrid.training.layers import MethodChoice
 from dpgrid.training.persample import make_engine
+from dpgrid.privacy.method import Phase
 from dpgrid.privacy.randomness import SecureRandom, derive_seed
 from dpgrid.results import ledger
 from dpgrid.results.models import final_weights, keep_weights, release_when_finished
@@ -59,13 +60,14 @@ def sources(spec, config: dict, seed: int, device) -> tuple:
     return torch.Generator().manual_seed(derive_seed(*names, "sampling")), noise
 
 
-def run_one(spec, data, config: dict, seed: int, progress: bool, methods: MethodChoice = None):
-    """One run; `methods`: the grid's choice of each convolution's per-sample method (measured once)."""
+def run_one(spec, data, config: dict, seed: int, progress: bool, methods: MethodChoice = None, phase: Phase = None):
+    """One run; `methods`: the grid's choice of each convolution's per-sample method (measured once); `data` the
+    phase's training data."""
     plan, train, device = spec.plan, spec.train, data.x_train.device
     model = initial_model(spec, seed, device)
     sampler, noise = sources(spec, config, seed, device)
     steps = plan.accounting().run_steps(plan, config["config_id"])
-    strategy = build_strategy(spec, model.parameters(), config, noise, steps)
+    strategy = build_strategy(spec, model.parameters(), config, noise, steps, phase)
     engine = make_engine(model, data.task, train.engine, methods)
     result = train_run(model, engine, strategy, data, steps, plan.sample_rate, train.eval_every, sampler, progress,
                        sampling=train.sampling)
@@ -80,7 +82,7 @@ def keeping_weights(spec, results: list, models: list) -> list:
     return results
 
 
-def run_group(spec, data, runs: list, progress: bool = False) -> list:
+def run_group(spec, data, runs: list, progress: bool = False, phase: Phase = None) -> list:
     """The results of `runs` ((configuration, seed) pairs) trained stacked: the same numbers as run_one's,
     within float rounding (dpgrid.training.stacked)."""
     device = data.x_train.device
@@ -89,23 +91,30 @@ def run_group(spec, data, runs: list, progress: bool = False) -> list:
     pairs = [sources(spec, config, seed, device) for config, seed in runs]
     configs = [config for config, _ in runs]
     hp = {k: tuple(c[k] for c in configs) for k in configs[0] if k != "config_id"}
-    strategy = build_strategy(spec, stack.params, hp, [noise for _, noise in pairs])
+    strategy = build_strategy(spec, stack.params, hp, [noise for _, noise in pairs], phase=phase)
     results = train_group(models, StackedEngine(stack, data.task), strategy, data, spec.plan.steps,
                           spec.plan.sample_rate, spec.train.eval_every, [sampler for sampler, _ in pairs],
                           spec.train.sampling, progress)
     return keeping_weights(spec, results, models)
 
 
-def build_strategy(spec, params, hp: dict, generator, steps: int = None):
+def build_strategy(spec, params, hp: dict, generator, steps: int = None, phase: Phase = None):
     """The strategy of one run of the grid (or of a stacked group: hp values and generators one per run) of `steps`
-    steps (None: the plan's T)."""
-    plan = spec.plan
-    multipliers = {"noise_multiplier": plan.noise_multiplier, **plan.per_query, "delta": plan.delta,
-                   "accountant": plan.accountant}
+    steps (None: the plan's T), with its phase's noise and expected batch size (None: the plan's)."""
+    plan, phase = spec.plan, phase or Phase([])
+    multipliers = {**phase_noise(plan, phase), "delta": plan.delta, "accountant": plan.accountant}
+    batch_size = plan.batch_size if phase.batch_size is None else phase.batch_size
     return spec.strategy_cls(params, hp={k: v for k, v in hp.items() if k != "config_id"},
-                             multipliers=multipliers, batch_size=plan.batch_size, options=dict(spec.options),
+                             multipliers=multipliers, batch_size=batch_size, options=dict(spec.options),
                              generator=generator, momentum=spec.train.momentum,
-                             progress=Progress(steps or plan.steps, plan.n_train, plan.batch_size))
+                             progress=Progress(steps or plan.steps, phase.n_train or plan.n_train, batch_size))
+
+
+def phase_noise(plan, phase: Phase) -> dict:
+    """The noise multipliers of a phase's runs: its own, else the plan's."""
+    if phase.noise_multiplier is None:
+        return {"noise_multiplier": plan.noise_multiplier, **plan.per_query}
+    return {"noise_multiplier": phase.noise_multiplier, **(phase.per_query or {})}
 
 
 @contextlib.contextmanager
@@ -120,13 +129,14 @@ def default_dtype(dtype):
         torch.set_default_dtype(previous)
 
 
-def run_row(spec, config, seed, result, draw=None, n_threads=None, conv_methods: str = "") -> dict:
-    plan, method = spec.plan, spec.plan.accounting()
+def run_row(spec, config, seed, result, draw=None, n_threads=None, conv_methods: str = "", phase: Phase = None) -> dict:
+    plan, method, phase = spec.plan, spec.plan.accounting(), phase or Phase([])
     row = dict(dataset=plan.dataset, strategy=plan.strategy, metric=tasks.get(spec.task).metric,
                epsilon=plan.epsilon, delta=plan.delta, k=plan.k, config_id=config["config_id"])
     row.update({k: v for k, v in config.items() if k != "config_id"})
     row.update(method.run_fields(plan, seed, draw))
-    row.update(seed=seed, noise_multiplier=plan.noise_multiplier, **plan.per_query,
+    row.update(phase.fields)
+    row.update(seed=seed, **phase_noise(plan, phase),
                budget=plan.budget, accountant=plan.accountant, epsilon_spent=plan.epsilon_spent,
                epsilon_grid=plan.epsilon_grid, epsilon_with_seeds=plan.epsilon_with_seeds, private=plan.private,
                seeds_accounted=plan.account_seeds,
@@ -206,28 +216,46 @@ def train_grid(spec, out: Path, progress: bool, on_lock=None) -> pd.DataFrame:
         on_lock(out)
     write_header(out, spec, data_files)
     method = plan.accounting()
-    work, draw = planned_runs(out, spec, list(spec.selected))
-    todo = [(c, s) for c, s in work if (c["config_id"], s) not in done]
-    total = len(work)
     # A selection's console and cli.log say nothing that depends on the candidates: not their number
     # (a bar's total, a line per run) nor their scores. Those stay in the private files.
     quiet = method.releases_best_only
-    if quiet:
-        print(SELECTION_QUIET, file=sys.stderr, flush=True)
+    work, methods = [], MethodChoice(spec.train.conv_method)
+    for number, phase in enumerate(method.phases(out, spec, list(spec.selected), data)):
+        if quiet and number == 0:  # after the first phase's draw, which may refuse the grid
+            print(method.announcement or SELECTION_QUIET, file=sys.stderr, flush=True)
+        train_phase(spec, out, data, phase, done, progress, quiet, methods)
+        work += phase.runs
+    runs = read_frame(out / "runs.csv") if work else None
+    summary, _ = method.summarize(out, runs, plan, data.task)
+    write_csv(out / "summary.csv", summary)
+    summary.attrs["selection"] = method.releases_best_only
+    summary.attrs["release"] = release_when_finished(out, spec, runs, summary, work, data_files)
+    return summary
+
+
+def train_phase(spec, out: Path, data, phase: Phase, done: set, progress: bool, quiet: bool, methods: MethodChoice
+                ) -> None:
+    """Train a phase's runs that are not `done`, committing each run's row as it finishes."""
+    plan, work = spec.plan, phase.runs
+    if phase.train_rows is not None:
+        data = data_mod.Data(data.x_train[phase.train_rows], data.y_train[phase.train_rows], data.x_test, data.y_test,
+                             data.task, data.files)
+    todo = [(c, s) for c, s in work if (c["config_id"], s) not in done]
+    total = len(work)
     budget = f"eps={plan.epsilon:g}" if plan.private else "non-private"
     bar = tqdm(total=total, initial=total - len(todo), desc=f"{plan.strategy} {plan.dataset} {budget} k={plan.k}",
                disable=None if progress and not quiet else True)
     # Groups are fixed slices of the grid's runs, whatever is done: a group with a run left trains whole and
     # commits what is left, so a resumed grid's runs get the numbers of an uninterrupted one (padding, kernels).
     size = stacking(spec, data, len(work)) if todo or quiet else 1
-    finished, methods, said = total - len(todo), MethodChoice(spec.train.conv_method), 0
+    finished, said = total - len(todo), 0
     for start in range(0, len(work), size):
         group = work[start:start + size]
         left = [(c, s) for c, s in group if (c["config_id"], s) not in done]
         if not left:
             continue
-        results = run_group(spec, data, group, progress and not quiet) if size > 1 else \
-            [run_one(spec, data, *group[0], progress and not quiet, methods)]
+        results = run_group(spec, data, group, progress and not quiet, phase) if size > 1 else \
+            [run_one(spec, data, *group[0], progress and not quiet, methods, phase)]
         if not quiet:  # the convolutions' per-sample methods, once measured (a selection's stay in its rows)
             said = say_methods(methods, said)
         for (config, seed), result in zip(group, results):  # each run committed on its own, as when trained alone
@@ -236,7 +264,7 @@ def train_grid(spec, out: Path, progress: bool, on_lock=None) -> pd.DataFrame:
             if result.weights is not None:  # before the commit: a committed run's model is never missing
                 keep_weights(out, config["config_id"], seed, result.weights)
             append_curves(out / "curves.csv", [dict(config_id=config["config_id"], seed=seed, **c) for c in result.curve])
-            row = run_row(spec, config, seed, result, draw, torch.get_num_threads(), methods.summary())
+            row = run_row(spec, config, seed, result, phase.draw, torch.get_num_threads(), methods.summary(), phase)
             committed = commit_run(out / "runs.csv", row)
             ledger.record(out, spec, committed)
             finished += 1
@@ -244,12 +272,6 @@ def train_grid(spec, out: Path, progress: bool, on_lock=None) -> pd.DataFrame:
                 report_run(plan, config["config_id"], seed, result, finished, total)
             bar.update()
     bar.close()
-    runs = read_frame(out / "runs.csv") if work else None
-    summary, _ = method.summarize(out, runs, plan, data.task)
-    write_csv(out / "summary.csv", summary)
-    summary.attrs["selection"] = method.releases_best_only
-    summary.attrs["release"] = release_when_finished(out, spec, runs, summary, work, data_files)
-    return summary
 
 
 def stacking(spec, data, runs: int) -> int:

@@ -64,6 +64,7 @@ EXPECT = {
     "strategy.beta2": (False, lambda v: 0 <= v < 1, None),
     "privacy.stopping_eta": (False, lambda v: -1 < v <= 100, None),
     "privacy.stopping_seed": (True, whole(0), None),
+    "privacy.tuning_rate": (False, lambda v: 0 < v < 1, None),
     "dataset.delta": (False, lambda v: 0 < v < 1, "privacy.delta"),
     "dataset.features": (True, whole(), None),
     "dataset.l2": (False, lambda v: 0 <= v <= F32, None),
@@ -84,6 +85,7 @@ WHERE = {"model.max_words": ("ag_news", "online", []), "model.embedding_dim": ("
          "dataset.std": ("mnist", "online", ["dataset.normalize=standardize"]),
          "privacy.stopping_eta": ("digits", "online", ["privacy.selection=random_stopping"]),
          "privacy.stopping_seed": ("digits", "online", ["privacy.selection=random_stopping"]),
+         "privacy.tuning_rate": ("digits", "online", ["privacy.selection=subsample_tuning"]),
          **{key: ("iris", "pur", []) for key in ("dataset.delta", "dataset.features", "dataset.l2", "dataset.feature_bound",
                                                  "dataset.load.feature_bound", "dataset.radius", "model.inputs", "model.l2")},
          "strategy.axes.sigma": ("iris", "constant_noise", [])}

@@ -138,8 +138,12 @@ def check_config(cfg, n_train: int = None) -> list:
     read.choice("privacy.budget", BUDGETS)
     from dpgrid.privacy import all_accountants
     read.choice("privacy.accountant", all_accountants())
-    if read.choice("privacy.selection", ("composition", "random_stopping")) == "random_stopping":
-        check_selection(read)
+    from dpgrid.privacy import SELECTIONS
+    selection = read.choice("privacy.selection", SELECTIONS)
+    if selection == "subsample_tuning":
+        check_subsample(read)
+    if selection != "composition":
+        check_selection(read, selection)
     read.whole("grid.k", low=2)
     if read.get("grid.only") is not None and len(read.get("grid.only")) == 0:
         raise DpgridError("grid.only must name at least one configuration, e.g. grid.only=[lr0] (null: all of them)")
@@ -181,11 +185,27 @@ def check_config(cfg, n_train: int = None) -> list:
     return warnings
 
 
-def check_selection(read: Reader) -> None:
+def check_subsample(read: Reader) -> None:
+    """Tuning on a subsample's own keys (dpgrid.privacy.subsample_tuning)."""
+    from dpgrid.privacy.subsample_bounds import FINAL_DATA, SEARCHES
+
+    read.real("privacy.tuning_rate", "a number in (0, 1) (each example joins the tuning set with this probability)",
+              lambda v: 0 < v < 1)
+    read.choice("privacy.tuning_search", SEARCHES)
+    read.choice("privacy.final_data", FINAL_DATA)
+    split = read.get("privacy.tuning_split")
+    if split != "shared" and not (isinstance(split, (int, float)) and not isinstance(split, bool) and 0 < split < 1):
+        read.refuse("privacy.tuning_split", "shared (one noise multiplier for both phases) or a number in (0, 1) (the "
+                    "share of epsilon the tuning phase alone may spend; 0 and 1 leave a phase no budget)", split)
+
+
+def check_selection(read: Reader, selection: str = "random_stopping") -> None:
     """Random stopping's keys, and the settings a selection cannot be combined with."""
     from dpgrid.privacy.random_stopping import ANALYSES, COVERS, RULES
+    from dpgrid.privacy.subsample_bounds import COVERS as SUBSAMPLE_COVERS
 
-    read.choice("privacy.stopping", RULES)
+    covers = SUBSAMPLE_COVERS if selection == "subsample_tuning" else COVERS  # no Liu-Talwar tuning on a subsample
+    read.choice("privacy.stopping", tuple(r for r in RULES if any(r in c for c in covers.values())))
     read.real("privacy.stopping_eta", "a number in (-1, 100]", lambda v: -1 < v <= 100)
     if read.has("privacy.stopping_mean"):
         read.real("privacy.stopping_mean", f"a number in (1, {MAX_STOPPING_MEAN:.0e}] (the expected number of "
@@ -193,9 +213,9 @@ def check_selection(read: Reader) -> None:
                   lambda v: 1 < v <= MAX_STOPPING_MEAN)
     read.whole("privacy.stopping_seed", low=0)
     analysis = read.choice("privacy.selection_accountant", tuple(ANALYSES))
-    if read.get("privacy.stopping") not in COVERS[analysis]:
+    if read.get("privacy.stopping") not in covers[analysis]:
         raise DpgridError(f"privacy.stopping={read.get('privacy.stopping')} is not covered by "
-                          f"privacy.selection_accountant={analysis}; it covers {', '.join(COVERS[analysis])}")
+                          f"privacy.selection_accountant={analysis}; it covers {', '.join(covers[analysis])}")
     if read.get("privacy.stopping") == "binomial" and not read.has("privacy.stopping_rounds"):
         raise DpgridError("privacy.stopping=binomial needs privacy.stopping_rounds, its number of rounds m (a whole "
                           "number > the expected number of candidates; each round trains a candidate with "
@@ -215,10 +235,10 @@ def check_selection(read: Reader) -> None:
     for key, (needed, why) in refusals.items():
         if str(read.get(key)) != needed:
             setting = f"privacy.selection_accountant={analysis}" if key == "privacy.accountant" else \
-                "privacy.selection=random_stopping"
+                f"privacy.selection={selection}"
             raise DpgridError(f"{setting} needs {key}={needed}, got {read.get(key)}: {why}")
     if read.has("grid.only"):
-        raise DpgridError("privacy.selection=random_stopping cannot run with grid.only: a selection draws its "
+        raise DpgridError(f"privacy.selection={selection} cannot run with grid.only: a selection draws its "
                           "candidates from the whole grid and cannot be split by hand")
 
 

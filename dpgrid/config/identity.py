@@ -18,7 +18,9 @@ NOT_HASHED = ("train.device", "train.engine", "train.conv_method", "train.thread
               "overwrite", "grid.allow_large", "data.root",
               "dataset.stacked_seconds_per_step")  # the last a time estimate only
 # settings added after grids were recorded, hashed only when set away from these defaults: older grids keep their hash
-HASHED_WHEN_SET = {"train.float64": False, "privacy.selection_accountant": "rdp", "privacy.stopping_rounds": None}
+HASHED_WHEN_SET = {"train.float64": False, "privacy.selection_accountant": "rdp", "privacy.stopping_rounds": None,
+                   "privacy.tuning_rate": 0.1, "privacy.tuning_search": "random_stopping", "privacy.tuning_split": "shared",
+                   "privacy.final_data": "full"}
 
 
 def config_hash(settings: dict, private: bool = True) -> str:
@@ -33,7 +35,7 @@ def hashed(settings: dict, private: bool = True) -> dict:
     the epsilon of what it publishes depends on it.
     A non-private strategy's runs do not depend on the privacy settings, which are then left out too."""
     plain = copy.deepcopy(dict(settings))
-    seeds_matter = plain["privacy"]["account_seeds"] or plain["privacy"].get("selection") == "random_stopping"
+    seeds_matter = plain["privacy"]["account_seeds"] or plain["privacy"].get("selection", "composition") != "composition"
     unhashed = NOT_HASHED if seeds_matter else (*NOT_HASHED, "train.seeds")
     if not private:
         unhashed = (*unhashed, *(f"privacy.{key}" for key in plain["privacy"] if key != "secure_rng"))

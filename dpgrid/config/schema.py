@@ -26,6 +26,10 @@ class PrivacyConfig:
     stopping_rounds: Optional[int] = None
     selection_accountant: str = "rdp"
     stopping_seed: int = MISSING
+    tuning_rate: float = 0.1
+    tuning_search: str = "random_stopping"
+    tuning_split: Any = "shared"
+    final_data: str = "full"
 
 
 @dataclass

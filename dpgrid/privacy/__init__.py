@@ -11,7 +11,9 @@ becomes a random-stopping selection with privacy.selection=random_stopping.
 - random_stopping (random_stopping.py): only the best of a random number of candidates is released, accounted
   by the Renyi theorems or (privacy.selection_accountant=profile) by the profile bound (selection_profiles.py),
   one entry each in random_stopping.ANALYSES;
-- noise_schedule (noise_schedule.py): each run's sigma_t schedule is fitted into a zCDP budget.
+- noise_schedule (noise_schedule.py): each run's sigma_t schedule is fitted into a zCDP budget;
+- subsample_tuning (subsample_tuning.py, its bounds in subsample_bounds.py): the candidates train on a Poisson
+  subsample of the data, the chosen configuration's final model on the full data (privacy.selection=subsample_tuning).
 """
 
 import math
@@ -22,11 +24,13 @@ from dpgrid.privacy.accountants import ACCOUNTANTS, calibrate, epsilon_of, pld_e
 from dpgrid.privacy.composition import Composition
 from dpgrid.privacy.noise_schedule import NoiseSchedule
 from dpgrid.privacy.random_stopping import RandomStopping, liu_talwar_parameters
+from dpgrid.privacy.subsample_tuning import SubsampleTuning
 
 __all__ = ["Plan", "make_plan", "ACCOUNTING", "accounting_for", "alternatives", "NOT_DP_SAMPLING", "ACCOUNTANTS",
            "calibrate", "epsilon_of", "pld_epsilon", "prv_epsilon", "rdp_epsilon", "smallest_noise", "liu_talwar_parameters"]
 
-ACCOUNTING = {method.name: method for method in (Composition, RandomStopping, NoiseSchedule)}
+ACCOUNTING = {method.name: method for method in (Composition, RandomStopping, NoiseSchedule, SubsampleTuning)}
+SELECTIONS = ("composition", RandomStopping.name, SubsampleTuning.name)  # privacy.selection's choices
 NOT_DP_SAMPLING = "shuffle (not DP)"  # how plans, rows and tables mark runs no epsilon covers
 
 
@@ -37,11 +41,11 @@ def accounting_for(strategy_cls, selection: str = "composition"):
     if declared is None:
         raise DpgridError(f"{strategy_cls.__name__}.accounting = {strategy_cls.accounting!r} is no accounting "
                           f"method; valid: {', '.join(ACCOUNTING)}")
-    if selection == "random_stopping":
+    if selection != "composition":
         if declared is not Composition:
-            raise DpgridError(f"privacy.selection=random_stopping selects among grids accounted by composition; this "
+            raise DpgridError(f"privacy.selection={selection} selects among grids accounted by composition; this "
                               f"strategy's grid is accounted by {declared.name}")
-        return RandomStopping
+        return ACCOUNTING[selection]
     return declared
 
 
@@ -82,6 +86,7 @@ class Plan:
     selection_accountant: str = None  # random stopping's analysis: rdp (Papernot & Steinke) or profile
     epsilon_by_analysis: dict = field(default_factory=dict)  # the selection's epsilon at this nu under each analysis
     schedule: dict = field(default_factory=dict)    # noise schedules: per configuration, its steps and epsilons
+    tuning: dict = field(default_factory=dict)      # tuning on a subsample: its rate, both phases' noise and epsilon
     model_parameters: int = 0
     label: str = ""           # the strategy's name in tables and figures
     private: bool = True      # False for a non-private baseline
@@ -94,6 +99,8 @@ class Plan:
     def to_dict(self) -> dict:
         d = asdict(self)
         d.update(d.pop("per_query"))
+        if not d["tuning"]:  # only a tuning on a subsample records it (the plans of other grids stay as they were)
+            del d["tuning"]
         del d["method"]  # plan.json names it through its fields (selection, schedule, budget)
         return d
 

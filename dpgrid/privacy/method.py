@@ -7,6 +7,24 @@ the rest where it trains or releases something other than every configuration's 
 """
 
 
+from dataclasses import dataclass, field
+
+
+@dataclass(frozen=True)
+class Phase:
+    """Runs a grid trains together before its method decides what comes next: each run trains on `train_rows` of
+    the training set (indices; None: all of it) with the phase's noise, expected batch size and N as a strategy is
+    told (None: the plan's); its rows add `fields` and record the phase's noise."""
+    runs: list                       # (configuration, seed) pairs
+    draw: str = None                 # a draw's digest the rows record, or None
+    train_rows: object = None        # a tensor of training-set indices, or None
+    noise_multiplier: float = None
+    per_query: dict = None
+    batch_size: float = None         # the expected batch size, the divisor of noisy sums
+    n_train: float = None            # N as the strategy's Progress tells it (public: an expectation)
+    fields: dict = field(default_factory=dict)
+
+
 class AccountingMethod:
     name = ""
     accountants = ()           # the privacy.accountant values it takes
@@ -14,6 +32,7 @@ class AccountingMethod:
                                 # the others (not even how many were trained)
     seeds_beyond_plan = False  # True: its runs' seeds go past train.seeds (fresh runs per candidate)
     noise_per_run = False      # True: each run has its own noise and T (a schedule), not the plan's
+    announcement = ""          # what a grid that releases its best only says when it starts ('': a selection's line)
 
     def plan(self, plan, strategy_cls, options: dict, privacy: dict, problem: dict) -> dict:
         """The plan's fields this method fills in: the noise, its split among the strategy's queries, what it spends."""
@@ -23,6 +42,12 @@ class AccountingMethod:
         """((configuration, seed) of every run the grid trains, a draw's digest or None): each selected
         configuration's seeds."""
         return [(c, s) for c in selected for s in range(spec.plan.seeds)], None
+
+    def phases(self, out, spec, selected: list, data):
+        """The grid's phases in order (Phase); the runner trains each before asking for the next, so a later phase
+        may read the rows of an earlier one. One phase: the runs of `runs`."""
+        work, draw = self.runs(out, spec, selected)
+        yield Phase(work, draw)
 
     def every_run(self, plan, work: list) -> set:
         """(config_id, seed) of every run of the whole grid, whatever grid.only trains: what must have finished
@@ -66,6 +91,10 @@ class AccountingMethod:
                   f"(epsilon_with_seeds), not by the per-grid epsilon {plan.epsilon_spent:.4g} alone")
                if plan.epsilon_spent is not None else "the best configuration of the grid")
         return seeds, why
+
+    def describe(self, plan) -> list:
+        """The lines `dpgrid plan` prints for the budget and the noise ([]: the composition's own lines)."""
+        return []
 
     def unreleased_draw(self, out, committed: int) -> str:
         """Why a secure grid that committed runs cannot go on ('' when it can): files its method needs."""

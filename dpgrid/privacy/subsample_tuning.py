@@ -1,287 +1,130 @@
-"""Tuning on a subsample (privacy.selection=subsample_tuning; Koskela & Kulkarni, NeurIPS 2023): the candidates
-train on a Poisson subsample X1 of the data, the chosen hyperparameters are carried to the full data, and one
-final model trains there. Only the chosen hyperparameters, the final model and the public accounting leave the
-grid. The analysis, proved step by step in docs/selection.md ("Tuning on a subsample"):
+"""Tuning on a subsample (privacy.selection=subsample_tuning; Koskela & Kulkarni, NeurIPS 2023) as a grid's
+accounting method: what it trains, in which order, and what it releases. Its bounds and calibration are
+dpgrid.privacy.subsample_bounds'.
 
-Each example joins X1 with probability q1 (public, privacy.tuning_rate), drawn once from the grid's randomness.
-The tuning phase A runs on X1 (random stopping over the grid, or every configuration composed) and outputs the
-chosen configuration h; the final phase F trains h's `seeds` runs on the full data X (privacy.final_data=full) or
-on X \\ X1 (rest). Write eps_A, delta_A for A's curves on X1 and eps_F, delta_F for F's.
+1. The tuning set X1: each training example joins it with probability q1 = privacy.tuning_rate, drawn once from the
+   grid's randomness (secure with privacy.secure_rng) and kept in tuning_set.json (private).
+2. The tuning phase (rows: phase=tuning): the candidates train on X1 only — random stopping over the grid
+   (privacy.tuning_search=random_stopping, the default: candidates.json as a selection's) or every configuration
+   (composition) — with the same q and T as the final model, the expected batch q1 B and the tuning noise nu_1.
+3. The final phase (phase=final): the chosen configuration's clip and learning rate carried over unchanged, its
+   `train.seeds` runs train on the full data (privacy.final_data=full, the default) or on X \\ X1 (rest), with the
+   final noise nu_2 and the expected batch B (or (1 - q1) B).
 
-Renyi analysis (integer orders a >= 2):
-- tuning alone, A after Poisson subsampling of rate q1 (Zhu & Wang 2019, Theorem 6, a general upper bound; and
-  joint convexity, which gives log(1 + q1 (e^{(a-1) eps_A(a)} - 1)) / (a - 1)); the smaller of the two:
-      eps_1(a) <= 1/(a-1) log[(1-q1)^{a-1} (a q1 - q1 + 1) + C(a,2) q1^2 (1-q1)^{a-2} e^{eps_A(2)}
-                              + 3 sum_{l=3..a} C(a,l) q1^l (1-q1)^{a-l} e^{(l-1) eps_A(l)}]
-- full:  eps(a) <= eps_1(a) + eps_F(a)                                     (adaptive composition)
-- rest:  eps(a) <= 1/(a-1) log[q1 e^{(a-1) eps_A(a)} + (1-q1) e^{(a-1) eps_F(a)}]   (a random partition)
-
-Profile analysis (privacy.selection_accountant=profile; delta_F from dp-accounting's PLD, delta_A from the
-selection's profile bound or the composed PLD):
-- tuning alone:  delta_1(e') <= q1 delta_A(log(1 + (e^{e'} - 1) / q1))     (amplification by subsampling)
-- full:  delta(e) <= min_{e1 >= 0} delta_1(e1) + (1 - delta_1(e1)) [s delta_F(e - e1) + (1 - s) delta_F(e + e1)],
-         s = e^{e1} / (1 + e^{e1}), delta_F(x) = 1 - e^x (1 - delta_F(-x)) for x < 0  (A after subsampling is
-         dominated by randomized response of (e1, delta_1(e1)); composed with F's profile exactly)
-- rest:  delta(e) <= q1 delta_A(e) + (1 - q1) delta_F(e)
-
-Calibration (privacy.tuning_split): `shared` (the default) gives both phases one noise multiplier nu, the
-smallest at which the whole procedure spends (epsilon, delta): the candidates are tuned at the noise the final
-model trains with, which is what makes their choice carry over. A number s in (0, 1): the tuning phase's nu_1 is
-the smallest at which tuning alone spends s * epsilon, then the final phase's nu_2 the smallest at which the whole
-procedure spends epsilon.
-
-The carry-over rule: the sampling rate q = B / N, T, the clip and the learning rate (of the mean gradient: dpgrid
-divides noisy sums by the expected batch size) are kept; the expected batch size scales with the data, B1 = q1 B
-on X1 (and (1 - q1) B on X \\ X1), so a candidate costs q1 of a full run's compute.
+Released (selection.json, model/): the chosen configuration, its tuning score, the final model and its score, the
+public accounting. Private: tuning_set.json, candidates.json, runs.csv, curves.csv, summary.csv.
 """
 
-import math
-from dataclasses import dataclass
-
-import numpy as np
-from scipy.special import gammaln, logsumexp
+import json
 
 from dpgrid import DpgridError
-from dpgrid.privacy.accountants import smallest_noise
-from dpgrid.privacy.method import AccountingMethod
+from dpgrid.privacy.method import AccountingMethod, Phase
+from dpgrid.privacy.random_stopping import RandomStopping
+from dpgrid.privacy.subsample_bounds import ANALYSES, COVERS, Setting, calibrate_phases
 
-INTEGER_ORDERS = np.arange(2, 257)  # Zhu & Wang's bound holds at integer orders
-SEARCHES = ("random_stopping", "composition")  # privacy.tuning_search: how the tuning phase chooses
-FINAL_DATA = ("full", "rest")                   # privacy.final_data: what the final model trains on
-E1_GRID = np.concatenate([[0.0], np.geomspace(1e-3, 20.0, 120)])  # where the tuning phase's profile is read
-
-
-# ---------------------------------------------------------------- the Renyi analysis
-def amplified_rdp(rdp: np.ndarray, rate: float) -> np.ndarray:
-    """RDP at INTEGER_ORDERS of a mechanism (RDP `rdp` at INTEGER_ORDERS, both directions) run on a Poisson subsample
-    of rate `rate`: the smaller of Zhu & Wang's general bound (Theorem 6) and joint convexity."""
-    rdp = np.asarray(rdp, dtype=float)
-    orders = INTEGER_ORDERS
-    log_q, log_rest = math.log(rate), math.log1p(-rate)
-    out = np.empty(len(orders))
-    for i, a in enumerate(orders):
-        a = int(a)
-        terms = [(a - 1) * log_rest + math.log(a * rate - rate + 1),
-                 gammaln(a + 1) - gammaln(3) - gammaln(a - 1) + 2 * log_q + (a - 2) * log_rest + rdp[0]]
-        if a >= 3:
-            ls = np.arange(3, a + 1)
-            terms.extend(math.log(3) + gammaln(a + 1) - gammaln(ls + 1) - gammaln(a - ls + 1) + ls * log_q
-                         + (a - ls) * log_rest + (ls - 1) * rdp[ls - 2])
-        zhu_wang = logsumexp(terms) / (a - 1)
-        convex = np.logaddexp(log_rest, log_q + (a - 1) * rdp[i]) / (a - 1)
-        out[i] = max(0.0, min(zhu_wang, convex))
-    return out
-
-
-def mixture_rdp(rate: float, rdp_a: np.ndarray, rdp_b: np.ndarray) -> np.ndarray:
-    """RDP at INTEGER_ORDERS of a mixture: with probability `rate` only mechanism a sees the changed example, else only
-    b (joint convexity of E_Q[(P/Q)^a])."""
-    a = INTEGER_ORDERS - 1.0
-    return np.logaddexp(math.log(rate) + a * rdp_a, math.log1p(-rate) + a * rdp_b) / a
-
-
-def gaussian_rdp(sample_rate: float, noise_multiplier: float, steps: int) -> np.ndarray:
-    """`steps` Poisson-subsampled Gaussian steps at INTEGER_ORDERS (Opacus)."""
-    from opacus.accountants.analysis.rdp import compute_rdp
-
-    return np.asarray(compute_rdp(q=sample_rate, noise_multiplier=noise_multiplier, steps=steps,
-                                  orders=[float(a) for a in INTEGER_ORDERS]))
-
-
-def rdp_to_epsilon(rdp: np.ndarray, delta: float) -> float:
-    from opacus.accountants.analysis.rdp import get_privacy_spent
-
-    return float(get_privacy_spent(orders=[float(a) for a in INTEGER_ORDERS], rdp=rdp, delta=delta)[0])
-
-
-# ---------------------------------------------------------------- the profile analysis
-def amplified_delta(delta_a, rate: float, epsilons) -> np.ndarray:
-    """delta at `epsilons` of a mechanism with profile `delta_a` (both directions) run on a Poisson subsample of
-    rate `rate` (Balle, Barthe & Gaboardi 2018: advanced joint convexity; docs/selection.md, Step T2)."""
-    epsilons = np.asarray(epsilons, dtype=float)
-    inner = np.log1p(np.expm1(epsilons) / rate)
-    return rate * np.asarray(delta_a(inner), dtype=float)
-
-
-def rdp_delta(rdp: np.ndarray, epsilons) -> np.ndarray:
-    """delta at each of `epsilons` from an RDP curve at INTEGER_ORDERS (Canonne, Kamath & Steinke 2020,
-    Proposition 12, as dpgrid.privacy.random_stopping.rdp_delta)."""
-    a = INTEGER_ORDERS[:, None].astype(float)
-    e = np.asarray(epsilons, dtype=float)[None, :]
-    bounds = (a - 1) * (rdp[:, None] - e + np.log1p(-1 / a)) - np.log(a)
-    return np.exp(np.minimum(0.0, bounds.min(axis=0)))
-
-
-def signed_delta(delta_f, epsilons) -> np.ndarray:
-    """A profile (epsilon >= 0, both directions) extended to epsilon < 0, where
-    H_{e^x}(P || Q) = 1 - e^x + e^x H_{e^-x}(Q || P)."""
-    epsilons = np.asarray(epsilons, dtype=float)
-    positive = np.asarray(delta_f(np.abs(epsilons)), dtype=float)
-    return np.where(epsilons >= 0, positive, 1 - np.exp(epsilons) * (1 - positive))
-
-
-def dominating_mixture(epsilons: np.ndarray, deltas: np.ndarray) -> tuple:
-    """A symmetric pair that dominates every mechanism whose profile is at most `deltas` at `epsilons` (increasing,
-    from 0): a mixture of randomized responses, (their epsilons, their weights, the weight of an infinite loss;
-    the rest is randomized response of epsilon 0). Its profile, as a function of u = e^eps, is the lower convex hull
-    of the points (u, delta) from some point k on, extended as a line to u = 1: a true profile, convex in u and below
-    the points, lies below the hull's chords, and below the line where the line passes above the points before k
-    (docs/selection.md, Step T3). k is the first at which the weights are those of a pair (at most 1 in all);
-    None when there is none."""
-    u = np.exp(epsilons)
-    d = np.minimum.accumulate(np.clip(deltas, 0.0, 1.0))  # a profile does not increase
-    for k in range(len(u) - 1):
-        hull = [k]
-        for j in range(k + 1, len(u)):  # the lower convex hull of the points k.., left to right
-            while len(hull) >= 2 and ((d[hull[-1]] - d[hull[-2]]) * (u[j] - u[hull[-2]])
-                                      >= (d[j] - d[hull[-2]]) * (u[hull[-1]] - u[hull[-2]])):
-                hull.pop()
-            hull.append(j)
-        hu, hd = u[hull], d[hull]
-        slopes = np.append(-np.diff(hd) / np.diff(hu), 0.0)  # the magnitude right of each vertex; 0 past the last
-        weights = (slopes[:-1] - slopes[1:]) * (1 + hu[1:])  # a randomized response at each vertex past the first
-        line = hd[0] + slopes[0] * (hu[0] - u[:k])  # the profile before point k
-        if weights.min(initial=0.0) >= -1e-15 and weights.sum() + hd[-1] <= 1 and np.all(line >= d[:k]):
-            return np.log(hu[1:]), np.clip(weights, 0, None), float(hd[-1])
-    return None
-
-
-def composed_delta(tuning_deltas: np.ndarray, delta_f, epsilon: float, e1=E1_GRID) -> float:
-    """delta at `epsilon` of the tuning phase (its profile delta_1 read at e1) adaptively composed with the final
-    phase (profile delta_f): the smaller of two dominations (docs/selection.md, Step T3) — the best single
-    randomized response of (e1, delta_1(e1)), and the mixture of randomized responses whose profile is the convex
-    hull of delta_1's points."""
-    s = 1 / (1 + np.exp(-e1))
-    single = tuning_deltas + (1 - tuning_deltas) * (s * signed_delta(delta_f, epsilon - e1)
-                                                    + (1 - s) * signed_delta(delta_f, epsilon + e1))
-    bound = float(single.min())
-    mixture = dominating_mixture(e1, tuning_deltas)
-    if mixture is not None:
-        eps_i, w_i, w_inf = mixture
-        s_i = 1 / (1 + np.exp(-eps_i))
-        rest = 1 - w_inf - w_i.sum()  # randomized responses of epsilon 0: the final phase alone
-        bound = min(bound, float(w_inf + np.sum(w_i * (s_i * signed_delta(delta_f, epsilon - eps_i)
-                                                         + (1 - s_i) * signed_delta(delta_f, epsilon + eps_i)))
-                                 + rest * signed_delta(delta_f, np.array([epsilon]))[0]))
-    return float(min(1.0, bound))
-
-
-def epsilon_at(delta_of, delta: float, high: float = 200.0) -> float:
-    """The smallest epsilon (to relative 1e-6) with delta_of(epsilon) <= delta; delta_of falls with epsilon."""
-    if delta_of(0.0) <= delta:
-        return 0.0
-    low = 0.0
-    while delta_of(high) > delta:
-        low, high = high, 2 * high
-        if high > 1e4:
-            return math.inf
-    while high - low > 1e-6 * high:
-        middle = (low + high) / 2
-        low, high = (middle, high) if delta_of(middle) > delta else (low, middle)
-    return high
-
-
-# ---------------------------------------------------------------- the two phases
-@dataclass(frozen=True)
-class Setting:
-    """The public figures of one subsample tuning, whatever the noise."""
-    sample_rate: float    # q, both phases
-    steps: int            # T, both phases
-    seeds: int            # runs per candidate and of the final model
-    n_configs: int        # K
-    delta: float
-    rate: float           # q1
-    search: str           # random_stopping | composition
-    final_data: str       # full | rest
-    stopping: dict        # random stopping's rule and parameters ({} for composition)
-
-    @property
-    def tuning_steps(self) -> int:
-        """The composed steps of the tuning phase's unit: one candidate's seeds, or the whole grid's runs."""
-        return self.seeds * self.steps * (1 if self.search == "random_stopping" else self.n_configs)
-
-
-def tuning_rdp(setting: Setting, noise_multiplier: float) -> np.ndarray:
-    """eps_A at INTEGER_ORDERS: the tuning phase on X1, before the subsampling of X1."""
-    from dpgrid.privacy.random_stopping import selection_rdp
-
-    unit = gaussian_rdp(setting.sample_rate, noise_multiplier, setting.tuning_steps)
-    return selection_rdp(INTEGER_ORDERS, unit, setting.stopping) if setting.search == "random_stopping" else unit
-
-
-def rdp_spent(setting: Setting, tuning_noise: float, final_noise: float) -> dict:
-    """{'tuning': epsilon of the tuning phase alone, 'final': of the final phase alone, 'total': of the whole
-    procedure}, at the setting's delta, under the Renyi analysis."""
-    a = tuning_rdp(setting, tuning_noise)
-    one = amplified_rdp(a, setting.rate)
-    final = gaussian_rdp(setting.sample_rate, final_noise, setting.seeds * setting.steps)
-    total = one + final if setting.final_data == "full" else mixture_rdp(setting.rate, a, final)
-    return {"tuning": rdp_to_epsilon(one, setting.delta), "final": rdp_to_epsilon(final, setting.delta),
-            "total": rdp_to_epsilon(total, setting.delta)}
-
-
-def tuning_profile(setting: Setting, noise_multiplier: float):
-    """delta_A (epsilons -> deltas): the selection's profile bound, or the composed grid's PLD."""
-    from dpgrid.privacy.selection_profiles import CandidateProfile, selection_delta
-
-    unit = CandidateProfile(setting.sample_rate, noise_multiplier, setting.tuning_steps)
-    if setting.search == "composition":
-        return unit.delta
-    return np.vectorize(lambda e: selection_delta(unit.delta, setting.stopping, float(e)), otypes=[float])
-
-
-def profile_spent(setting: Setting, tuning_noise: float, final_noise: float) -> dict:
-    """As rdp_spent, under the profile analysis."""
-    from dpgrid.privacy.selection_profiles import CandidateProfile
-
-    delta_a = tuning_profile(setting, tuning_noise)
-    final = CandidateProfile(setting.sample_rate, final_noise, setting.seeds * setting.steps)
-    delta = setting.delta
-    tuning_alone = epsilon_at(lambda e: float(amplified_delta(delta_a, setting.rate, [e])[0]), delta)
-    if setting.final_data == "full":
-        # two bounds on one profile: the amplified profile, and the amplified Renyi curve's (informative where the
-        # selection's profile bound is not, near epsilon = 0)
-        deltas_1 = np.minimum(amplified_delta(delta_a, setting.rate, E1_GRID),
-                              rdp_delta(amplified_rdp(tuning_rdp(setting, tuning_noise), setting.rate), E1_GRID))
-        total = epsilon_at(lambda e: composed_delta(deltas_1, final.delta, e), delta)
-    else:
-        total = epsilon_at(lambda e: setting.rate * float(delta_a(np.array([e]))[0])
-                           + (1 - setting.rate) * float(final.delta(np.array([e]))[0]), delta)
-    return {"tuning": tuning_alone, "final": float(final.pld.get_epsilon_for_delta(delta)), "total": total}
-
-
-ANALYSES = {"rdp": rdp_spent, "profile": profile_spent}
-COVERS = {"rdp": ("truncated_negative_binomial", "poisson"), "profile": ("truncated_negative_binomial", "poisson",
-                                                                         "binomial")}
-
-
-def calibrate_phases(setting: Setting, epsilon: float, split, analysis: str) -> tuple:
-    """(nu_1, nu_2) for a target epsilon: one shared nu, or nu_1 at split * epsilon for tuning alone and nu_2 for
-    the rest (module docstring). DpgridError when the target cannot be met."""
-    spent = ANALYSES[analysis]
-    what = f"by tuning on a subsample of rate {setting.rate:g}"
-    key = ["subsample_tuning", analysis, setting.sample_rate, setting.steps, setting.seeds, setting.n_configs,
-           setting.delta, setting.rate, setting.search, setting.final_data, setting.stopping]
-    if split == "shared":
-        nu = smallest_noise(lambda v: spent(setting, v, v)["total"], epsilon, 1e-4, what, key=key + ["shared"])
-        return nu, nu
-    share = float(split)
-    nu_1 = smallest_noise(lambda v: spent(setting, v, 1e4)["tuning"], share * epsilon, 1e-4,
-                          f"for the tuning phase alone (privacy.tuning_split={share:g} of epsilon) {what}",
-                          key=key + ["tuning", share])
-    nu_2 = smallest_noise(lambda v: spent(setting, nu_1, v)["total"], epsilon, 1e-4,
-                          f"for the final phase after a tuning phase of privacy.tuning_split={share:g} {what}",
-                          key=key + ["final", share, nu_1])
-    return nu_1, nu_2
+TUNING_SET = "tuning_set.json"
+COVERED = ("only selection.json and model/ are covered by (epsilon, delta): runs.csv, curves.csv, summary.csv, "
+           "candidates.json, tuning_set.json and cli.log show the tuning set and every candidate and are the "
+           "experimenter's private log")
 
 
 class SubsampleTuning(AccountingMethod):
-    """The candidates train on X1 (their rows: phase=tuning), then the chosen configuration's seeds train on the
-    full data or on X \\ X1 (phase=final); the final model is released with the chosen hyperparameters."""
+    """The candidates train on X1 (phase=tuning), then the chosen configuration's seeds train on the full data or
+    on X \\ X1 (phase=final); the final model is released with the chosen hyperparameters."""
     name = "subsample_tuning"
     accountants = ("rdp", "pld")
     releases_best_only = True
     seeds_beyond_plan = True
+    announcement = ("tuning on a subsample: training the candidates on the tuning set, then the chosen one on the "
+                    "data; the tuning set, how many candidates there are and their scores stay in the private files "
+                    "(tuning_set.json, candidates.json, runs.csv, curves.csv, summary.csv)")
+
+    def phases(self, out, spec, selected: list, data):
+        plan, tuning = spec.plan, spec.plan.tuning
+        members = tuning_set(out, spec, data.n_train)
+        random_stopping = tuning["search"] == "random_stopping"
+        if random_stopping:
+            runs, draw = RandomStopping().runs(out, spec, selected)
+        else:
+            runs, draw = [(c, s) for c in selected for s in range(plan.seeds)], None
+        first = tuning["tuning"]
+        yield Phase(runs, draw, train_rows=members.nonzero().flatten(), noise_multiplier=first["noise_multiplier"],
+                    per_query=first["per_query"], batch_size=first["batch_size"],
+                    n_train=plan.n_train * tuning["rate"], fields={"phase": "tuning"})
+        chosen = chosen_configuration(out, spec, selected, draw)
+        if chosen is None:  # no candidate drawn, or none converged: nothing to carry over
+            return
+        base = 1 + max(seed for _, seed in runs)  # the final runs' seeds follow the candidates'
+        final, full = tuning["final"], tuning["final_data"] == "full"
+        yield Phase([(chosen, base + s) for s in range(plan.seeds)], draw,
+                    train_rows=None if full else (~members).nonzero().flatten(),
+                    noise_multiplier=final["noise_multiplier"], per_query=dict(plan.per_query),
+                    batch_size=final["batch_size"], n_train=plan.n_train * (1 if full else 1 - tuning["rate"]),
+                    fields={"phase": "final", **({"candidate": -1} if random_stopping else {})})
+
+    def every_run(self, plan, work: list) -> set:
+        return {(c["config_id"], s) for c, s in work}
+
+    def start_seed(self, seed: int, seeds: int) -> int:
+        return seed % seeds
+
+    def run_fields(self, plan, seed: int, draw) -> dict:
+        return dict(candidate=seed // plan.seeds, draw=draw) if plan.tuning["search"] == "random_stopping" else {}
+
+    def group_limit(self, seeds: int, size: int) -> int:
+        return RandomStopping().group_limit(seeds, size)
+
+    def summarize(self, out, runs, plan, task: str):
+        from dpgrid.results.files import write_json
+
+        summary = tuning_summary(runs, plan.tuning["search"], plan.axes, task)
+        final = None if runs is None or "phase" not in runs else runs[runs.phase == "final"]
+        released = release_record(plan, summary, final)
+        write_json(out / "selection.json", released)
+        summary.attrs["final"] = released.get("final")
+        return summary, released
+
+    def release_reason(self, plan, summary_row, runs):
+        ok = ~runs.diverged.astype(bool)
+        mine = runs[(runs.phase == "final") & (runs.config_id == summary_row.config_id) & ok]
+        seeds = [(int(s), int(s) % plan.seeds) for s in sorted(mine.seed)]
+        why = ("the final model of a tuning on a subsample: the configuration chosen on the tuning set, trained on "
+               f"{'the full data' if plan.tuning['final_data'] == 'full' else 'the data outside the tuning set'}; "
+               f"both phases are covered by the procedure's epsilon ({plan.selection_accountant} analysis)")
+        return seeds, why
+
+    def describe(self, plan) -> list:
+        t = plan.tuning
+        tuning, final = t["tuning"], t["final"]
+        stop = plan.stopping
+        search = (f"random stopping, {stop['rule']}, {stop['mean']:g} candidates expected" if stop else
+                  f"every one of the {plan.n_configs} configurations")
+        where = "the full data" if t["final_data"] == "full" else "the examples outside the tuning set"
+        split = ("one noise multiplier for both phases (privacy.tuning_split=shared)" if t["split"] == "shared" else
+                 f"the tuning phase alone spends {t['split']:g} x epsilon (privacy.tuning_split)")
+        others = ", ".join(f"{eps:.5g} by {name}" for name, eps in plan.epsilon_by_analysis.items()
+                           if name != plan.selection_accountant)
+        return [f"  tuning on a subsample: each example joins the tuning set with probability q1 = {t['rate']:g} "
+                f"(about {t['rate'] * plan.n_train:,.0f} of {plan.n_train:,})",
+                f"  budget (eps, delta) = ({plan.epsilon:g}, {plan.delta:g}) for the whole procedure: ONLY the chosen "
+                "configuration (selection.json) and the final model (model/) are covered; runs.csv is a private log",
+                f"  {split}; eps spent = {plan.epsilon_spent:.5g} ({plan.selection_accountant} analysis"
+                + (f"; the same noise spends {others}" if others else "") + ")",
+                f"    tuning phase: {search}, each trained {plan.seeds} times on the tuning set: nu_1 = "
+                f"{tuning['noise_multiplier']:.5g}, T = {tuning['steps']:,} steps, expected batch q1 B = "
+                f"{tuning['batch_size']:.4g}; alone it spends eps = {tuning['epsilon']:.5g}",
+                f"    final phase: the chosen configuration's clip and lr carried over, {final['runs']} runs on {where}: "
+                f"nu_2 = {final['noise_multiplier']:.5g}, T = {final['steps']:,} steps, expected batch "
+                f"{final['batch_size']:.4g}; alone it spends eps = {final['epsilon']:.5g}",
+                f"  expected compute: {t['relative_compute']:.2f} x the same search on the full data "
+                f"({tuning['expected_runs']:g} tuning runs of q1 B examples a step, then {final['runs']} full runs)"]
+
+    def unreleased_draw(self, out, committed: int) -> str:
+        if not committed:
+            return ""
+        if not (out / TUNING_SET).exists():
+            return f"{out / TUNING_SET} is missing but this secure grid trained {committed} run(s)"
+        return RandomStopping().unreleased_draw(out, committed) if "candidate" in header(out) else ""
 
     def plan(self, plan, strategy_cls, options: dict, privacy: dict, problem: dict) -> dict:
         from dpgrid.privacy.random_stopping import parameters
@@ -322,3 +165,99 @@ class SubsampleTuning(AccountingMethod):
                     noise_multiplier=nu_2, per_query=strategy_cls.split_noise(nu_2, options, final_batch),
                     epsilon_spent=spent["total"], epsilon_grid=spent["total"], epsilon_with_seeds=spent["total"],
                     epsilon_per_run=spent["final"], tuning=tuning)
+
+
+def header(out) -> list:
+    """runs.csv's columns ([] when it holds none)."""
+    path = out / "runs.csv"
+    return path.read_text().partition("\n")[0].split(",") if path.exists() else []
+
+
+def tuning_set(out, spec, n_train: int):
+    """X1 as a boolean mask over the training set: read from tuning_set.json, or drawn (each example with
+    probability q1; 53 random bits each, seeded or secure) and written there."""
+    import torch
+
+    from dpgrid.privacy.randomness import SecureRandom, derive_seed
+    from dpgrid.results.files import write_json
+
+    rate, path = spec.plan.tuning["rate"], out / TUNING_SET
+    if path.exists():
+        try:
+            recorded = json.loads(path.read_text())
+            members = recorded["members"]
+            if recorded["n_train"] != n_train or recorded["rate"] != rate or not all(
+                    isinstance(i, int) and 0 <= i < n_train for i in members):
+                raise ValueError
+        except (OSError, UnicodeDecodeError, ValueError, TypeError, KeyError):
+            raise DpgridError(f"{path} is damaged or not this grid's tuning set (N = {n_train}, "
+                              f"privacy.tuning_rate={rate:g}); restore it, or pass overwrite=true to start a new tuning "
+                              "(it spends a new epsilon)") from None
+        mask = torch.zeros(n_train, dtype=torch.bool)
+        mask[members] = True
+        return mask
+    if spec.train.secure_rng:
+        bits = torch.tensor([int(x) >> 11 for x in SecureRandom().uint64(n_train)], dtype=torch.float64)
+    else:
+        source = torch.Generator().manual_seed(derive_seed(*spec.seed_names(), "tuning_set"))
+        bits = torch.randint(0, 2 ** 53, (n_train,), generator=source, dtype=torch.int64).to(torch.float64)
+    mask = bits / 2 ** 53 < rate
+    write_json(path, {"rate": rate, "n_train": n_train, "search": spec.plan.tuning["search"],
+                      "members": mask.nonzero().flatten().tolist()})
+    return mask
+
+
+def tuning_summary(runs, search: str, axes: list, task: str):
+    """summary.csv: the tuning phase per candidate (random stopping) or per configuration, the chosen one best."""
+    import pandas as pd
+
+    from dpgrid.results.runs import summarize
+    from dpgrid.results.selection import candidate_summary
+
+    tuning = None if runs is None or "phase" not in runs else runs[runs.phase == "tuning"]
+    if tuning is None or not len(tuning):
+        return pd.DataFrame()
+    return candidate_summary(tuning, axes, task) if search == "random_stopping" else summarize(tuning, axes, task)
+
+
+def chosen_configuration(out, spec, selected: list, draw):
+    """The configuration the tuning phase chose (its rows in runs.csv), or None."""
+    from dpgrid.results.files import read_frame
+
+    runs = read_frame(out / "runs.csv") if (out / "runs.csv").exists() else None
+    if runs is not None and draw is not None and "draw" in runs:
+        runs = runs[runs.draw.astype(str) == draw]
+    summary = tuning_summary(runs, spec.plan.tuning["search"], spec.plan.axes, spec.task)
+    if not len(summary) or not summary.best.any():
+        return None
+    chosen = summary[summary.best].iloc[0].config_id
+    return next(c for c in selected if c["config_id"] == chosen)
+
+
+def release_record(plan, summary, final) -> dict:
+    """selection.json: the chosen configuration and its tuning score, the final model's score over its seeds, and
+    the public accounting; nothing that depends on how many candidates were drawn or on another candidate."""
+    tuning = plan.tuning
+    record = {"selection": "subsample_tuning", "tuning_rate": tuning["rate"], "search": tuning["search"],
+              "final_data": tuning["final_data"], "stopping": plan.stopping, "epsilon": plan.epsilon_spent,
+              "delta": plan.delta, "noise_multiplier": {"tuning": tuning["tuning"]["noise_multiplier"],
+                                                        "final": tuning["final"]["noise_multiplier"]},
+              "accountant": plan.accountant, "analysis": plan.selection_accountant, "covered": COVERED,
+              "chosen": None, "final": None}
+    if not len(summary) or not summary.best.any():
+        return record
+    row = summary[summary.best].iloc[0]
+    record["chosen"] = {"config_id": row.config_id, **{a: float(row[a]) for a in plan.axes},
+                        "tuning_score": float(row["mean"])}
+    record["final"] = final_score(final)
+    return record
+
+
+def final_score(final):
+    """The final model's score over its seeds (None before its runs)."""
+    if final is not None and len(final):
+        ok = final[~final.diverged.astype(bool)].best_value.astype(float)
+        return {"score": float(ok.mean()) if len(ok) else None,
+                "std": float(ok.std(ddof=0)) if len(ok) else None,
+                "seeds": int(len(ok)), "diverged": int(len(final) - len(ok))}
+    return None

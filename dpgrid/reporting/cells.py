@@ -34,8 +34,9 @@ def budget_note(grids: pd.DataFrame) -> str:
     if budgets == {"per_grid"} or not budgets:
         return "ε per grid: all runs of a grid together spend ε (honest tuning)"
     if budgets == {"selection"}:
-        return ("ε per selection (privacy.selection=random_stopping): ε covers ONLY the selected configuration and "
-                "its score (selection.json); the candidates' runs are the experimenter's private log")
+        return ("ε per selection (privacy.selection=random_stopping or subsample_tuning): ε covers ONLY the selected "
+                "configuration and its score (selection.json) and, after tuning on a subsample, the final model whose "
+                "score the table shows; the candidates' runs are the experimenter's private log")
     return ("MIXED budgets side by side (--mix-budgets): per_grid = all runs spend ε; per_run = each run does (see "
             "ε grid); selection = only the selected configuration and its score are covered")
 

@@ -34,6 +34,12 @@ def describe_best(summary, task: str) -> str:
     b = summary[summary.best].iloc[0]
     hps = ", ".join(f"{a}={b[a]:.4g}" for a in summary.columns if a in grid.ID_PREFIX)
     unit = tasks.get(task).unit
+    final = summary.attrs.get("final")
+    if selection and final is not None:  # tuning on a subsample: the final model's score beside the tuning set's
+        score = (f"{unit} {final['score']:.4g} ± {final['std']:.2g} over {final['seeds']} seed(s)"
+                 if final["score"] is not None else "every run diverged")
+        return (f"selected configuration {b.config_id} ({hps}) on the tuning set: {unit} {b['mean']:.4g}; final model: "
+                f"{score} (selection.json)")
     if selection:  # a random-stopping selection: what selection.json releases, nothing more
         return f"selected configuration {b.config_id} ({hps}): {unit} {b['mean']:.4g} (selection.json)"
     return (f"best configuration {b.config_id} ({hps}): {unit} {b['mean']:.4g} ± {b['std']:.2g} "

@@ -20,7 +20,10 @@ def print_plan(spec, compare: bool, start: float) -> None:
     elif plan.epsilon_spent is None:
         print("  non-private: no clipping, no noise")
     else:
-        if plan.selection == "random_stopping":
+        lines = plan.accounting().describe(plan)
+        if lines:
+            print("\n".join(lines))
+        elif plan.selection == "random_stopping":
             print_selection(plan)
         else:
             runs = f"{plan.composed_runs} runs ({'seeds accounted' if plan.account_seeds else 'seeds not accounted'})"
@@ -68,6 +71,8 @@ def print_expected_time(spec, runs: int) -> None:
     plan, seconds_per_step = spec.plan, spec.dataset.get("seconds_per_step")
     if plan.selection == "random_stopping":
         runs = plan.stopping["mean"] * plan.seeds
+    if plan.tuning:  # the candidates' runs cost q1 of a full one each (their batches are q1 B)
+        runs = plan.tuning["tuning"]["expected_runs"] * plan.tuning["rate"] + plan.tuning["final"]["runs"]
     group, why = grouping(spec, max(1, round(runs)))
     print(f"  train.parallel_runs={spec.train.parallel_runs}: " + (f"groups of up to {group} runs trained together"
                                                                   if group > 1 else f"one run at a time{why}"))

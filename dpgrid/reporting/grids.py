@@ -78,7 +78,8 @@ def grid_row(folder: Path) -> dict:
         if key in runs:  # the grid's identity (a non-private grid's runs depend on no epsilon)
             recorded(folder, runs, plan, key)
     schedule = plan.get("schedule")  # noise schedules: each run spends its own epsilon, the grid the largest
-    privacy = {key: recorded(folder, runs, plan, key, max if schedule and key == "epsilon_spent" else None)
+    figures = one_noise(folder, runs, plan) if plan.get("tuning") else runs
+    privacy = {key: recorded(folder, figures, plan, key, max if schedule and key == "epsilon_spent" else None)
                for key in PRIVACY_FIGURES}
     axes = plan.get("axes") or [a for a in plan.get("configurations", [{}])[0] if a != "config_id"]
     check_axes(folder, runs, plan, axes)
@@ -95,6 +96,8 @@ def grid_row(folder: Path) -> dict:
                epsilon_with_seeds=epsilon_with_seeds(folder, plan, runs, privacy))
     if plan.get("selection") == "random_stopping":
         return selected_row(folder, row, runs, plan, axes)
+    if plan.get("tuning"):
+        return tuned_row(folder, row, runs, plan, axes)
     best = summary[summary.best]
     # shuffled batches, or a private strategy whose runs claim no epsilon (a schedule that reads the data)
     if privacy["sampling"] == NOT_DP_SAMPLING or (row["private"] and privacy["epsilon_spent"] is None):
@@ -155,7 +158,8 @@ def epsilon_with_seeds(folder: Path, plan: dict, runs: pd.DataFrame, privacy: di
     for. None where no epsilon is claimed."""
     if privacy["epsilon_spent"] is None:
         return None
-    most = int(runs.groupby(["candidate", "config_id"] if "candidate" in runs else "config_id").size().max())
+    keys = [key for key in ("phase", "candidate") if key in runs] + ["config_id"]
+    most = int(runs.groupby(keys).size().max())
     if most > int(plan.get("seeds", 1)):
         raise DpgridError(f"{folder / 'runs.csv'} holds {most} seeds of a configuration but plan.json was written for "
                           f"{plan.get('seeds')}, so its epsilon_with_seeds would understate what a table publishes")
@@ -224,3 +228,38 @@ def collect(results_dir: Path, out: Path = None) -> tuple:
         grids = grids.drop(index=twins.index)
     axes = sorted({a for r in rows for a in str(r.get("axes", "")).split(",") if a and a not in COLUMNS})
     return grids.reindex(columns=COLUMNS + axes), skipped  # a strategy's own axes (e.g. sigma) too
+
+
+def one_noise(folder: Path, runs: pd.DataFrame, plan: dict) -> pd.DataFrame:
+    """A tuning on a subsample's rows, each phase's noise checked against plan.json's, as rows of the final noise."""
+    for phase in ("tuning", "final"):
+        expected = plan["tuning"][phase]["noise_multiplier"]
+        found = set(runs.noise_multiplier[runs.phase == phase].astype(float)) if "phase" in runs else {None}
+        if found and found != {expected}:
+            raise DpgridError(f"plan.json says the {phase} phase's noise_multiplier = {expected} but runs.csv says "
+                              f"{sorted(found, key=str)}; the results were not made with this plan")
+    return runs.assign(noise_multiplier=plan["noise_multiplier"])
+
+
+def tuned_row(folder: Path, row: dict, runs: pd.DataFrame, plan: dict, axes: list) -> dict:
+    """A tuning on a subsample's cell: the final model's score over its seeds and the chosen configuration, as
+    selection.json releases them, recomputed from the rows."""
+    from dpgrid.privacy.subsample_tuning import final_score, tuning_summary
+
+    released = read_json(folder / "selection.json", REPAIR)
+    chosen, final = released.get("chosen"), released.get("final")
+    summary = tuning_summary(runs, plan["tuning"]["search"], axes, tasks.get(row["metric"]).name)
+    best = summary[summary.best] if len(summary) else summary
+    found = None if not len(best) else best.iloc[0].config_id
+    mine = runs[(runs.phase == "final") & (runs.config_id == found)] if found else runs.iloc[0:0]
+    score = final_score(mine)
+    same_score = (score is None) == (final is None) and (score is None or same(score["score"], final["score"]))
+    if (chosen or {}).get("config_id") != found or not same_score:
+        raise DpgridError(f"{folder / 'selection.json'} does not release what its rows select and train (edited); "
+                          f"{REPAIR}")
+    row.update(budget=SELECTION, configs_run=math.nan, runs_done=math.nan, runs_planned=math.nan)
+    if not chosen or not score or score["score"] is None:
+        return {**row, "status": NOTHING_SELECTED if not chosen else DIVERGED, "value": math.nan, "std": math.nan}
+    return {**row, **{a: chosen[a] for a in axes}, "config_id": chosen["config_id"], "value": score["score"],
+            "std": score["std"], "n_seeds": score["seeds"], "status": "ok",
+            "edge": "; ".join(edges({a: chosen[a] for a in axes}, plan["configurations"], axes))}

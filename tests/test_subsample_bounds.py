@@ -1,4 +1,4 @@
-"""Tuning on a subsample: its bounds (dpgrid.privacy.subsample_tuning) checked against an accountant dpgrid did not
+"""Tuning on a subsample: its bounds (dpgrid.privacy.subsample_bounds) checked against an accountant dpgrid did not
 write (Opacus's subsampled Gaussian) and attacked on toys computed exactly.
 
 A toy tuning phase outputs a configuration h from a finite set with distribution P on X1 and Q on X1 with the
@@ -15,7 +15,7 @@ import math
 import numpy as np
 import pytest
 
-from dpgrid.privacy import subsample_tuning as st
+from dpgrid.privacy import subsample_bounds as st
 
 ORDERS = st.INTEGER_ORDERS[:40]  # orders 2..41: exact divergences of toys stay finite in floats there
 EPSILONS = np.array([0.0, 0.1, 0.3, 0.6, 1.0, 1.5, 2.0, 3.0])

@@ -167,7 +167,10 @@ def recorded_draw(path, plan, by_id: dict) -> tuple:
 
 
 def rows_problem(path, runs_path, runs, drawn: list, digest: str) -> str:
-    """Why the candidate rows of runs.csv were not trained from this draw ('' when they were)."""
+    """Why the candidate rows of runs.csv were not trained from this draw ('' when they were). Rows of candidate -1 are
+    no candidate's (a tuning on a subsample's final runs, trained from the same draw)."""
+    if "candidate" in runs:
+        runs = runs[runs.candidate.astype(int) >= 0]
     if "draw" not in runs or set(runs["draw"].astype(str)) != {digest}:
         return f"{path} is not the draw the candidate rows of {runs_path} were trained from (edited or replaced)"
     for candidate, config_id in zip(runs["candidate"], runs["config_id"]):

@@ -1,0 +1,123 @@
+"""Tuning on a subsample end to end (privacy.selection=subsample_tuning): the candidates train on the tuning set
+with its noise and batch, the chosen configuration's final runs on the full data (or the rest) with theirs; what is
+released, what stays private, a resume, the refusals, the plan and the table."""
+
+import json
+
+import pandas as pd
+import pytest
+
+from dpgrid import runner
+
+from .command import dpgrid, one_line
+
+BASE = ["strategy=fixed_threshold", "grid.k=2", "train.epochs=2", "train.seeds=2",
+        "privacy.selection=subsample_tuning", "privacy.tuning_rate=0.3"]
+
+
+def spy(monkeypatch) -> list:
+    """Every run's training set size, expected batch and noise multiplier, as the training loop is given them."""
+    seen = []
+    one, group = runner.train_run, runner.train_group
+
+    def train_run(model, engine, strategy, data, *args, **kwargs):
+        seen.append((data.n_train, strategy.batch_size, strategy.multipliers["noise_multiplier"], 1))
+        return one(model, engine, strategy, data, *args, **kwargs)
+
+    def train_group(models, engine, strategy, data, *args, **kwargs):
+        seen.append((data.n_train, strategy.batch_size, strategy.multipliers["noise_multiplier"], len(models)))
+        return group(models, engine, strategy, data, *args, **kwargs)
+
+    monkeypatch.setattr(runner, "train_run", train_run)
+    monkeypatch.setattr(runner, "train_group", train_group)
+    return seen
+
+
+@pytest.mark.parametrize("extra", [[], ["privacy.final_data=rest", "privacy.tuning_search=composition",
+                                        "privacy.tuning_split=0.4"]])
+def test_candidates_train_on_the_tuning_set_and_the_final_model_on_the_data(extra, tmp_path, monkeypatch):
+    out = tmp_path / "tuned"
+    seen = spy(monkeypatch)
+    r = dpgrid("run", *BASE, *extra, f"hydra.run.dir={out}")
+    assert r.returncode == 0, r.stderr
+    plan = json.loads((out / "plan.json").read_text())
+    tuning, members = plan["tuning"], json.loads((out / "tuning_set.json").read_text())["members"]
+    n, rate, batch = plan["n_train"], plan["tuning"]["rate"], plan["batch_size"]
+    assert abs(len(members) - rate * n) < 5 * (n * rate * (1 - rate)) ** 0.5  # Poisson membership at q1
+    runs = pd.read_csv(out / "runs.csv")
+    tuned, final = runs[runs.phase == "tuning"], runs[runs.phase == "final"]
+    rest = "privacy.final_data=rest" in extra
+    sizes = [(len(members), rate * batch, tuning["tuning"]["noise_multiplier"])] * len(tuned) + \
+        [(n - len(members) if rest else n, batch * (1 - rate) if rest else batch, tuning["final"]["noise_multiplier"])] * len(final)
+    assert [s[:3] for s in seen for _ in range(s[3])] == pytest.approx(sizes)
+    assert set(tuned.noise_multiplier) == {tuning["tuning"]["noise_multiplier"]}
+    assert set(final.noise_multiplier) == {tuning["final"]["noise_multiplier"]} and len(final) == 2
+    if "privacy.tuning_split=0.4" in extra:
+        assert tuning["tuning"]["noise_multiplier"] != tuning["final"]["noise_multiplier"]
+        assert tuning["tuning"]["epsilon"] <= 0.4 * plan["epsilon"] * (1 + 1e-9)
+    assert plan["epsilon_spent"] <= plan["epsilon"]
+    # released: the configuration the tuning rows choose, its score there, the final runs' score; the final model
+    key = "candidate" if "candidate" in tuned else "config_id"
+    scores = tuned.groupby(key).best_value.mean()
+    released = json.loads((out / "selection.json").read_text())
+    chosen = tuned[tuned[key] == scores.idxmax()].config_id.iloc[0]
+    assert released["chosen"]["config_id"] == chosen == final.config_id.iloc[0]
+    assert released["chosen"]["tuning_score"] == pytest.approx(scores.max())
+    assert released["final"]["score"] == pytest.approx(final.best_value.mean())
+    statement = json.loads((out / "model" / "model.json").read_text())
+    assert statement["covered_by"]["epsilon"] == pytest.approx(plan["epsilon_spent"])
+    assert statement["configuration"]["config_id"] == chosen and "final model" in statement["why"]
+    assert sorted(p.name for p in (out / "model").glob("*.safetensors")) == ["seed0.safetensors", "seed1.safetensors"]
+    assert "final model:" in r.stdout and "tuning on a subsample: training the candidates" in r.stderr
+    # a second command trains nothing and releases the same
+    before = (out / "runs.csv").read_text()
+    assert dpgrid("run", *BASE, *extra, f"hydra.run.dir={out}").returncode == 0
+    assert (out / "runs.csv").read_text() == before
+
+
+def test_the_table_shows_the_final_model_and_refuses_an_edited_release(tmp_path):
+    out = tmp_path / "tuned"
+    assert dpgrid("run", *BASE, f"hydra.run.dir={out}").returncode == 0
+    assert dpgrid("tables", str(tmp_path)).returncode == 0
+    results = pd.read_csv(tmp_path / "tables" / "results.csv")
+    final = pd.read_csv(out / "runs.csv").query("phase == 'final'").best_value
+    assert results.value.iloc[0] == pytest.approx(final.mean()) and results.budget.iloc[0] == "selection"
+    released = json.loads((out / "selection.json").read_text())
+    released["final"]["score"] += 1
+    (out / "selection.json").write_text(json.dumps(released))
+    r = dpgrid("tables", str(tmp_path), "--out", str(tmp_path / "t2"))
+    assert "does not release what its rows select" in r.stderr, r.stderr
+
+
+def test_a_secure_tuning_refuses_a_lost_tuning_set(tmp_path):
+    out = tmp_path / "tuned"
+    args = [*BASE, "privacy.secure_rng=true", f"hydra.run.dir={out}"]
+    assert dpgrid("run", *args).returncode == 0
+    (out / "tuning_set.json").unlink()
+    r = dpgrid("run", *args)
+    assert r.returncode == 2 and one_line(r.stderr) and "tuning_set.json is missing" in r.stderr, r.stderr
+
+
+@pytest.mark.parametrize("override, message", [
+    ("privacy.tuning_rate=0", "privacy.tuning_rate must be a number in (0, 1)"),
+    ("privacy.tuning_rate=1", "privacy.tuning_rate must be a number in (0, 1)"),
+    ("privacy.tuning_split=1", "privacy.tuning_split must be shared"),
+    ("privacy.tuning_split=0", "privacy.tuning_split must be shared"),
+    ("privacy.tuning_split=half", "privacy.tuning_split must be shared"),
+    ("privacy.tuning_rate=0.001", "expected batch of 0.128 examples"),
+    ("privacy.final_data=test", "privacy.final_data"),
+    ("privacy.tuning_search=grid", "privacy.tuning_search"),
+    ("privacy.stopping=liu_talwar", "privacy.stopping"),
+    ("privacy.selection_accountant=profile", "needs privacy.accountant=pld"),
+])
+def test_bad_settings_are_one_line(override, message, tmp_path):
+    r = dpgrid("run", *BASE, override, cwd=tmp_path)
+    assert r.returncode == 2 and one_line(r.stderr) and message in r.stderr, r.stderr
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_the_plan_shows_both_phases():
+    r = dpgrid("plan", *BASE, "privacy.accountant=pld", "privacy.selection_accountant=profile")
+    assert r.returncode == 0, r.stderr
+    for words in ("tuning phase:", "final phase:", "nu_1 =", "nu_2 =", "expected compute:", "by rdp"):
+        assert words in r.stdout, r.stdout

@@ -121,3 +121,25 @@ def test_the_plan_shows_both_phases():
     assert r.returncode == 0, r.stderr
     for words in ("tuning phase:", "final phase:", "nu_1 =", "nu_2 =", "expected compute:", "by rdp"):
         assert words in r.stdout, r.stdout
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("strategy", ["online", "fixed_quantile", "adamwosm", "dpadam"])
+def test_every_built_in_strategy_tunes_on_a_subsample(strategy, tmp_path):
+    out = tmp_path / strategy
+    args = [f"strategy={strategy}", "grid.k=2", "train.epochs=2", "train.seeds=2", "privacy.selection=subsample_tuning",
+            "privacy.tuning_rate=0.3", f"hydra.run.dir={out}"]
+    r = dpgrid("run", *args)
+    assert r.returncode == 0, r.stderr
+    plan = json.loads((out / "plan.json").read_text())
+    runs = pd.read_csv(out / "runs.csv")
+    split = [c for c in runs if c.startswith("noise_multiplier_") or c == "count_noise_std"]
+    for column in split:  # each phase's split of its own nu, computed with its own expected batch
+        assert set(runs[runs.phase == "tuning"][column]) == {plan["tuning"]["tuning"]["per_query"][column]}
+        assert set(runs[runs.phase == "final"][column]) == {plan[column]}
+    assert (out / "model" / "model.json").exists()
+
+
+def test_a_split_that_depends_on_the_batch_names_the_tuning_set():
+    r = dpgrid("plan", "strategy=fixed_quantile", "privacy.selection=subsample_tuning")
+    assert r.returncode == 2 and one_line(r.stderr) and "privacy.tuning_rate" in r.stderr, r.stderr

@@ -145,6 +145,11 @@ class SubsampleTuning(AccountingMethod):
                               f"{tuning_batch:.3g} examples (q1 x train.batch_size) < 1: raise privacy.tuning_rate "
                               "or train.batch_size")
         nu_1, nu_2 = calibrate_phases(setting, plan.epsilon, split, analysis)
+        try:
+            tuning_queries = strategy_cls.split_noise(nu_1, options, tuning_batch)
+        except DpgridError as e:  # a split that depends on the batch (fixed_quantile's count): the tuning set's
+            raise DpgridError(f"the tuning phase (expected batch q1 B = {tuning_batch:.4g}): {e}; or raise "
+                              "privacy.tuning_rate") from None
         by_analysis = {name: spent(setting, nu_1, nu_2) for name, spent in ANALYSES.items()
                        if not stopping or stopping["rule"] in COVERS[name]}
         spent = by_analysis[analysis]
@@ -152,7 +157,7 @@ class SubsampleTuning(AccountingMethod):
         runs = mean if search == "random_stopping" else plan.n_configs
         tuning = {"rate": rate, "search": search, "final_data": final_data,
                   "split": split if split == "shared" else float(split),
-                  "tuning": {"noise_multiplier": nu_1, "per_query": strategy_cls.split_noise(nu_1, options, tuning_batch),
+                  "tuning": {"noise_multiplier": nu_1, "per_query": tuning_queries,
                              "batch_size": tuning_batch, "steps": plan.steps, "epsilon": spent["tuning"],
                              "expected_runs": runs * plan.seeds},
                   "final": {"noise_multiplier": nu_2, "batch_size": final_batch, "steps": plan.steps,

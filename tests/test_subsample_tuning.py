@@ -143,3 +143,29 @@ def test_every_built_in_strategy_tunes_on_a_subsample(strategy, tmp_path):
 def test_a_split_that_depends_on_the_batch_names_the_tuning_set():
     r = dpgrid("plan", "strategy=fixed_quantile", "privacy.selection=subsample_tuning")
     assert r.returncode == 2 and one_line(r.stderr) and "privacy.tuning_rate" in r.stderr, r.stderr
+
+
+def test_a_tuning_stopped_between_its_phases_resumes_with_the_same_choice_and_final_runs(tmp_path):
+    out = tmp_path / "tuned"
+    args = [*BASE, f"hydra.run.dir={out}"]
+    assert dpgrid("run", *args).returncode == 0
+    runs = pd.read_csv(out / "runs.csv")
+    members = (out / "tuning_set.json").read_text()
+    tuning_rows = [line for line in (out / "runs.csv").read_text().splitlines(keepends=True) if ",final," not in line]
+    (out / "runs.csv").write_text("".join(tuning_rows))  # as if stopped before the final phase
+    for name in ("selection.json", "summary.csv"):
+        (out / name).unlink()
+    assert dpgrid("run", *args).returncode == 0
+    again = pd.read_csv(out / "runs.csv")
+    assert (out / "tuning_set.json").read_text() == members
+    assert list(again.seed) == list(runs.seed) and list(again.config_id) == list(runs.config_id)
+    pd.testing.assert_series_equal(again.best_value, runs.best_value)  # seeded: the same final runs
+
+
+def test_overwrite_draws_a_new_tuning_set(tmp_path):
+    out = tmp_path / "tuned"
+    assert dpgrid("run", *BASE, f"hydra.run.dir={out}").returncode == 0
+    first = json.loads((out / "tuning_set.json").read_text())["members"]
+    r = dpgrid("run", *BASE, "privacy.tuning_rate=0.4", "overwrite=true", f"hydra.run.dir={out}")
+    assert r.returncode == 0, r.stderr
+    assert json.loads((out / "tuning_set.json").read_text())["members"] != first

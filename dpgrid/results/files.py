@@ -209,9 +209,9 @@ def check_writable(folder) -> None:
 LEDGER = "ledger.json"  # a secure grid's count of committed runs (dpgrid.results.ledger)
 FOLDERS_IN_A_RUN = (".hydra", "model", "weights")
 FILES_IN_A_RUN = (".lock", "cli.log", "config.yaml", "plan.json", "runs.csv", "curves.csv", "summary.csv",
-                  "selection.json", "candidates.json", LEDGER)
+                  "selection.json", "candidates.json", "tuning_set.json", LEDGER)
 # everything a grid's runs and release are made of: what overwrite=true deletes to start afresh
-RELEASE_FILES = ("runs.csv", "curves.csv", "summary.csv", "selection.json", "candidates.json", LEDGER)
+RELEASE_FILES = ("runs.csv", "curves.csv", "summary.csv", "selection.json", "candidates.json", "tuning_set.json", LEDGER)
 RELEASE_FOLDERS = ("model", "weights")
 
 

@@ -383,7 +383,7 @@ def main():
         os.environ["DPGRID_BENCH_CONV_METHOD"] = sys.argv[sys.argv.index("--conv-method") + 1]
         METHODS.setting = os.environ["DPGRID_BENCH_CONV_METHOD"]
     strategies_found = dp_sgd_strategies()
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(description=" ".join(__doc__.split("\n\n")[0].split()))
     parser.add_argument("--searchpath", help="a config folder (file://...) whose strategies join the benchmark")
     parser.add_argument("--steps", type=int, default=7, help="timed steps per method, at least (median reported)")
     parser.add_argument("--seconds", type=float, default=3.0,

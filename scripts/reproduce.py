@@ -60,7 +60,7 @@ def grids(dataset: str, ks: list, extra: list):
 
 
 def main(argv=None, dpgrid=None):
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0], usage="%(prog)s [options] dataset [-- override ...]")
+    parser = argparse.ArgumentParser(description=" ".join(__doc__.split("\n\n")[0].split()), usage="%(prog)s [options] dataset [-- override ...]")
     parser.add_argument("dataset", help="a dataset option: " + ", ".join(options("dataset")))
     parser.add_argument("--k", type=int, nargs="+", default=[5, 7, 9])
     parser.add_argument("--seeds", type=int, default=5)

@@ -137,7 +137,7 @@ def markdown(table: pd.DataFrame) -> str:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(description=" ".join(__doc__.split("\n\n")[0].split()))
     parser.add_argument("--quick", action="store_true", help="10 repetitions, at most 5,000 iterations")
     parser.add_argument("--repeats", type=int, default=120)
     parser.add_argument("--max-iterations", type=int, default=100_000)

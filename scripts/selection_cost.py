@@ -82,7 +82,7 @@ def plot(df, directory):
 
 
 def main():
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(description=" ".join(__doc__.split("\n\n")[0].split()))
     parser.add_argument("--sigma", type=float, default=4.0, help="noise multiplier of every run")
     parser.add_argument("--lot", type=int, default=250, help="expected batch size L")
     parser.add_argument("--steps", type=int, default=10_000, help="steps T of one run")

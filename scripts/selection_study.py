@@ -126,7 +126,7 @@ def markdown(frame: pd.DataFrame) -> str:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(description=" ".join(__doc__.split("\n\n")[0].split()))
     parser.add_argument("--plan", action="store_true", help="part A only (no training)")
     parser.add_argument("--profile", action="store_true", help="parts C and D only (the profile bound)")
     args = parser.parse_args()

@@ -137,7 +137,7 @@ def markdown(frame: pd.DataFrame) -> str:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(description=" ".join(__doc__.split("\n\n")[0].split()))
     parser.add_argument("--mnist", metavar="DATA_ROOT", help="MNIST under DATA_ROOT/MNIST (model=image_mlp, 2 epochs)")
     parser.add_argument("--rule", action="store_true", help="the carry-over rule on digits")
     parser.add_argument("--repeats", type=int, default=5, help="repetitions of the random procedures")

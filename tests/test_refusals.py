@@ -174,3 +174,24 @@ def test_a_resume_on_another_device_type_is_refused_naming_it(tmp_path):
     r = dpgrid("run", *args)
     assert r.returncode == 2 and one_line(r.stderr), r.stderr
     assert "train.device is cuda:0 there, cpu here" in r.stderr
+
+
+def test_a_misspelt_hydra_or_launcher_key_names_the_closest():
+    r = dpgrid("run", "hydra.run.dri=x")
+    assert r.returncode == 2 and one_line(r.stderr) and "did you mean hydra.run.dir?" in r.stderr, r.stderr
+    pytest.importorskip("hydra_plugins.hydra_submitit_launcher")
+    r = dpgrid("run", "-m", "hydra/launcher=slurm", "hydra.launcher.cpus_per_tsk=4", "grid.k=2")
+    assert r.returncode == 2 and one_line(r.stderr), r.stderr
+    assert "did you mean hydra.launcher.cpus_per_task?" in r.stderr, r.stderr
+
+
+def test_every_scripts_help_describes_it_in_whole_sentences():
+    import subprocess
+    import sys
+
+    from .conftest import ROOT
+
+    for script in sorted((ROOT / "scripts").glob("*.py")):
+        text = subprocess.run([sys.executable, str(script), "--help"], capture_output=True, text=True).stdout
+        description = text.split("\n\n")[1].strip() if text.count("\n\n") else ""
+        assert description.endswith((".", ")", ":")), f"{script.name}: {description[-60:]!r}"

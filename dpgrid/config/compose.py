@@ -187,7 +187,7 @@ def readable(message: str, overrides: list) -> str:
     bad_key = re.search(r"Could not override '([\w.]+)'", first) or re.search(r"Key '(\w+)' is not in struct", message)
     if bad_key:
         key = bad_key.group(1)
-        known = known_keys([o for o in overrides if not o.startswith(key + "=")])
+        known = known_keys([o for o in overrides if not o.startswith(key + "=")], with_hydra=key.startswith("hydra."))
         group, _, name = key.partition(".")
         if group in OPEN_GROUPS and name.count(".") == 0 and name:  # an option's own key: compared with its keys
             own = sorted(k.partition(".")[2] for k in known if k.startswith(group + ".") and k.count(".") == 1
@@ -219,11 +219,12 @@ def option_name(overrides: list, group: str) -> str:
         return group
 
 
-def known_keys(overrides: list) -> list:
+def known_keys(overrides: list, with_hydra: bool = False) -> list:
+    """Every key of the config these overrides compose (Hydra's own, hydra.launcher's included, `with_hydra`)."""
     from omegaconf import OmegaConf
 
     try:
-        cfg = compose(overrides)
+        cfg = compose(overrides, with_hydra=with_hydra)
     except DpgridError:
         return []
     def walk(node, prefix=""):
@@ -231,7 +232,8 @@ def known_keys(overrides: list) -> list:
             yield f"{prefix}{key}"
             if isinstance(value, dict):
                 yield from walk(value, f"{prefix}{key}.")
-    return list(walk(OmegaConf.to_container(cfg, resolve=False)))
+    keys = list(walk(OmegaConf.to_container(cfg, resolve=False)))
+    return [k for k in keys if k.startswith("hydra.")] if with_hydra else keys
 
 
 def unparsable(overrides: list) -> str:

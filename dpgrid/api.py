@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from dpgrid import DpgridError
-from dpgrid.config.compose import check_launcher, compose, sweep_jobs
+from dpgrid.config.compose import DPGRID_LAUNCHER, check_launcher, compose, sweep_jobs
 
 if TYPE_CHECKING:  # pandas is imported when a grid is run: `dpgrid` refuses bad input before that
     import pandas as pd
@@ -31,7 +31,7 @@ def check_sweep(overrides: list) -> list:
     from dpgrid.config import compile
     from dpgrid.results.files import check_writable
 
-    by_dir = {}
+    by_dir, checked = {}, set()
     for number, job in enumerate(sweep_jobs(overrides)):
         try:
             cfg = compose(job, with_hydra=True)
@@ -43,6 +43,8 @@ def check_sweep(overrides: list) -> list:
         if not number:  # one launcher for the whole sweep
             check_launcher(cfg.hydra.launcher)
         by_dir.setdefault(out, {}).setdefault(spec.config_hash, job)
+        if str(cfg.hydra.launcher.get("_target_", "")) == DPGRID_LAUNCHER:  # what a queued job would find late
+            check_before_queue(spec, job, out, bool(cfg.data.check_before_queue), checked)
     for out, jobs in by_dir.items():
         if len(jobs) > 1:
             first, second = list(jobs.values())[:2]
@@ -51,6 +53,29 @@ def check_sweep(overrides: list) -> list:
                               f"{out} ({', '.join(differ)} is not part of its name); give them different "
                               "directories, e.g. add that key to hydra.sweep.subdir")
     return list(by_dir)
+
+
+def check_before_queue(spec, job: list, out: Path, data: bool, checked: set) -> None:
+    """A SLURM sweep job's refusals that would otherwise come after its wait in the queue: its dataset under
+    data.root (loaded once per dataset and root; `data` False skips it), and its run directory's lock."""
+    from dpgrid.results.files import locked
+
+    key = (spec.dataset.name, str(spec.data_root))
+    if data and key not in checked:
+        from dpgrid.data import load
+
+        checked.add(key)
+        try:
+            load(spec.dataset, spec.data_root)
+        except DpgridError as e:
+            raise DpgridError(f"sweep job {' '.join(job)}: {e} (checked on this machine before queueing; "
+                              "data.check_before_queue=false skips it where the cluster's nodes see other paths)") from None
+    if (out / ".lock").exists():
+        try:
+            with locked(out):
+                pass
+        except DpgridError as e:
+            raise DpgridError(f"sweep job {' '.join(job)}: {e}") from None
 
 
 def compile(cfg, n_train: int = None):

@@ -61,8 +61,12 @@ def launch(launcher, job_overrides, initial_job_idx) -> list:
 
             fail(f"no SLURM on this machine ({e}): {NOT_ON_A_CLUSTER}")
         before = entries(sweep_dir / ".submitit")
-        jobs = submit(made, launcher, args, max_array_size(), on_refused=lambda: clear_refused(sweep_dir, before))
-        print(f"dpgrid: submitted {len(jobs)} SLURM job(s) as {array_id(jobs)}; their logs: {log_folder(jobs)}",
+        per_job = max(1, int(launcher.grids_per_job))
+        chunks = [args[start:start + per_job] for start in range(0, len(args), per_job)]
+        jobs = submit(made, several, [(launcher, chunk) for chunk in chunks], max_array_size(),
+                      on_refused=lambda: clear_refused(sweep_dir, before))
+        grouped = f" ({len(todo)} grids, up to {per_job} per job)" if per_job > 1 else ""
+        print(f"dpgrid: submitted {len(jobs)} SLURM job(s){grouped} as {array_id(jobs)}; their logs: {log_folder(jobs)}",
               file=sys.stderr, flush=True)
         try:
             wait(jobs)
@@ -74,9 +78,15 @@ def launch(launcher, job_overrides, initial_job_idx) -> list:
             fail(f"{name}: {len(left)} SLURM job(s) go on queued or running without this process ({compact(left)}): "
                  f"squeue -j {array_id(jobs)} shows them, scancel {array_id(jobs)} cancels them; the same command "
                  "resumes any grid left incomplete", code)
-        returns.update(zip(todo, outcomes(jobs, [job_overrides[i] for i in todo])))
+        by_job = [[job_overrides[i] for i in todo[start:start + per_job]] for start in range(0, len(todo), per_job)]
+        returns.update(zip(todo, outcomes(jobs, by_job)))
     say_results([grids[i] for i in first.values()], sweep_dir)
     return [returns[first[out]] for out, _, _ in grids]
+
+
+def several(task, chunk: list) -> list:
+    """What one SLURM job runs: the plugin's task for each grid of its chunk, one after the other (Hydra's JobReturns)."""
+    return [task(*arguments) for arguments in chunk]
 
 
 def entries(folder: Path) -> set:
@@ -237,25 +247,29 @@ def describe_pending(reasons: dict) -> str:
     return "; ".join(f"{len(ids)} SLURM job(s) pending ({reason}: {compact(ids)})" for reason, ids in sorted(reasons.items()))
 
 
-def outcomes(jobs, job_overrides) -> list:
-    """Each job's result (Hydra's JobReturn); a job that ended without one is dpgrid's one line, naming its
-    state, the grid's own error line if it printed one, and its log."""
+def outcomes(jobs, by_job: list) -> list:
+    """Each grid's result (Hydra's JobReturn), in order; `by_job`: each job's grids' overrides. Jobs that ended
+    without a result are dpgrid's one line: per reason (the job's state, the grid's own error line if it printed
+    one, else its log), the jobs it ended, once, with their count."""
     from dpgrid.cli import fail
 
-    common = set.intersection(*(set(o) for o in job_overrides))  # a job is named by what its sweep varies
-    ended = []
-    for job, overrides in zip(jobs, job_overrides):
+    common = set.intersection(*(set(o) for grids in by_job for o in grids))  # a job is named by what its sweep varies
+    ended = {}
+    for job, grids in zip(jobs, by_job):
         if job.paths.result_pickle.exists():
             continue
         said = [line for line in (job.stderr() or "").splitlines() if line.startswith("dpgrid: error: ")]
         why = (f": {said[-1][len('dpgrid: error: '):]}" if said else f", its log {job.paths.stderr}"
                if job.paths.stderr.exists() else ", no log")
-        varied = " ".join(o for o in overrides if o not in common)
-        ended.append(f"{job.job_id}{f' ({varied})' if varied else ''} ended {job.state}{why}")
+        varied = " + ".join(v for v in (" ".join(o for o in overrides if o not in common) for overrides in grids) if v)
+        ended.setdefault(f"ended {job.state}{why}", []).append(f"{job.job_id}{f' ({varied})' if varied else ''}")
     if ended:
-        fail(f"{len(ended)} of {len(jobs)} SLURM job(s) ended before their grid finished: {' | '.join(ended)}; "
+        count = sum(len(names) for names in ended.values())
+        parts = [f"{names[0]} {reason}" if len(names) == 1 else f"{len(names)} jobs ({compact(names)}) {reason}"
+                 for reason, names in ended.items()]
+        fail(f"{count} of {len(jobs)} SLURM job(s) ended before their grid finished: {' | '.join(parts)}; "
              "the same command resumes them (finished runs are kept)")
-    return [job.results()[0] for job in jobs]
+    return [grid for job in jobs for grid in job.results()[0]]
 
 
 def array_id(jobs) -> str:

@@ -119,8 +119,8 @@ def test_a_cancelled_job_is_one_line_saying_the_same_command_resumes(slurm, tmp_
     lines = r.stderr.strip().splitlines()
     assert lines[0].startswith("dpgrid: submitted 2 SLURM job(s) as 4242; their logs: ") and ".submitit" in lines[0]
     assert len(lines) == 2 and lines[1].startswith("dpgrid: error: 2 of 2 SLURM job(s) ended before their grid finished: "
-                                                   "4242_0 (privacy.epsilon=3) ended CANCELLED by 1000, no log | "
-                                                   "4242_1 (privacy.epsilon=5) ended CANCELLED by 1000, no log;"), r.stderr
+                                                   "2 jobs (4242_0 (privacy.epsilon=3), 4242_1 (privacy.epsilon=5)) "
+                                                   "ended CANCELLED by 1000, no log;"), r.stderr  # one reason, once
     assert lines[1].endswith("the same command resumes them (finished runs are kept)")
     submitted = (tmp_path / "sbatch.log").read_text()
     assert submitted.count("\n") == 1  # one array job for the sweep
@@ -246,3 +246,40 @@ def test_jobs_that_are_one_grid_are_trained_once(slurm, tmp_path, monkeypatch):
     assert r.returncode == 0, r.stderr
     assert "dpgrid: the sweep's 2 jobs are 1 grids" in r.stderr and "submitted 1 SLURM job(s) as 4270" in r.stderr
     assert len(grid_lines(r.stdout)) == 2, r.stdout
+
+
+def test_several_grids_share_a_job(slurm, tmp_path, monkeypatch):
+    from dpgrid import launchers
+
+    monkeypatch.setattr(launchers, "POLL_S", 0.2)
+    slurm("run", 4280)
+    r = dpgrid("run", *SWEEP, "hydra.launcher.grids_per_job=2", f"hydra.sweep.dir={tmp_path / 'sweep'}")
+    assert r.returncode == 0, r.stderr
+    assert "dpgrid: submitted 1 SLURM job(s) (2 grids, up to 2 per job) as 4280" in r.stderr, r.stderr
+    script = next((tmp_path / "sweep" / ".submitit").rglob("*submission_file*")).read_text()
+    assert "#SBATCH --array" not in script  # one job, not an array
+    assert len(grid_lines(r.stdout)) == 3 and len(list((tmp_path / "sweep").rglob("summary.csv"))) == 2
+
+
+def test_what_a_queued_job_would_find_late_is_refused_before_queueing(slurm, tmp_path):
+    from dpgrid.results.files import locked
+
+    slurm("run", 4290)
+    sweep = ["-m", "hydra/launcher=slurm", "dataset=mnist", f"data.root={tmp_path / 'nowhere'}", "strategy=online",
+             "grid.k=2", "train.seeds=1", "privacy.epsilon=3,5", f"hydra.sweep.dir={tmp_path / 'sweep'}"]
+    r = dpgrid("run", *sweep)
+    assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1, r.stderr
+    assert "checked on this machine before queueing; data.check_before_queue=false skips it" in r.stderr, r.stderr
+    assert not (tmp_path / "sbatch.log").exists()
+    slurm("cancel", 4292)  # skipped: queued (the jobs then end as the fake SLURM says)
+    r = dpgrid("run", *sweep, "data.check_before_queue=false")
+    assert "submitted 2 SLURM job(s)" in r.stderr and (tmp_path / "sbatch.log").exists(), r.stderr
+    (tmp_path / "sbatch.log").unlink()
+    # a run directory another process holds
+    slurm("pending", 4291)
+    held = tmp_path / "sweep2" / "digits" / "fixed_threshold" / "eps3" / "k2"
+    held.mkdir(parents=True)
+    with locked(held):
+        r = dpgrid("run", *SWEEP, f"hydra.sweep.dir={tmp_path / 'sweep2'}")
+    assert r.returncode == 2 and "another dpgrid process is writing into" in r.stderr, r.stderr
+    assert not (tmp_path / "sbatch.log").exists()

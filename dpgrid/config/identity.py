@@ -15,7 +15,7 @@ from dpgrid import DpgridError
 # (plan.json's data_files), so a moved data directory resumes and a changed file is named.
 NOT_HASHED = ("train.device", "train.engine", "train.conv_method", "train.threads", "train.parallel_runs",
               "train.save_models", "grid.only",
-              "overwrite", "grid.allow_large", "data.root",
+              "overwrite", "grid.allow_large", "data.root", "data.check_before_queue",
               "dataset.stacked_seconds_per_step")  # the last a time estimate only
 # settings added after grids were recorded, hashed only when set away from these defaults: older grids keep their hash
 HASHED_WHEN_SET = {"train.float64": False, "privacy.selection_accountant": "rdp", "privacy.stopping_rounds": None,

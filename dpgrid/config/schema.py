@@ -62,6 +62,7 @@ class TrainConfig:
 @dataclass
 class DataConfig:
     root: str = MISSING
+    check_before_queue: bool = True
 
 
 @dataclass

@@ -169,3 +169,17 @@ def test_overwrite_draws_a_new_tuning_set(tmp_path):
     r = dpgrid("run", *BASE, "privacy.tuning_rate=0.4", "overwrite=true", f"hydra.run.dir={out}")
     assert r.returncode == 0, r.stderr
     assert json.loads((out / "tuning_set.json").read_text())["members"] != first
+
+
+@pytest.mark.slow
+def test_tuning_on_a_subsample_of_real_mnist(shared_data, tmp_path):
+    """The real MNIST files: a tenth as the tuning set, the final model on all 60,000; it learns."""
+    out = tmp_path / "mnist"
+    r = dpgrid("run", "dataset=mnist", "model=image_mlp", f"data.root={shared_data}", "strategy=fixed_threshold",
+               "grid.k=2", "train.epochs=1", "train.seeds=1", "privacy.epsilon=8", "privacy.selection=subsample_tuning",
+               "privacy.tuning_search=composition", f"hydra.run.dir={out}")
+    assert r.returncode == 0, r.stderr
+    members = json.loads((out / "tuning_set.json").read_text())["members"]
+    assert 5400 < len(members) < 6600  # about q1 N = 6,000 of 60,000
+    released = json.loads((out / "selection.json").read_text())
+    assert released["final"]["score"] > 60, released  # 10 classes: chance is 10 %

@@ -37,6 +37,7 @@ import dpgrid
 
 OUT = Path(__file__).resolve().parents[1] / "docs" / "selection"
 EPSILONS = (1, 3, 8)
+GRID = "strategy=fixed_threshold"  # K = k^2 configurations of lr x clip: the grid where tuning costs the most
 RATES = (0.1, 0.2, 0.5)
 
 
@@ -74,7 +75,7 @@ def measured(out: Path, cpu_seconds: float) -> dict:
                 example_steps=float((steps * batches).sum()), cpu_seconds=cpu_seconds)
 
 
-def study(dataset: list, strategy: str, k: int, repeats: int) -> pd.DataFrame:
+def study(dataset: list, k: int, repeats: int) -> pd.DataFrame:
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
         for epsilon in EPSILONS:
@@ -82,7 +83,7 @@ def study(dataset: list, strategy: str, k: int, repeats: int) -> pd.DataFrame:
                 found = []
                 for rep in range(reps):
                     out = Path(tmp) / f"{epsilon}_{name.replace(' ', '_')}_{rate}_{rep}"
-                    cfg = dpgrid.compose([*dataset, f"strategy={strategy}", f"grid.k={k}", f"privacy.epsilon={epsilon}",
+                    cfg = dpgrid.compose([*dataset, GRID, f"grid.k={k}", f"privacy.epsilon={epsilon}",
                                           f"privacy.stopping_seed={rep}", *overrides])
                     start = time.process_time()
                     dpgrid.run_grid(cfg, out, progress=False)
@@ -111,7 +112,7 @@ def rule(dataset: list, k: int, seeds: int) -> pd.DataFrame:
     with tempfile.TemporaryDirectory() as tmp:
         for epsilon in EPSILONS:
             for rate in RATES:
-                base = [*dataset, "strategy=fixed_threshold", f"grid.k={k}", f"train.seeds={seeds}",
+                base = [*dataset, GRID, f"grid.k={k}", f"train.seeds={seeds}",
                         f"privacy.epsilon={epsilon}"]
                 tuned = Path(tmp) / f"tuned_{epsilon}_{rate}"
                 dpgrid.run_grid(dpgrid.compose([*base, "privacy.selection=subsample_tuning", f"privacy.tuning_rate={rate}",
@@ -147,9 +148,9 @@ def main() -> None:
         frame, name = rule(["dataset=digits"], 7, 5), "subsample_rule"
     elif args.mnist:
         frame, name = study(["dataset=mnist", "model=image_mlp", f"data.root={args.mnist}", "train.epochs=2"],
-                            "fixed_threshold", 5, args.repeats), "subsample_mnist"
+                            5, args.repeats), "subsample_mnist"
     else:
-        frame, name = study(["dataset=digits"], "fixed_threshold", 7, args.repeats), "subsample_digits"
+        frame, name = study(["dataset=digits"], 7, args.repeats), "subsample_digits"
     frame.to_csv(OUT / f"{name}.csv", index=False)
     print(markdown(frame))
 

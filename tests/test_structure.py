@@ -150,16 +150,18 @@ def method_branches(source: str, where: str, names) -> list:
 
 
 def test_the_runner_and_the_results_ask_the_accounting_method():
-    """What a grid trains, what its rows add and what it releases are its accounting method's answers
-    (dpgrid.privacy.method): the runner and the results hold no branch on a method's name. The selection's own
-    draw and release (results/selection.py) are random stopping's implementation and exempt."""
+    """What a grid trains, what its rows add, what it releases and how `dpgrid plan` describes it are its accounting
+    method's answers (dpgrid.privacy.method): the runner, the results, the plan's description, the console and the
+    command line hold no branch on a method's name. The selection's own draw and release (results/selection.py)
+    are random stopping's implementation and exempt."""
     from dpgrid.privacy import ACCOUNTING
 
     names = set(ACCOUNTING)
     # the walk finds the branches it looks for
     assert len(method_branches("if plan.selection == 'random_stopping': pass\nx = 1 if plan.schedule else 2\n",
                                "example", names)) == 2
-    modules = [PACKAGE / "runner.py", *sorted((PACKAGE / "results").glob("*.py"))]
+    modules = [PACKAGE / "runner.py", *sorted((PACKAGE / "results").glob("*.py")), PACKAGE / "cli.py",
+               PACKAGE / "reporting" / "describe.py", PACKAGE / "reporting" / "console.py"]
     found = [f for path in modules if path.name != "selection.py"
              for f in method_branches(path.read_text(), str(path.relative_to(ROOT)), names)]
     assert not found, found

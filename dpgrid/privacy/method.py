@@ -92,9 +92,16 @@ class AccountingMethod:
                if plan.epsilon_spent is not None else "the best configuration of the grid")
         return seeds, why
 
+    describes_configurations = False  # True: its `describe` lists the configurations (with what it planned for each)
+
     def describe(self, plan) -> list:
         """The lines `dpgrid plan` prints for the budget and the noise ([]: the composition's own lines)."""
         return []
+
+    def expected_runs(self, plan, runs: int) -> float:
+        """How many runs the grid trains, in full runs' compute, for the time estimate (`runs`: every selected
+        configuration's seeds)."""
+        return runs
 
     def unreleased_draw(self, out, committed: int) -> str:
         """Why a secure grid that committed runs cannot go on ('' when it can): files its method needs."""

@@ -68,6 +68,30 @@ class NoiseSchedule(AccountingMethod):
     name = "noise_schedule"
     accountants = CONVERSIONS
     noise_per_run = True
+    describes_configurations = True
+
+    def describe(self, plan) -> list:
+        """How many iterations of each configuration fit the budget, under both conversions."""
+        p = plan.per_query
+        lines = [f"  full-batch noisy gradient descent: L = {p['lipschitz']:.4g}, M = {p['smoothness']:.4g}, eta = "
+                 f"1/(2M) = {p['eta']:.4g}, lambda = {p['l2']:g}, Z = {p['feature_bound']:g}, R = {p['radius']:.4g}, "
+                 f"d = {p['d']}"]
+        claim = ("NOT PRIVATE (oracle): the schedule reads the gradient norm; epsilon below is what it would spend were "
+                 "that free" if plan.epsilon_spent is None else f"each run spends at most epsilon = {plan.epsilon:g} on "
+                 "its own")
+        lines.append(f"  budget (eps, delta) = ({plan.epsilon:g}, {plan.delta:g}), zCDP rho <= {p['rho_budget']:.5g} "
+                     f"({plan.accountant} conversion): {claim}")
+        if plan.epsilon_spent is not None and plan.epsilon_with_seeds is not None and \
+                plan.epsilon_with_seeds > plan.epsilon_grid * (1 + 1e-9):
+            lines.append(f"  tables publish means over {plan.seeds} seeds: {plan.n_configs} x {plan.seeds} runs with this "
+                         f"noise spend eps = {plan.epsilon_with_seeds:.5g} ({plan.accountant}; epsilon_with_seeds)")
+        for c in plan.configurations:
+            s, hp = plan.schedule[c["config_id"]], " ".join(f"{k}={v:g}" for k, v in c.items() if k != "config_id")
+            lines.append(f"    {c['config_id']} {hp}: stops where its budget ends (at most {s['steps']:,} iterations)"
+                         if plan.epsilon_spent is None else
+                         f"    {c['config_id']} {hp}: {s['steps']:,} iterations fit; eps (zcdp) = "
+                         f"{s['epsilon_zcdp']:.4g}, eps (rdp) = {s['epsilon_rdp']:.4g}")
+        return lines
 
     def run_steps(self, plan, config_id: str) -> int:
         return plan.schedule.get(config_id, {}).get("steps", plan.steps)

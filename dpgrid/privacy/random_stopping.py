@@ -210,6 +210,26 @@ class RandomStopping(AccountingMethod):
             return f"{out / 'candidates.json'} is missing but this secure selection trained {committed} run(s)"
         return ""
 
+    def expected_runs(self, plan, runs: int) -> float:
+        return plan.stopping["mean"] * plan.seeds
+
+    def describe(self, plan) -> list:
+        stop = plan.stopping
+        shape = {"truncated_negative_binomial": f"eta = {stop.get('eta', 0):g}, gamma = {stop.get('gamma', 0):.4g}",
+                 "poisson": f"mu = {stop['mean']:g}",
+                 "binomial": f"{stop.get('rounds')} rounds, p = {stop.get('p', 0):.4g}",
+                 "liu_talwar": f"stop probability {stop.get('gamma', 0):.4g}, at most {stop.get('max_candidates')}"}
+        others = ", ".join(f"{eps:.5g} by {name}" for name, eps in plan.epsilon_by_analysis.items()
+                           if name != plan.selection_accountant)
+        return [f"  random-stopping selection, {stop['rule']} ({shape[stop['rule']]}): {stop['mean']:g} candidates "
+                f"expected, each a configuration drawn from the grid and trained {plan.seeds} times",
+                f"  budget (eps, delta) = ({plan.epsilon:g}, {plan.delta:g}) for the selection: ONLY the chosen "
+                f"configuration and its score (selection.json) are covered; runs.csv is a private log",
+                f"  noise multiplier nu = {plan.noise_multiplier:.5g}; eps spent = {plan.epsilon_spent:.5g}; one "
+                f"candidate's eps = {plan.epsilon_per_run:.5g}",
+                f"  analysis: {plan.selection_accountant} (privacy.selection_accountant)"
+                + (f"; the same nu spends eps = {others}" if others else "")]
+
     def plan(self, plan, strategy_cls, options: dict, privacy: dict, problem: dict) -> dict:
         mean = float(privacy["stopping_mean"]) if privacy.get("stopping_mean") is not None else float(plan.n_configs)
         stopping = parameters(str(privacy["stopping"]), float(privacy["stopping_eta"]), mean, plan.delta,

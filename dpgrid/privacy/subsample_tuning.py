@@ -93,6 +93,10 @@ class SubsampleTuning(AccountingMethod):
                f"both phases are covered by the procedure's epsilon ({plan.selection_accountant} analysis)")
         return seeds, why
 
+    def expected_runs(self, plan, runs: int) -> float:
+        # the candidates' runs cost q1 of a full one each (their batches are q1 B)
+        return plan.tuning["tuning"]["expected_runs"] * plan.tuning["rate"] + plan.tuning["final"]["runs"]
+
     def describe(self, plan) -> list:
         t = plan.tuning
         tuning, final = t["tuning"], t["final"]

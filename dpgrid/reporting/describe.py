@@ -14,24 +14,21 @@ def print_plan(spec, compare: bool, start: float) -> None:
           f"k = {plan.k}, {plan.model_parameters:,} parameters")
     print(f"  N = {plan.n_train}, B = {plan.batch_size}, q = {plan.sample_rate:.5g}, "
           f"T = {plan.steps} steps per run, {plan.epochs} epochs")
-    print_expected_time(spec, len(spec.selected) * spec.train.seeds)
-    if plan.schedule:
-        print_schedule(plan)
+    method = plan.accounting()  # what the plan's accounting method says of itself
+    print_expected_time(spec, method.expected_runs(plan, len(spec.selected) * spec.train.seeds))
+    lines = method.describe(plan)
+    if lines:
+        print("\n".join(lines))
     elif plan.epsilon_spent is None:
         print("  non-private: no clipping, no noise")
     else:
-        lines = plan.accounting().describe(plan)
-        if lines:
-            print("\n".join(lines))
-        elif plan.selection == "random_stopping":
-            print_selection(plan)
-        else:
-            runs = f"{plan.composed_runs} runs ({'seeds accounted' if plan.account_seeds else 'seeds not accounted'})"
-            scope = "the whole grid" if plan.budget == "per_grid" else "EACH RUN (per_run)"
-            print(f"  budget (eps, delta) = ({plan.epsilon:g}, {plan.delta:g}) for {scope}: {runs} x {plan.steps} steps")
-            print(f"  noise multiplier nu = {plan.noise_multiplier:.5g}  ({plan.accountant}); eps spent = "
-                  f"{plan.epsilon_spent:.5g}; the whole grid's eps = {plan.epsilon_grid:.5g}")
-            print_seeds_cost(plan)
+        runs = f"{plan.composed_runs} runs ({'seeds accounted' if plan.account_seeds else 'seeds not accounted'})"
+        scope = "the whole grid" if plan.budget == "per_grid" else "EACH RUN (per_run)"
+        print(f"  budget (eps, delta) = ({plan.epsilon:g}, {plan.delta:g}) for {scope}: {runs} x {plan.steps} steps")
+        print(f"  noise multiplier nu = {plan.noise_multiplier:.5g}  ({plan.accountant}); eps spent = "
+              f"{plan.epsilon_spent:.5g}; the whole grid's eps = {plan.epsilon_grid:.5g}")
+        print_seeds_cost(plan)
+    if plan.epsilon_spent is not None and not method.noise_per_run:  # one noise for the grid: its alternatives
         for name, value in plan.per_query.items():
             print(f"  {name} = {value:.5g}")
         print_alternatives(plan, spec.privacy)
@@ -39,40 +36,17 @@ def print_plan(spec, compare: bool, start: float) -> None:
             print_comparison(plan)
             print_selection_comparison(plan)
             seconds = time.perf_counter() - start  # the timing line covers the comparison too
-    for c in [] if plan.schedule else plan.configurations:  # a schedule's plan lists them with their iterations
+    for c in [] if method.describes_configurations else plan.configurations:
         print("   ", c["config_id"], " ".join(f"{k}={v:.4g}" for k, v in c.items() if k != "config_id"))
     print(f"  (planned in {seconds:.2f} s)")
-
-
-def print_schedule(plan) -> None:
-    """A noise schedule's plan: how many iterations of each configuration fit the budget, under both conversions."""
-    p = plan.per_query
-    print(f"  full-batch noisy gradient descent: L = {p['lipschitz']:.4g}, M = {p['smoothness']:.4g}, eta = 1/(2M) = "
-          f"{p['eta']:.4g}, lambda = {p['l2']:g}, Z = {p['feature_bound']:g}, R = {p['radius']:.4g}, d = {p['d']}")
-    claim = ("NOT PRIVATE (oracle): the schedule reads the gradient norm; epsilon below is what it would spend were "
-             "that free" if plan.epsilon_spent is None else f"each run spends at most epsilon = {plan.epsilon:g} on its own")
-    print(f"  budget (eps, delta) = ({plan.epsilon:g}, {plan.delta:g}), zCDP rho <= {p['rho_budget']:.5g} ({plan.accountant} "
-          f"conversion): {claim}")
-    if plan.epsilon_spent is not None:
-        print_seeds_cost(plan)
-    for c in plan.configurations:
-        s, hp = plan.schedule[c["config_id"]], " ".join(f"{k}={v:g}" for k, v in c.items() if k != "config_id")
-        if plan.epsilon_spent is None:
-            print(f"    {c['config_id']} {hp}: stops where its budget ends (at most {s['steps']:,} iterations)")
-        else:
-            print(f"    {c['config_id']} {hp}: {s['steps']:,} iterations fit; eps (zcdp) = {s['epsilon_zcdp']:.4g}, "
-                  f"eps (rdp) = {s['epsilon_rdp']:.4g}")
 
 
 def print_expected_time(spec, runs: int) -> None:
     """How long the runs this command trains take, one at a time and in the groups train.parallel_runs makes, from
     the dataset's measured step times (dataset.seconds_per_step, one run; dataset.stacked_seconds_per_step, one
-    run's share of a stacked step). A selection trains a random number of candidates: its expected number."""
+    run's share of a stacked step). `runs`: the accounting method's expectation (a selection trains a random
+    number of candidates)."""
     plan, seconds_per_step = spec.plan, spec.dataset.get("seconds_per_step")
-    if plan.selection == "random_stopping":
-        runs = plan.stopping["mean"] * plan.seeds
-    if plan.tuning:  # the candidates' runs cost q1 of a full one each (their batches are q1 B)
-        runs = plan.tuning["tuning"]["expected_runs"] * plan.tuning["rate"] + plan.tuning["final"]["runs"]
     group, why = grouping(spec, max(1, round(runs)))
     print(f"  train.parallel_runs={spec.train.parallel_runs}: " + (f"groups of up to {group} runs trained together"
                                                                   if group > 1 else f"one run at a time{why}"))
@@ -108,24 +82,6 @@ def print_seeds_cost(plan) -> None:
     if plan.epsilon_with_seeds is not None and plan.epsilon_with_seeds > plan.epsilon_grid * (1 + 1e-9):
         print(f"  tables publish means over {plan.seeds} seeds: {plan.n_configs} x {plan.seeds} runs with this noise spend "
               f"eps = {plan.epsilon_with_seeds:.5g} ({plan.accountant}; epsilon_with_seeds)")
-
-
-def print_selection(plan) -> None:
-    stop = plan.stopping
-    shape = {"truncated_negative_binomial": f"eta = {stop.get('eta', 0):g}, gamma = {stop.get('gamma', 0):.4g}",
-             "poisson": f"mu = {stop['mean']:g}",
-             "binomial": f"{stop.get('rounds')} rounds, p = {stop.get('p', 0):.4g}",
-             "liu_talwar": f"stop probability {stop.get('gamma', 0):.4g}, at most {stop.get('max_candidates')}"}
-    print(f"  random-stopping selection, {stop['rule']} ({shape[stop['rule']]}): {stop['mean']:g} candidates "
-          f"expected, each a configuration drawn from the grid and trained {plan.seeds} times")
-    print(f"  budget (eps, delta) = ({plan.epsilon:g}, {plan.delta:g}) for the selection: ONLY the chosen "
-          f"configuration and its score (selection.json) are covered; runs.csv is a private log")
-    print(f"  noise multiplier nu = {plan.noise_multiplier:.5g}; eps spent = {plan.epsilon_spent:.5g}; one "
-          f"candidate's eps = {plan.epsilon_per_run:.5g}")
-    others = ", ".join(f"{eps:.5g} by {name}" for name, eps in plan.epsilon_by_analysis.items()
-                       if name != plan.selection_accountant)
-    print(f"  analysis: {plan.selection_accountant} (privacy.selection_accountant)"
-          + (f"; the same nu spends eps = {others}" if others else ""))
 
 
 def print_alternatives(plan, privacy: dict) -> None:

@@ -145,7 +145,7 @@ def main() -> None:
     args = parser.parse_args()
     OUT.mkdir(parents=True, exist_ok=True)
     if args.rule:
-        frame, name = rule(["dataset=digits"], 7, 5), "subsample_rule"
+        frame, name = rule(["dataset=digits"], 7, 3), "subsample_rule"
     elif args.mnist:
         frame, name = study(["dataset=mnist", "model=image_mlp", f"data.root={args.mnist}", "train.epochs=2"],
                             5, args.repeats), "subsample_mnist"

@@ -32,6 +32,7 @@ from dataclasses import replace
 from pathlib import Path
 
 import pandas as pd
+from selection_study import markdown  # (scripts/ is on the path of a script run from it)
 
 import dpgrid
 
@@ -129,12 +130,6 @@ def rule(dataset: list, k: int, seeds: int) -> pd.DataFrame:
                                  regret=on_x.max() - on_x[on_x1.idxmax()], median_on_x=on_x.median()))
                 print(rows[-1], flush=True)
     return pd.DataFrame(rows)
-
-
-def markdown(frame: pd.DataFrame) -> str:
-    cell = lambda v: f"{v:.3g}" if isinstance(v, float) else ("-" if v is None else str(v))  # noqa: E731
-    lines = ["| " + " | ".join(frame.columns) + " |", "|" + "---|" * len(frame.columns)]
-    return "\n".join(lines + ["| " + " | ".join(cell(v) for v in row) + " |" for row in frame.itertuples(index=False)])
 
 
 def main() -> None:

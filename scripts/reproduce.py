@@ -31,13 +31,15 @@ from dpgrid import DpgridError
 from dpgrid.config.compose import options
 
 
-def compiled(dataset: str, name: str, k: int, extra: list):
+def compiled(dataset: str, name: str, k: int, extra: list, epsilon: float = None):
     """The grid `dpgrid run` would train (dpgrid.compile: K, T, whether it is private), or None for a strategy
-    of another task (e.g. noisy gradient descent, which runs on logistic regression only)."""
+    of another task (e.g. noisy gradient descent, which runs on logistic regression only); DpgridError for a
+    cell that cannot be planned (at `epsilon`, None: the dataset's default)."""
     import dpgrid
     from dpgrid import strategies
 
     cfg = dpgrid.compose([f"dataset={dataset}", f"strategy={name}", f"grid.k={k}",
+                          *([f"privacy.epsilon={epsilon:g}"] if epsilon is not None else []),
                           *[e for e in extra if not e.startswith("hydra")]])
     runs_on = strategies.resolve(cfg.strategy).tasks
     if runs_on is not None and cfg.dataset.task not in runs_on:
@@ -46,17 +48,48 @@ def compiled(dataset: str, name: str, k: int, extra: list):
 
 
 def grids(dataset: str, ks: list, extra: list):
-    """[(strategy, private, K, T, epsilons, seconds per step)] for every strategy option, asked of dpgrid
-    (the strategy group, the compiled grid, the dataset's privacy levels and step time): no list here."""
+    """[(strategy, private, K, T, epsilons, seconds per step, k)] for every strategy option, asked of dpgrid
+    (the strategy group, the compiled grid, the dataset's privacy levels and step time): no list here. A cell
+    that cannot be planned (e.g. fixed_quantile's count noise at the noise a large grid needs) is left out and
+    said, with dpgrid's reason, in one line each."""
+    import dpgrid
+
     found = []
+    levels = [float(e) for e in dpgrid.compose([f"dataset={dataset}"]).dataset.get("epsilons", [])]
     for name in options("strategy"):
         for k in ks:
-            if (spec := compiled(dataset, name, k, extra)) is None:
+            plannable, spec = [], None
+            for epsilon in levels or [None]:
+                try:
+                    spec = compiled(dataset, name, k, extra, epsilon) or spec
+                except DpgridError as e:
+                    print(f"skipped: {name} k={k} epsilon={epsilon:g}: {e}")
+                    continue
+                if spec is None:
+                    break
+                plannable.append(epsilon)
+                if not spec.plan.private:  # a baseline's grid does not depend on epsilon
+                    break
+            if spec is None:
                 continue
             plan = spec.plan
-            found.append((name, plan.private, plan.n_configs, plan.steps, plan.dataset_epsilons,
-                          float(spec.dataset.get("seconds_per_step") or 0)))
+            found.append((name, plan.private, plan.n_configs, plan.steps,
+                          [e for e in plannable if e is not None] if plan.private else plan.dataset_epsilons,
+                          float(spec.dataset.get("seconds_per_step") or 0), k))
     return found
+
+
+def private_sweeps(found: list) -> list:
+    """[(strategies, epsilons, ks)]: the private grids as few Hydra sweeps as the cells left out allow (a sweep is
+    a product: strategy x epsilon x k)."""
+    by_cell = {}
+    for name, private, _, _, epsilons, _, k in found:
+        if private and epsilons:
+            by_cell.setdefault((tuple(epsilons), k), []).append(name)
+    sweeps = {}
+    for (epsilons, k), names in sorted(by_cell.items(), key=lambda item: item[0][1]):
+        sweeps.setdefault((tuple(sorted(names)), epsilons), []).append(k)
+    return [(list(names), list(epsilons), ks) for (names, epsilons), ks in sweeps.items()]
 
 
 def main(argv=None, dpgrid=None):
@@ -83,26 +116,25 @@ def main(argv=None, dpgrid=None):
 
     d, ks = args.dataset, args.k
     found = grids(d, ks, args.extra)
-    private = sorted({name for name, is_private, *_ in found if is_private})
     baselines = sorted({name for name, is_private, *_ in found if not is_private})
-    configs = sum(K * (len(eps) if is_private else 1) for _, is_private, K, _, eps, _ in found)
+    configs = sum(K * (len(eps) if is_private else 1) for _, is_private, K, _, eps, _, _ in found)
     runs = configs * args.seeds
-    steps = sum(K * T * (len(eps) if p else 1) for _, p, K, T, eps, _ in found) * args.seeds
-    hours = sum(K * T * (len(eps) if p else 1) * sec for _, p, K, T, eps, sec in found) * args.seeds / 3600
-    epsilons = found[0][4]
+    steps = sum(K * T * (len(eps) if p else 1) for _, p, K, T, eps, _, _ in found) * args.seeds
+    hours = sum(K * T * (len(eps) if p else 1) * sec for _, p, K, T, eps, sec, _ in found) * args.seeds / 3600
     print(f"{d}: {configs} configurations x {args.seeds} seeds = {runs} training runs ({steps:,} steps); "
           f"about {hours:,.0f} hours on one 2-core machine (dataset.seconds_per_step), less with --launcher local/slurm")
 
     common = [f"dataset={d}", f"data.root={args.data_root}", f"train.seeds={args.seeds}",
-              f"grid.k={','.join(map(str, ks))}", f"hydra.sweep.dir={args.results}", *args.extra]
+              f"hydra.sweep.dir={args.results}", *args.extra]
     if args.launcher != "basic":
         common.append(f"hydra/launcher={args.launcher}")
     if args.launcher == "local":
         common.append(f"hydra.launcher.n_jobs={args.jobs}")
     commands = [
-        ["dpgrid", "run", "-m", f"strategy={','.join(private)}", f"privacy.epsilon={','.join(f'{e:g}' for e in epsilons)}",
-         *common],
-        *([["dpgrid", "run", "-m", f"strategy={','.join(baselines)}", *common]] if baselines else []),  # no epsilon
+        *[["dpgrid", "run", "-m", f"strategy={','.join(names)}", f"privacy.epsilon={','.join(f'{e:g}' for e in epsilons)}",
+           f"grid.k={','.join(map(str, sweep_ks))}", *common] for names, epsilons, sweep_ks in private_sweeps(found)],
+        *([["dpgrid", "run", "-m", f"strategy={','.join(baselines)}", f"grid.k={','.join(map(str, ks))}", *common]]
+          if baselines else []),  # no epsilon
         ["dpgrid", "tables", args.results],
     ]
     for command in commands:

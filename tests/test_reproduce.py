@@ -100,3 +100,24 @@ def test_with_a_launcher_the_baselines_sweep_is_submitted_beside_the_private_one
     reproduce.main(["mnist", "--k", "9", "--launcher", "slurm", "--results", str(tmp_path)])
     assert [e[0] for e in events] == ["start", "start", "wait", "wait", "run"]  # both queued, then waited on
     assert events[1][1].startswith("strategy=") and "nodp" in events[1][1] and events[-1] == ("run", "tables")
+
+
+def test_a_cell_that_cannot_be_planned_is_skipped_and_the_rest_is_swept(capsys):
+    """digits at k = 9 and epsilon = 3: fixed_quantile's count noise cannot carry the noise its grid of 45 needs.
+    The reproduction says so in one line and sweeps every other cell, none of them twice."""
+    import sys
+
+    from .conftest import ROOT
+
+    sys.path.insert(0, str(ROOT / "scripts"))
+    try:
+        import reproduce
+    finally:
+        sys.path.pop(0)
+    found = reproduce.grids("digits", [7, 9], [])
+    out = capsys.readouterr().out
+    assert out.count("skipped:") == 1 and "skipped: fixed_quantile k=9 epsilon=3:" in out, out
+    cells = [(name, e, k) for names, epsilons, ks in reproduce.private_sweeps(found)
+             for name in names for e in epsilons for k in ks]
+    assert len(cells) == len(set(cells)) and ("fixed_quantile", 3.0, 9) not in cells
+    assert ("fixed_quantile", 5.0, 9) in cells and ("fixed_quantile", 3.0, 7) in cells and ("online", 3.0, 9) in cells

@@ -2,7 +2,7 @@
 docs/selection.md, "Tuning on a subsample".
 
     python scripts/subsample_study.py                      # digits: about 25 minutes on 2 CPU cores
-    python scripts/subsample_study.py --mnist DATA_ROOT    # MNIST (image_mlp, 2 epochs): about 1.5 hours
+    python scripts/subsample_study.py --mnist DATA_ROOT --repeats 2   # MNIST (image_mlp, 2 epochs): about 1.5 hours
     python scripts/subsample_study.py --rule               # the carry-over rule on digits: about 5 minutes
 
 For each epsilon in {1, 3, 8}, fixed_threshold (K = k^2 configurations of lr x clip) and each procedure:

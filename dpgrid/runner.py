@@ -193,7 +193,7 @@ def run_grid(spec, out_dir, progress: bool = True, on_lock=None, created="unknow
     with locked(out):
         try:
             with threads.using(threads.choose(spec.train.threads, spec.plan.model_parameters, parallel_jobs)), \
-                    threads.exact_cuda():
+                    threads.exact_cuda(), threads.reusing_freed_memory():
                 return train_grid(spec, out, progress, on_lock)
         except DpgridError:
             remove_created(out, created)

@@ -34,9 +34,10 @@ import dpgrid
 from dpgrid import strategies
 from dpgrid.config.compose import options
 from dpgrid.models import autoencoder, bag_of_words, cnn
-from dpgrid.training.layers import MethodChoice
+from dpgrid.training.layers import CONV_METHODS, MethodChoice
 from dpgrid.training.persample import make_engine, per_sample_losses
 from dpgrid.runner import build_strategy
+from dpgrid.training.threads import keep_freed_memory
 
 # each paper model with its input shape, task, classes and the dataset it trains on
 MODELS = {"cnn": (cnn, (1, 28, 28), "classification", 10, "mnist"),
@@ -98,6 +99,11 @@ def nonprivate_step(model_name):
     return step
 
 
+# as `dpgrid run` trains: glibc keeps freed memory for reuse (--default-malloc: glibc's defaults); every contender alike
+if "--default-malloc" in sys.argv:  # the memory subprocesses read it from the environment
+    os.environ["DPGRID_BENCH_MALLOC"] = "default"
+ALLOCATOR = ("glibc defaults (--default-malloc)" if os.environ.get("DPGRID_BENCH_MALLOC") == "default"
+             else keep_freed_memory() or "the allocator's defaults")
 METHODS = MethodChoice(os.environ.get("DPGRID_BENCH_CONV_METHOD", "auto"))  # one choice for every step, as a grid
 
 
@@ -402,7 +408,9 @@ def main():
     parser.add_argument("--parallel-runs", default="auto", help="--grid: train.parallel_runs of the stacked mode")
     parser.add_argument("--device", default="cpu", help="cpu or cuda[:N]: where the steps and grids run (CUDA timings "
                         "synchronised, peak memory the device's)")
-    parser.add_argument("--conv-method", default="auto", choices=["auto", "grouped", "unfold16", "unfold64"],
+    parser.add_argument("--default-malloc", action="store_true",
+                        help="leave glibc's malloc at its defaults (dpgrid run keeps freed memory for reuse)")
+    parser.add_argument("--conv-method", default="auto", choices=["auto", *CONV_METHODS],
                         help="a convolution's per-sample method (train.conv_method; auto: measured on the first batch)")
     parser.add_argument("--record", nargs="?", const=RECORD, default=None,
                         help="write the report as the benchmark record (default benchmarks/steps.json), with the "
@@ -424,7 +432,7 @@ def main():
         return
     if args.grid:
         machine = {"cpu": cpu_name(), "device": device_name(), "cores": os.cpu_count(),
-                   "torch_threads": torch.get_num_threads(), "torch": torch.__version__}
+                   "torch_threads": torch.get_num_threads(), "torch": torch.__version__, "allocator": ALLOCATOR}
         rows = bench_grids(args.models, args.repeats, not args.no_memory, args.parallel_runs)
         if args.json:
             print(json.dumps({"machine": machine, "grid": rows}, indent=2))
@@ -451,7 +459,7 @@ def main():
         args.no_opacus = not record.get("opacus")
     report = {"machine": {"cpu": cpu_name(), "device": device_name(), "cores": os.cpu_count(),
                           "torch_threads": torch.get_num_threads(), "torch": torch.__version__,
-                          "batch_size": BATCH, "engine": args.engine},
+                          "allocator": ALLOCATOR, "batch_size": BATCH, "engine": args.engine},
               "nonprivate": [], "results": [], "opacus": []}
     for model_name in args.models:
         methods = (["nonprivate", *args.strategies] + ([] if args.no_opacus else ["opacus"])

@@ -207,6 +207,22 @@ def test_unfolded_correlation_is_the_grouped_one_across_chunks():
         assert torch.allclose(correlate_by_unfolding(x, kernels, padding, chunk=4), grouped, rtol=1e-12, atol=1e-12)
 
 
+@pytest.mark.parametrize("module", [nn.Conv2d(3, 5, 3, stride=2, padding=1, dilation=2), nn.Conv2d(3, 5, 4),
+                                    nn.ConvTranspose2d(3, 5, 3)], ids=["strided", "plain", "transposed"])
+def test_the_grouped_convolution_in_chunks_is_the_whole_one(module):
+    """Chunks that split the batch unevenly (10 samples in chunks of 4) give the whole batch's per-sample
+    gradients (float64): the engine's tests run on batches smaller than grouped64's chunk."""
+    from dpgrid.training.layers import grouped, grouped_in_chunks
+
+    torch.manual_seed(3)
+    module = module.double()
+    a = torch.randn(10, 3, 11, 11, dtype=torch.float64)
+    g = torch.randn_like(module(a))
+    whole = grouped(module, a, g)
+    assert whole.shape == (10, *module.weight.shape)
+    assert torch.allclose(grouped_in_chunks(4)(module, a, g), whole, rtol=1e-12, atol=1e-12)
+
+
 def test_the_method_choice_times_the_applicable_methods_once_per_shape_and_keeps_the_fastest(monkeypatch):
     from dpgrid.training import layers
 
@@ -219,17 +235,17 @@ def test_the_method_choice_times_the_applicable_methods_once_per_shape_and_keeps
     engine(x, y).weighted_sum(torch.ones(6, dtype=torch.float64))
     assert calls == []  # a sum asked before any norm needs no per-sample gradient
     engine(x, y).norms
-    assert len(calls) == 4 * 3  # four layer shapes, three methods each
+    assert len(calls) == 4 * len(CONV_METHODS)  # four layer shapes, every method each
     engine(x, y).norms
-    assert len(calls) == 12  # measured once per shape
+    assert len(calls) == 4 * len(CONV_METHODS)  # measured once per shape
     assert engine.methods.summary() == "unfold16,unfold16,unfold16,unfold16"
-    assert all("unfold16 (unfold16 1000.0 ms, unfold64 2000.0 ms, grouped 3000.0 ms" in line
+    assert all("unfold16 (unfold16 1000.0 ms, grouped64 2000.0 ms, unfold64 2000.0 ms, grouped 3000.0 ms" in line
                for line in engine.methods.describe())
 
 
 def test_a_strided_convolution_is_given_only_the_methods_that_compute_it():
-    assert applicable(nn.Conv2d(2, 3, 3, stride=2)) == ["grouped"]
-    assert applicable(nn.Conv2d(2, 3, 3, padding="same")) == ["grouped"]
+    assert applicable(nn.Conv2d(2, 3, 3, stride=2)) == ["grouped", "grouped64"]
+    assert applicable(nn.Conv2d(2, 3, 3, padding="same")) == ["grouped", "grouped64"]
     assert applicable(nn.Conv2d(2, 3, 3, padding=1)) == list(CONV_METHODS)
     assert MethodChoice("unfold64").choose(nn.Conv2d(2, 3, 3, stride=2), None, None)[0] == "grouped"
 

@@ -1,6 +1,8 @@
 """train.threads: chosen for the work and the cores this job may use, recorded in every row, restored after."""
 
 import os
+import subprocess
+import sys
 
 import pandas as pd
 import pytest
@@ -58,3 +60,38 @@ def test_threads_do_not_change_the_config_hash():
     from dpgrid.config.identity import config_hash
 
     assert config_hash(settings_of(load_cfg())) == config_hash(settings_of(load_cfg(**{"train.threads": 2})))
+
+
+FREED_KEPT = """
+import ctypes, sys
+from dpgrid.training.threads import glibc, keep_freed_memory
+
+class Info(ctypes.Structure):  # glibc's struct mallinfo2
+    _fields_ = [(name, ctypes.c_size_t) for name in
+                ("arena", "ordblks", "smblks", "hblks", "hblkhd", "usmblks", "fsmblks", "uordblks", "fordblks", "keepcost")]
+
+libc = glibc()
+libc.mallinfo2.restype, libc.malloc.restype, libc.free.argtypes = Info, ctypes.c_void_p, [ctypes.c_void_p]
+done = keep_freed_memory() if sys.argv[1] == "kept" else ""
+block = libc.malloc(24 << 20)  # a CNN activation's size at B = 512
+libc.free(block)
+print(done != "", libc.mallinfo2().fordblks >= (24 << 20))  # the freed block stays in the heap, for reuse
+"""
+
+
+@pytest.mark.parametrize("mode", ["kept", "default"])
+def test_freed_memory_is_kept_for_reuse_only_when_asked(mode):
+    from dpgrid.training.threads import glibc
+
+    if glibc() is None or not hasattr(glibc(), "mallinfo2"):
+        pytest.skip("glibc >= 2.33 only")
+    env = {k: v for k, v in os.environ.items() if not k.startswith("MALLOC_") and k not in ("GLIBC_TUNABLES", "LD_PRELOAD")}
+    out = subprocess.run([sys.executable, "-c", FREED_KEPT, mode], capture_output=True, text=True, env=env, check=True)
+    assert out.stdout.split() == (["True", "True"] if mode == "kept" else ["False", "False"])
+
+
+def test_an_allocator_the_user_chose_is_left_alone(monkeypatch):
+    from dpgrid.training.threads import keep_freed_memory
+
+    monkeypatch.setenv("MALLOC_TRIM_THRESHOLD_", "131072")
+    assert keep_freed_memory() == ""

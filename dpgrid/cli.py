@@ -77,6 +77,9 @@ def run_command(args: list) -> None:
     from dpgrid.config import register
     from dpgrid.results.files import directory_setting, outermost_missing
 
+    from dpgrid.config.compose import selection_overrides
+
+    args = selection_overrides(args)  # privacy.selection=NAME, as written before it was a config option
     if {"-m", "--multirun"} & set(args):
         overrides = [a for a in args if a not in ("-m", "--multirun")]
         with directory_setting("hydra.sweep.dir=..."):

@@ -10,7 +10,7 @@ A. The noise multiplier nu each way of tuning needs for the same (epsilon, delta
 B. Measured on digits (the offline set), every private strategy, epsilon = 3 and 9, delta = 1e-5: the selected
    configuration's score under composition (each configuration trained once, the K runs composed; the best one
    chosen) and under truncated-negative-binomial stopping (eta = 0, E[K] = K, candidates of one run), each
-   procedure repeated 5 times (composition: training seeds 0-4; stopping: privacy.stopping_seed 0-4).
+   procedure repeated 5 times (composition: training seeds 0-4; stopping: privacy.selection.stopping_seed 0-4).
 C. nu by random stopping under the Renyi analysis and the profile bound, per stopping rule, for MNIST at
    epsilon = 1, 3, 8 and E[K] = 7, 25, 49 candidates of one run, beside composition of K runs.
 D. Part B's stopping procedures again, accounted by the profile bound (less noise at the same epsilon).
@@ -84,7 +84,7 @@ def digits_table(accounting: list = ()) -> pd.DataFrame:
                 _, nu_c, runs = selected_score([*common, f"train.seeds={REPEATS}"], Path(tmp) / f"{strategy}{epsilon}c")
                 composed = runs.loc[runs.groupby("seed").best_value.idxmax()].best_value  # the best config per seed
                 picks = [selected_score([*common, "train.seeds=1", "privacy.selection=random_stopping", *accounting,
-                                         f"privacy.stopping_seed={r}"], Path(tmp) / f"{strategy}{epsilon}s{r}")
+                                         f"privacy.selection.stopping_seed={r}"], Path(tmp) / f"{strategy}{epsilon}s{r}")
                          for r in range(REPEATS)]
                 stopped = pd.Series([p[0] for p in picks])
                 rows.append(dict(strategy=strategy, epsilon=epsilon, K=runs.config_id.nunique(),
@@ -95,7 +95,7 @@ def digits_table(accounting: list = ()) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
-PROFILE = ["privacy.selection_accountant=profile", "privacy.accountant=pld"]
+PROFILE = ["privacy.selection.selection_accountant=profile", "privacy.accountant=pld"]
 
 
 def profile_table() -> pd.DataFrame:

@@ -12,7 +12,7 @@ For each epsilon in {1, 3, 8}, fixed_threshold (K = k^2 configurations of lr x c
 - tuning on a subsample at q1 = 0.1, 0.2, 0.5: random stopping over the grid on the tuning set (rs), or every
   configuration on it (grid), then the chosen configuration's seeds on the full data.
 The score is what the procedure releases: the released configuration's test accuracy, mean over its seeds; the
-random procedures are repeated (privacy.stopping_seed 0..R-1: other candidates, another tuning set) and their
+random procedures are repeated (privacy.selection.stopping_seed 0..R-1: other candidates, another tuning set) and their
 scores averaged. Compute: run-steps (runs x T) and example-steps (run-steps x expected batch, relative to the
 composition grid), and the CPU seconds of the whole command (planning included; process time, both cores).
 
@@ -48,8 +48,8 @@ def procedures(repeats: int) -> list:
              ("random stopping", None, ["privacy.selection=random_stopping"], repeats)]
     for search, name in (("random_stopping", "rs"), ("composition", "grid")):
         for rate in RATES:
-            found.append((f"subsample {name}", rate, ["privacy.selection=subsample_tuning", f"privacy.tuning_rate={rate}",
-                                                       f"privacy.tuning_search={search}"], repeats))
+            found.append((f"subsample {name}", rate, ["privacy.selection=subsample_tuning", f"privacy.selection.tuning_rate={rate}",
+                                                       f"privacy.selection.tuning_search={search}"], repeats))
     return found
 
 
@@ -85,7 +85,7 @@ def study(dataset: list, k: int, repeats: int) -> pd.DataFrame:
                 for rep in range(reps):
                     out = Path(tmp) / f"{epsilon}_{name.replace(' ', '_')}_{rate}_{rep}"
                     cfg = dpgrid.compose([*dataset, GRID, f"grid.k={k}", f"privacy.epsilon={epsilon}",
-                                          f"privacy.stopping_seed={rep}", *overrides])
+                                          f"privacy.selection.stopping_seed={rep}", *overrides])
                     start = time.process_time()
                     dpgrid.run_grid(cfg, out, progress=False)
                     found.append(measured(out, time.process_time() - start))
@@ -116,8 +116,8 @@ def rule(dataset: list, k: int, seeds: int) -> pd.DataFrame:
                 base = [*dataset, GRID, f"grid.k={k}", f"train.seeds={seeds}",
                         f"privacy.epsilon={epsilon}"]
                 tuned = Path(tmp) / f"tuned_{epsilon}_{rate}"
-                dpgrid.run_grid(dpgrid.compose([*base, "privacy.selection=subsample_tuning", f"privacy.tuning_rate={rate}",
-                                                "privacy.tuning_search=composition"]), tuned, progress=False)
+                dpgrid.run_grid(dpgrid.compose([*base, "privacy.selection=subsample_tuning", f"privacy.selection.tuning_rate={rate}",
+                                                "privacy.selection.tuning_search=composition"]), tuned, progress=False)
                 nu = json.loads((tuned / "plan.json").read_text())["noise_multiplier"]
                 spec = compile(dpgrid.compose([*base, "privacy.account_seeds=true"]))
                 spec = replace(spec, plan=replace(spec.plan, noise_multiplier=nu))  # the full grid at the tuning's nu

@@ -70,7 +70,7 @@ def test_plan_reports_liu_talwar_both_ways():
 
 @pytest.mark.parametrize("key, value, message", [("privacy.budget", "per_epoch", "privacy.budget"),
                                                  ("privacy.accountant", "gdp", "privacy.accountant"),
-                                                 ("privacy.selection", "liu_talwar", "privacy.selection must be one of composition, random_stopping")])
+                                                 ("privacy.selection", "liu_talwar", "no privacy.selection named 'liu_talwar'; available: composition, random_stopping")])
 def test_invalid_modes_are_refused(key, value, message):
     with pytest.raises(DpgridError, match=message):
         plan(**{key: value})

@@ -126,9 +126,9 @@ def test_the_plan_calibrates_the_whole_selection_to_the_target():
 
 
 @pytest.mark.parametrize("overrides, message", [
-    ({"privacy.stopping_eta": -1}, "privacy.stopping_eta must be a number in (-1, 100]"),
-    ({"privacy.stopping_mean": 1}, "privacy.stopping_mean must be a number in (1, 1e+06]"),
-    ({"privacy.stopping": "geometric"}, "privacy.stopping"),
+    ({"privacy.stopping_eta": -1}, "privacy.selection.stopping_eta must be a number in (-1, 100]"),
+    ({"privacy.stopping_mean": 1}, "privacy.selection.stopping_mean must be a number in (1, 1e+06]"),
+    ({"privacy.stopping": "geometric"}, "privacy.selection.stopping"),
     ({"privacy.budget": "per_run"}, "needs privacy.budget=per_grid"),
     ({"grid.only": "[lr0_clip0]"}, "cannot run with grid.only"),
 ])

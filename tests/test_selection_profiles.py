@@ -75,13 +75,13 @@ def test_binomial_candidates_follow_their_distribution():
 
 
 @pytest.mark.parametrize("settings, message", [
-    ({"privacy.stopping": "binomial"}, "privacy.stopping=binomial is not covered by privacy.selection_accountant=rdp"),
-    ({**PROFILE, "privacy.stopping": "binomial"}, "privacy.stopping=binomial needs privacy.stopping_rounds"),
-    ({**PROFILE, "privacy.stopping": "binomial", "privacy.stopping_rounds": 7},
-     "privacy.stopping_rounds must be a whole number > the expected number of candidates 7"),
-    ({**PROFILE, "privacy.accountant": "rdp"}, "privacy.selection_accountant=profile needs privacy.accountant=pld"),
-    ({**PROFILE, "privacy.stopping": "liu_talwar"}, "privacy.stopping=liu_talwar is not covered by"),
-    ({**PROFILE, "privacy.selection_accountant": "exact"}, "privacy.selection_accountant must be one of"),
+    ({"privacy.stopping": "binomial"}, "privacy.selection.stopping=binomial is not covered by privacy.selection.selection_accountant=rdp"),
+    ({**PROFILE, "privacy.stopping": "binomial"}, "privacy.selection.stopping=binomial needs privacy.selection.stopping_rounds"),
+    ({**PROFILE, "privacy.stopping": "binomial", "privacy.selection.stopping_rounds": 7},
+     "privacy.selection.stopping_rounds must be a whole number > the expected number of candidates 7"),
+    ({**PROFILE, "privacy.accountant": "rdp"}, "privacy.selection.selection_accountant=profile needs privacy.accountant=pld"),
+    ({**PROFILE, "privacy.stopping": "liu_talwar"}, "privacy.selection.stopping=liu_talwar is not covered by"),
+    ({**PROFILE, "privacy.selection_accountant": "exact"}, "privacy.selection.selection_accountant must be one of"),
 ])
 def test_bad_profile_settings_are_one_line(settings, message):
     with pytest.raises(DpgridError, match=message) as refused:

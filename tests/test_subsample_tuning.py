@@ -99,15 +99,15 @@ def test_a_secure_tuning_refuses_a_lost_tuning_set(tmp_path):
 
 
 @pytest.mark.parametrize("override, message", [
-    ("privacy.tuning_rate=0", "privacy.tuning_rate must be a number in (0, 1)"),
-    ("privacy.tuning_rate=1", "privacy.tuning_rate must be a number in (0, 1)"),
-    ("privacy.tuning_split=1", "privacy.tuning_split must be shared"),
-    ("privacy.tuning_split=0", "privacy.tuning_split must be shared"),
-    ("privacy.tuning_split=half", "privacy.tuning_split must be shared"),
+    ("privacy.tuning_rate=0", "privacy.selection.tuning_rate must be a number in (0, 1)"),
+    ("privacy.tuning_rate=1", "privacy.selection.tuning_rate must be a number in (0, 1)"),
+    ("privacy.tuning_split=1", "privacy.selection.tuning_split must be shared"),
+    ("privacy.tuning_split=0", "privacy.selection.tuning_split must be shared"),
+    ("privacy.tuning_split=half", "privacy.selection.tuning_split must be shared"),
     ("privacy.tuning_rate=0.001", "expected batch of 0.128 examples"),
-    ("privacy.final_data=test", "privacy.final_data"),
-    ("privacy.tuning_search=grid", "privacy.tuning_search"),
-    ("privacy.stopping=liu_talwar", "privacy.stopping"),
+    ("privacy.final_data=test", "privacy.selection.final_data"),
+    ("privacy.tuning_search=grid", "privacy.selection.tuning_search"),
+    ("privacy.stopping=liu_talwar", "privacy.selection.stopping"),
     ("privacy.selection_accountant=profile", "needs privacy.accountant=pld"),
 ])
 def test_bad_settings_are_one_line(override, message, tmp_path):
@@ -142,7 +142,7 @@ def test_every_built_in_strategy_tunes_on_a_subsample(strategy, tmp_path):
 
 def test_a_split_that_depends_on_the_batch_names_the_tuning_set():
     r = dpgrid("plan", "strategy=fixed_quantile", "privacy.selection=subsample_tuning")
-    assert r.returncode == 2 and one_line(r.stderr) and "privacy.tuning_rate" in r.stderr, r.stderr
+    assert r.returncode == 2 and one_line(r.stderr) and "privacy.selection.tuning_rate" in r.stderr, r.stderr
 
 
 def test_a_tuning_stopped_between_its_phases_resumes_with_the_same_choice_and_final_runs(tmp_path):

@@ -15,8 +15,6 @@ FLOAT32_MAX = 3.4e38  # parameters, thresholds and rates live in float32 tensors
 MAX_EPSILON = 100.0   # beyond this a DP guarantee (a factor e^epsilon > 10^43) says nothing
 MAX_LOG10 = 10        # grid axes span at most 10^-10 .. 10^10
 LARGE_CONFIGS, LARGE_STEPS = 10_000, 10 ** 7  # 100x the largest paper grid's K, 20x its steps
-MAX_STOPPING_MEAN = 1e6     # random stopping's E[K]: the draws' statistical tests reach this far
-MAX_STOPPING_ROUNDS = 2 ** 53  # the binomial's rounds m: every whole number up to here is exact in float64
 
 
 class Reader:
@@ -138,12 +136,6 @@ def check_config(cfg, n_train: int = None) -> list:
     read.choice("privacy.budget", BUDGETS)
     from dpgrid.privacy import all_accountants
     read.choice("privacy.accountant", all_accountants())
-    from dpgrid.privacy import SELECTIONS
-    selection = read.choice("privacy.selection", SELECTIONS)
-    if selection == "subsample_tuning":
-        check_subsample(read)
-    if selection != "composition":
-        check_selection(read, selection)
     read.whole("grid.k", low=2)
     if read.get("grid.only") is not None and len(read.get("grid.only")) == 0:
         raise DpgridError("grid.only must name at least one configuration, e.g. grid.only=[lr0] (null: all of them)")
@@ -183,63 +175,6 @@ def check_config(cfg, n_train: int = None) -> list:
     if read.has("dataset.features"):
         read.whole("dataset.features")
     return warnings
-
-
-def check_subsample(read: Reader) -> None:
-    """Tuning on a subsample's own keys (dpgrid.privacy.subsample_tuning)."""
-    from dpgrid.privacy.subsample_bounds import FINAL_DATA, SEARCHES
-
-    read.real("privacy.tuning_rate", "a number in (0, 1) (each example joins the tuning set with this probability)",
-              lambda v: 0 < v < 1)
-    read.choice("privacy.tuning_search", SEARCHES)
-    read.choice("privacy.final_data", FINAL_DATA)
-    split = read.get("privacy.tuning_split")
-    if split != "shared" and not (isinstance(split, (int, float)) and not isinstance(split, bool) and 0 < split < 1):
-        read.refuse("privacy.tuning_split", "shared (one noise multiplier for both phases) or a number in (0, 1) (the "
-                    "share of epsilon the tuning phase alone may spend; 0 and 1 leave a phase no budget)", split)
-
-
-def check_selection(read: Reader, selection: str = "random_stopping") -> None:
-    """Random stopping's keys, and the settings a selection cannot be combined with."""
-    from dpgrid.privacy.random_stopping import ANALYSES, COVERS, RULES
-    from dpgrid.privacy.subsample_bounds import COVERS as SUBSAMPLE_COVERS
-
-    covers = SUBSAMPLE_COVERS if selection == "subsample_tuning" else COVERS  # no Liu-Talwar tuning on a subsample
-    read.choice("privacy.stopping", tuple(r for r in RULES if any(r in c for c in covers.values())))
-    read.real("privacy.stopping_eta", "a number in (-1, 100]", lambda v: -1 < v <= 100)
-    if read.has("privacy.stopping_mean"):
-        read.real("privacy.stopping_mean", f"a number in (1, {MAX_STOPPING_MEAN:.0e}] (the expected number of "
-                  "candidates; dpgrid's draws are checked against their law up to there)",
-                  lambda v: 1 < v <= MAX_STOPPING_MEAN)
-    read.whole("privacy.stopping_seed", low=0)
-    analysis = read.choice("privacy.selection_accountant", tuple(ANALYSES))
-    if read.get("privacy.stopping") not in covers[analysis]:
-        raise DpgridError(f"privacy.stopping={read.get('privacy.stopping')} is not covered by "
-                          f"privacy.selection_accountant={analysis}; it covers {', '.join(covers[analysis])}")
-    if read.get("privacy.stopping") == "binomial" and not read.has("privacy.stopping_rounds"):
-        raise DpgridError("privacy.stopping=binomial needs privacy.stopping_rounds, its number of rounds m (a whole "
-                          "number > the expected number of candidates; each round trains a candidate with "
-                          "probability mean / m)")
-    if read.has("privacy.stopping_rounds"):  # unused by the other rules, but never a bad value
-        if not (isinstance(read.get("privacy.stopping_rounds"), int) and 2 <= read.get("privacy.stopping_rounds")
-                <= MAX_STOPPING_ROUNDS):
-            read.refuse("privacy.stopping_rounds", "a whole number in 2..2^53 (beyond 2^53 a whole number has no exact "
-                        "float, and the draw and the accounting would round the rounds)", read.get("privacy.stopping_rounds"))
-    # the candidate's accountant: Renyi curves for the RDP theorems, dp-accounting's PLD for the profile bound
-    accountant = {"rdp": ("rdp", "the stopping theorems are Renyi bounds"),
-                  "profile": ("pld", "the profile bound needs the candidate's privacy profile, which RDP and PRV "
-                                     "curves do not give here")}[analysis]
-    refusals = {"privacy.budget": ("per_grid", "a selection's budget is the whole selection's; per_run means nothing"),
-                "privacy.accountant": accountant,
-                "train.sampling": ("poisson", "shuffled batches claim no epsilon to select with")}
-    for key, (needed, why) in refusals.items():
-        if str(read.get(key)) != needed:
-            setting = f"privacy.selection_accountant={analysis}" if key == "privacy.accountant" else \
-                f"privacy.selection={selection}"
-            raise DpgridError(f"{setting} needs {key}={needed}, got {read.get(key)}: {why}")
-    if read.has("grid.only"):
-        raise DpgridError(f"privacy.selection={selection} cannot run with grid.only: a selection draws its "
-                          "candidates from the whole grid and cannot be split by hand")
 
 
 def check_size(n_configs: int, runs: int, steps: int, seconds_per_step, allow_large: bool) -> None:

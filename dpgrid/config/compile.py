@@ -19,7 +19,8 @@ from typing import Any, Mapping, Optional
 from omegaconf import OmegaConf
 
 from dpgrid import DpgridError
-from dpgrid.config.identity import config_hash, refuse_other_config
+from dpgrid.config.identity import config_hash, flat_privacy, refuse_other_config
+from dpgrid.config.selection import selection_of
 
 @dataclass(frozen=True)
 class Training:
@@ -45,6 +46,7 @@ class GridSpec:
     """One grid, compiled: every value its runs, rows and tables need, validated, and nothing else."""
     plan: Any                   # dpgrid.privacy.Plan (frozen): noise, what it spends, the configurations
     strategy_cls: type
+    selection_cls: type         # privacy.selection's AccountingMethod (the strategy may declare its own instead)
     options: Mapping            # the strategy config's own keys (read-only)
     selected: tuple             # the configurations this command trains (grid.only), in grid order
     only: Optional[tuple]       # grid.only as given (None: every configuration)
@@ -74,7 +76,7 @@ class GridSpec:
         """The names a grid's seeds derive from (a selection adds its repetition)."""
         p = self.plan
         key = (p.dataset, p.strategy, p.epsilon if p.private else "non-private", p.k)
-        return key if p.selection == "composition" else (*key, "selection", self.stopping_seed)
+        return (*key, "selection", self.stopping_seed) if p.method.seeds_beyond_plan else key
 
 
 def compile(cfg, n_train: int = None, run_dir=None, plan: bool = True) -> GridSpec:
@@ -85,7 +87,9 @@ def compile(cfg, n_train: int = None, run_dir=None, plan: bool = True) -> GridSp
     plan=False stops there (the spec has no plan, its device is as configured): a sweep's jobs are all checked so."""
     from dpgrid.config.checks import Reader, check_config
 
+    selection_cls, selection = selection_of(cfg.privacy.selection)  # its keys typed: a misspelt one is refused first
     warnings = check_config(cfg, n_train)  # first, and before torch is imported: a bad value is refused at once
+    selection_cls.check_options(Reader(cfg))
     from dpgrid.config.grid import configurations, select, size
     from dpgrid.plugins import arguments
     from dpgrid.strategies import resolve
@@ -99,7 +103,7 @@ def compile(cfg, n_train: int = None, run_dir=None, plan: bool = True) -> GridSp
     from dpgrid.privacy import accounting_for
 
     accountant = str(cfg.privacy.accountant)
-    method = accounting_for(strategy_cls, str(cfg.privacy.selection))
+    method = accounting_for(strategy_cls, selection_cls)
     if strategy_cls.private and accountant not in method.accountants:
         raise DpgridError(f"privacy.accountant={accountant} does not apply to strategy={cfg.strategy.name} "
                           f"(accounted by {method.name}); valid: {', '.join(method.accountants)}")
@@ -112,8 +116,10 @@ def compile(cfg, n_train: int = None, run_dir=None, plan: bool = True) -> GridSp
     configs = configurations(cfg.strategy, cfg.grid)
     only = tuple(str(o) for o in cfg.grid.only) if cfg.grid.only is not None else None
     plain = settings_of(cfg)
+    plain["privacy"]["selection"] = selection
+    privacy = flat_privacy(plain["privacy"])
     spec = GridSpec(
-        plan=None, strategy_cls=strategy_cls, options=MappingProxyType(arguments(cfg.strategy)),
+        plan=None, strategy_cls=strategy_cls, selection_cls=selection_cls, options=MappingProxyType(arguments(cfg.strategy)),
         selected=tuple(select(configs, only)), only=only,
         train=Training(epochs=int(cfg.train.epochs), batch_size=int(cfg.train.batch_size),
                        eval_every=int(cfg.train.eval_every), seeds=int(cfg.train.seeds),
@@ -124,8 +130,8 @@ def compile(cfg, n_train: int = None, run_dir=None, plan: bool = True) -> GridSp
                        save_models=str(cfg.train.save_models), conv_method=str(cfg.train.conv_method)),
         dataset=dataset, model=read_only(cfg.model),
         data_root=str(cfg.data.root), task=task, normalize=str(cfg.dataset.get("normalize", "unit")),
-        protocol=str(cfg.protocol), overwrite=bool(cfg.overwrite), stopping_seed=int(cfg.privacy.stopping_seed),
-        privacy=MappingProxyType(dict(plain["privacy"])), settings=MappingProxyType(plain),
+        protocol=str(cfg.protocol), overwrite=bool(cfg.overwrite), stopping_seed=int(privacy["stopping_seed"]),
+        privacy=MappingProxyType(privacy), settings=MappingProxyType(plain),
         config_hash=config_hash(plain, strategy_cls.private),
         warnings=tuple(warnings))
     if run_dir is not None:
@@ -173,7 +179,7 @@ def make_plan(spec: GridSpec, configs: list, n_train: int, model_parameters: int
         raise DpgridError(f"strategy={strategy['name']} is full-batch gradient descent: train.batch_size must be "
                           f"N = {n_train}, got {t.batch_size}")
     return plan_privacy(
-        strategy_cls=cls, options=dict(spec.options), privacy=dict(spec.privacy),
+        strategy_cls=cls, selection=spec.selection_cls, options=dict(spec.options), privacy=dict(spec.privacy),
         problem=cls.problem(Reader(dataset, prefix="dataset."), n_train), n_train=n_train,
         batch_size=t.batch_size, epochs=t.epochs, seeds=t.seeds, sampling=t.sampling,
         dataset=dataset["name"], strategy=strategy["name"], k=int(spec.settings["grid"]["k"]),

@@ -1,7 +1,6 @@
 """Hydra overrides -> the composed config (`compose`), and every refusal of them in one line: a misspelt key or
 option (with the closest one, never the key as typed), a value of the wrong type, a `+` that adds what nothing
-reads, a `model=` for a dataset that names no default model, a launcher whose plugin is not installed.
-`dpgrid.compose` is this module's `compose`."""
+reads, a `model=` for a dataset that names no default model, a launcher whose plugin is not installed."""
 
 import difflib
 import re
@@ -10,6 +9,7 @@ from pathlib import Path
 
 from dpgrid import DpgridError
 from dpgrid.config.checks import wrong_type
+from dpgrid.config.selection import selection_keys, selection_overrides, selection_owners
 
 
 def config_dir() -> str:
@@ -32,7 +32,7 @@ def compose(overrides=(), with_hydra: bool = False):
     from dpgrid.config import register
 
     register()  # the schema and resolvers, made known to Hydra when a config is first composed
-    overrides = list(overrides)
+    overrides = selection_overrides(overrides)  # privacy.selection=NAME, as written before it was a config option
     refuse_added_settings(overrides)
     try:
         with initialize_config_dir(version_base="1.3", config_dir=config_dir(), job_name="dpgrid"):
@@ -169,9 +169,10 @@ def readable(message: str, overrides: list) -> str:
     if plugin:  # dpgrid's launcher configs stand on Hydra's launcher plugins
         return (f"{first} Hydra's {plugin.group(1)} launcher is not installed: pip install 'dpgrid[cluster]' (or "
                 f"{LAUNCHER_PLUGINS[plugin.group(1)]})")
-    missing = re.search(r"Could not find '([^/']+)/([^']+)'", first)
+    missing = re.search(r"Could not find '(privacy/selection|[^/']+)/([^']+)'", first)
     if missing:
         group, name = missing.groups()
+        group = group.replace("/", ".")  # privacy/selection, as it is set: privacy.selection=NAME
         start = next((i for i, line in enumerate(lines) if line.startswith("Available options")), None)
         options = []
         for line in lines[start + 1:] if start is not None else []:
@@ -192,12 +193,17 @@ def readable(message: str, overrides: list) -> str:
         if group in OPEN_GROUPS and name.count(".") == 0 and name:  # an option's own key: compared with its keys
             own = sorted(k.partition(".")[2] for k in known if k.startswith(group + ".") and k.count(".") == 1
                          and not k.endswith("._target_"))
-            close = closest(name, own)
-            if close:
+            if close := closest(name, own):
                 return f"no setting {key!r}; did you mean {group}.{close[0]}?"
             others = [o for o in overrides if not o.startswith(key + "=")]
             adds = {"model": f" (+{key}=... passes its function another keyword argument)"}.get(group, "")
             return f"no setting {key!r}: {option_name(others, group)} has {', '.join(own) or 'no settings'}{adds}"
+        name = key.rpartition(".")[2]
+        if key.startswith("privacy.") and (owners := selection_owners(name)):  # a selection's key, not this one's
+            return (f"privacy.selection.{name} is a key of {' and '.join(f'privacy.selection={o}' for o in owners)}; this "
+                f"grid's is {option_name([o for o in overrides if not o.startswith(key + '=')], 'privacy.selection')}")
+        if key.startswith("privacy.") and (close := closest(name, selection_keys())):
+            return f"no setting {key!r}; did you mean privacy.selection.{close[0]}?"
         close = closest(key, known)
         hint = f"; did you mean {close[0]}?" if close else "; conf/config.yaml lists the settings"
         return f"no setting {key!r}{hint}"
@@ -213,7 +219,9 @@ def closest(name: str, candidates) -> list:
 def option_name(overrides: list, group: str) -> str:
     """The option of a group that an override list selects, as `group=name` (the default's too)."""
     try:
-        node = compose(overrides)[group]
+        node = compose(overrides)
+        for part in group.split("."):  # privacy.selection
+            node = node[part]
         return f"{group}={node.get('name')}" if node.get("name") else f"{group} ({node.get('_target_', '?')})"
     except DpgridError:
         return group

@@ -23,6 +23,25 @@ HASHED_WHEN_SET = {"train.float64": False, "privacy.selection_accountant": "rdp"
                    "privacy.final_data": "full"}
 
 
+# Before the selection was a config option (conf/privacy/selection), its keys sat in `privacy` beside the others
+# and every grid recorded random stopping's. Hashes, and the privacy settings a plan is made from, are of that flat
+# form (`flat_privacy`), so that every grid recorded so keeps its hash.
+RECORDED_BY_EVERY_GRID = {"stopping": "truncated_negative_binomial", "stopping_eta": 0.0, "stopping_mean": None,
+                          "stopping_seed": 0}
+
+
+def flat_privacy(privacy: dict) -> dict:
+    """The privacy settings with the selection's keys among them and `selection` its name (a config recorded before
+    the selection was an option is flat already)."""
+    node = privacy.get("selection")
+    if not isinstance(node, dict):
+        return dict(privacy)
+    flat = {key: value for key, value in privacy.items() if key != "selection"}
+    flat.update(RECORDED_BY_EVERY_GRID)
+    flat.update({key: value for key, value in node.items() if key not in ("_target_", "name")})
+    return {**flat, "selection": node.get("name")}
+
+
 def config_hash(settings: dict, private: bool = True) -> str:
     return hashlib.sha256(json.dumps(hashed(settings, private), sort_keys=True).encode()).hexdigest()[:16]
 
@@ -35,6 +54,7 @@ def hashed(settings: dict, private: bool = True) -> dict:
     the epsilon of what it publishes depends on it.
     A non-private strategy's runs do not depend on the privacy settings, which are then left out too."""
     plain = copy.deepcopy(dict(settings))
+    plain["privacy"] = flat_privacy(plain["privacy"])
     seeds_matter = plain["privacy"]["account_seeds"] or plain["privacy"].get("selection", "composition") != "composition"
     unhashed = NOT_HASHED if seeds_matter else (*NOT_HASHED, "train.seeds")
     if not private:

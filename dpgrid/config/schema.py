@@ -2,7 +2,7 @@
 `dpgrid_schema` and listed first in conf/config.yaml's defaults: a misspelt key or a value of the wrong
 type is refused when the config is composed. The defaults and their documentation stay in
 conf/config.yaml; ranges that a type cannot express are checked in dpgrid.config.checks. The option groups
-(strategy, dataset, model) are open: each option brings its own keys."""
+(strategy, dataset, model, privacy/selection) are open: each option brings its own keys."""
 
 from dataclasses import dataclass, field
 from typing import Any, Optional
@@ -19,17 +19,8 @@ class PrivacyConfig:
     secure_rng: bool = MISSING
     budget: str = MISSING
     accountant: str = MISSING
-    selection: str = MISSING
-    stopping: str = MISSING
-    stopping_eta: float = MISSING
-    stopping_mean: Optional[float] = None
-    stopping_rounds: Optional[int] = None
-    selection_accountant: str = "rdp"
-    stopping_seed: int = MISSING
-    tuning_rate: float = 0.1
-    tuning_search: str = "random_stopping"
-    tuning_split: Any = "shared"
-    final_data: str = "full"
+    selection: Any = MISSING  # an option of conf/privacy/selection: its _target_, name and its own keys (typed by
+                              # its class's Options when the grid is compiled)
 
 
 @dataclass

@@ -9,7 +9,7 @@ becomes a random-stopping selection with privacy.selection=random_stopping.
 
 - composition (composition.py): the K runs compose (privacy.accountant: rdp, pld or prv, accountants.py);
 - random_stopping (random_stopping.py): only the best of a random number of candidates is released, accounted
-  by the Renyi theorems or (privacy.selection_accountant=profile) by the profile bound (selection_profiles.py),
+  by the Renyi theorems or (privacy.selection.selection_accountant=profile) by the profile bound (selection_profiles.py),
   one entry each in random_stopping.ANALYSES;
 - noise_schedule (noise_schedule.py): each run's sigma_t schedule is fitted into a zCDP budget;
 - subsample_tuning (subsample_tuning.py, its bounds in subsample_bounds.py): the candidates train on a Poisson
@@ -29,23 +29,24 @@ from dpgrid.privacy.subsample_tuning import SubsampleTuning
 __all__ = ["Plan", "make_plan", "ACCOUNTING", "accounting_for", "alternatives", "NOT_DP_SAMPLING", "ACCOUNTANTS",
            "calibrate", "epsilon_of", "pld_epsilon", "prv_epsilon", "rdp_epsilon", "smallest_noise", "liu_talwar_parameters"]
 
+# the built-in methods by name: what a strategy's `accounting` and a recorded plan name
 ACCOUNTING = {method.name: method for method in (Composition, RandomStopping, NoiseSchedule, SubsampleTuning)}
-SELECTIONS = ("composition", RandomStopping.name, SubsampleTuning.name)  # privacy.selection's choices
 NOT_DP_SAMPLING = "shuffle (not DP)"  # how plans, rows and tables mark runs no epsilon covers
 
 
-def accounting_for(strategy_cls, selection: str = "composition"):
-    """The accounting method of a strategy's grid: the one it declares, or random stopping in place of
-    composition. DpgridError when the two cannot go together."""
+def accounting_for(strategy_cls, selection=Composition):
+    """The accounting method of a strategy's grid: the one it declares, or the grid's privacy.selection (its class,
+    or a built-in's name) in place of composition. DpgridError when the two cannot go together."""
     declared = ACCOUNTING.get(strategy_cls.accounting)
     if declared is None:
         raise DpgridError(f"{strategy_cls.__name__}.accounting = {strategy_cls.accounting!r} is no accounting "
                           f"method; valid: {', '.join(ACCOUNTING)}")
-    if selection != "composition":
+    selection = ACCOUNTING[selection] if isinstance(selection, str) else selection
+    if selection is not Composition:
         if declared is not Composition:
-            raise DpgridError(f"privacy.selection={selection} selects among grids accounted by composition; this "
-                              f"strategy's grid is accounted by {declared.name}")
-        return ACCOUNTING[selection]
+            raise DpgridError(f"privacy.selection={selection.name} selects among grids accounted by composition; "
+                              f"this strategy's grid is accounted by {declared.name}")
+        return selection
     return declared
 
 
@@ -94,7 +95,7 @@ class Plan:
     axes: list = field(default_factory=list)    # the grid's axes, e.g. ["lr", "clip"]
     dataset_epsilons: list = field(default_factory=list)  # the dataset's privacy levels (table rows)
     configurations: list = field(default_factory=list)
-    method: str = "composition"  # its accounting method (a key of ACCOUNTING): what the runner and results ask
+    method: type = Composition  # its accounting method (an AccountingMethod class): what the runner and results ask
 
     def to_dict(self) -> dict:
         d = asdict(self)
@@ -106,13 +107,14 @@ class Plan:
 
     def accounting(self):
         """Its accounting method (an AccountingMethod, method.py): what the runner and the results ask of it."""
-        return ACCOUNTING[self.method]()
+        return self.method()
 
 
 def make_plan(*, strategy_cls, options: dict, privacy: dict, problem: dict, n_train: int, batch_size: int,
-              epochs: int, seeds: int, sampling: str, **public) -> Plan:
+              epochs: int, seeds: int, sampling: str, selection=None, **public) -> Plan:
     """The grid's plan: its public figures, then the noise and what it spends from its accounting method.
     `privacy`: the privacy settings (epsilon, delta, accountant, budget, selection and its stopping rule);
+    `selection`: the class of privacy.selection (None: the built-in that privacy["selection"] names);
     `public`: the names and figures the plan records as given (dataset, strategy, label, k, axes, ...)."""
     steps = math.ceil(epochs * n_train / batch_size)
     per_config = seeds if privacy["account_seeds"] else 1  # runs of one configuration that are accounted
@@ -124,8 +126,8 @@ def make_plan(*, strategy_cls, options: dict, privacy: dict, problem: dict, n_tr
                 noise_multiplier=0.0, budget=str(privacy["budget"]), accountant=str(privacy["accountant"]),
                 sampling=sampling)
     if strategy_cls.private:
-        method = accounting_for(strategy_cls, str(privacy["selection"]))
-        plan = replace(plan, method=method.name, **method().plan(plan, strategy_cls, options, privacy, problem))
+        method = accounting_for(strategy_cls, selection or str(privacy["selection"]))
+        plan = replace(plan, method=method, **method().plan(plan, strategy_cls, options, privacy, problem))
         if plan.epsilon_spent is not None:
             check_spent(plan)
     else:  # a non-private baseline: no budget, no epsilon (its runs do not depend on them)

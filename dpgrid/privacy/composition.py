@@ -19,17 +19,26 @@ class Composition(AccountingMethod):
     accountants = tuple(ACCOUNTANTS)
 
     def plan(self, plan, strategy_cls, options: dict, privacy: dict, problem: dict) -> dict:
+        nu = calibrate(plan.epsilon, plan.sample_rate, budget_runs(plan) * plan.steps, plan.delta,
+                       accountant=plan.accountant)
+        return self.spent(plan, strategy_cls, options, nu)
+
+    def spent(self, plan, strategy_cls, options: dict, nu: float) -> dict:
+        """The plan's fields for noise multiplier nu: its split among the strategy's queries and what it spends."""
         q, steps, accountant, delta = plan.sample_rate, plan.steps, plan.accountant, plan.delta
         per_config = plan.seeds if plan.account_seeds else 1  # runs of one configuration that are accounted
-        budget_runs = plan.composed_runs if plan.budget == "per_grid" else per_config
-        nu = calibrate(plan.epsilon, q, budget_runs * steps, delta, accountant=accountant)
         epsilon = epsilon_curve(accountant, q, nu)  # each (steps, delta) asked once; RDP's curve computed once
         return dict(noise_multiplier=nu, per_query=strategy_cls.split_noise(nu, options, plan.batch_size),
-                    epsilon_spent=epsilon(budget_runs * steps, delta), epsilon_grid=epsilon(plan.composed_runs * steps, delta),
+                    epsilon_spent=epsilon(budget_runs(plan) * steps, delta), epsilon_grid=epsilon(plan.composed_runs * steps, delta),
                     epsilon_per_run=epsilon(per_config * steps, delta),
                     liu_talwar=liu_talwar_cost(plan.epsilon, delta, plan.n_configs, q, per_config * steps, nu,
                                                epsilon if accountant == "rdp" else epsilon_curve("rdp", q, nu)),
                     epsilon_with_seeds=epsilon(plan.n_configs * plan.seeds * steps, delta))
+
+
+def budget_runs(plan) -> int:
+    """How many runs the budget covers: the grid's K (K x seeds) per grid, one configuration's per run."""
+    return plan.composed_runs if plan.budget == "per_grid" else (plan.seeds if plan.account_seeds else 1)
 
 
 def liu_talwar_cost(epsilon: float, delta: float, n_candidates: int, sample_rate: float, run_steps: int,

@@ -1,9 +1,11 @@
 """What an accounting method decides beyond the noise: which runs a grid trains, what its rows add, what it
-releases. The runner and the results ask these of the grid's method (`plan.accounting()`, the class of
-dpgrid.privacy.ACCOUNTING that planned it) and hold no branch on a method's name.
+releases. The runner and the results ask these of the grid's method (`plan.accounting()`, the class that planned
+it) and hold no branch on a method's name.
 
 A new method subclasses AccountingMethod and overrides what differs: `plan` (the noise and what it spends) always,
-the rest where it trains or releases something other than every configuration's seeds composed.
+the rest where it trains or releases something other than every configuration's seeds composed. A method a user
+chooses is one config of conf/privacy/selection (its `_target_` this class, its `name`, its own keys, typed by
+`Options` and checked by `check_options`); a method a strategy declares (`Strategy.accounting`) has no keys.
 """
 
 
@@ -26,6 +28,10 @@ class Phase:
 
 
 class AccountingMethod:
+    @dataclass
+    class Options:
+        """Its own keys (privacy.selection.*), with their types: a misspelt key or a wrong type is refused."""
+
     name = ""
     accountants = ()           # the privacy.accountant values it takes
     releases_best_only = False  # True: only the chosen candidate leaves the grid; console and logs say nothing of
@@ -33,6 +39,11 @@ class AccountingMethod:
     seeds_beyond_plan = False  # True: its runs' seeds go past train.seeds (fresh runs per candidate)
     noise_per_run = False      # True: each run has its own noise and T (a schedule), not the plan's
     announcement = ""          # what a grid that releases its best only says when it starts ('': a selection's line)
+
+    @classmethod
+    def check_options(cls, read) -> None:
+        """Its keys' ranges and the settings it cannot run with; `read`: a dpgrid.config.checks.Reader of the whole
+        config (its keys are privacy.selection.*). DpgridError, one line naming the key, for a bad one."""
 
     def plan(self, plan, strategy_cls, options: dict, privacy: dict, problem: dict) -> dict:
         """The plan's fields this method fills in: the noise, its split among the strategy's queries, what it spends."""

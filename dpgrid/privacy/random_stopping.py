@@ -20,9 +20,12 @@ The RDP curves are converted to (epsilon, delta) as every dpgrid plan is (Opacus
 """
 
 import math
+from dataclasses import dataclass
+from typing import Optional
 
 import numpy as np
 
+from dpgrid import DpgridError
 from dpgrid.privacy.accountants import rdp_epsilon, smallest_noise
 from dpgrid.privacy.method import AccountingMethod
 
@@ -72,7 +75,7 @@ def parameters(rule: str, eta: float, mean: float, delta: float, rounds: int = N
     if rule == "binomial":  # m rounds, each trains a candidate with probability p = mean / m
         if rounds is None or rounds <= mean:
             from dpgrid import DpgridError
-            raise DpgridError(f"privacy.stopping_rounds must be a whole number > the expected number of candidates "
+            raise DpgridError(f"privacy.selection.stopping_rounds must be a whole number > the expected number of candidates "
                               f"{mean:g} (the binomial's p = mean / rounds < 1), got {rounds}")
         return {"rule": rule, "mean": mean, "rounds": int(rounds), "p": mean / rounds}
     eps1, delta1, upsilon = liu_talwar_parameters(1.0, delta, mean)
@@ -125,11 +128,13 @@ def profile_epsilon(sample_rate: float, noise_multiplier: float, steps: int, del
     return selection_profiles.selection_epsilon(sample_rate, noise_multiplier, steps, delta, stopping)
 
 
-# privacy.selection_accountant -> the selection's epsilon at (q, nu, one candidate's steps, delta, stopping rule)
+# privacy.selection.selection_accountant -> the selection's epsilon at (q, nu, one candidate's steps, delta, stopping rule)
 ANALYSES = {"rdp": selection_epsilon, "profile": profile_epsilon}
 COVERS = {"rdp": ("truncated_negative_binomial", "poisson", "liu_talwar"),
           "profile": ("truncated_negative_binomial", "poisson", "binomial")}
-RULES = tuple(dict.fromkeys(rule for rules in COVERS.values() for rule in rules))  # privacy.stopping's choices
+RULES = tuple(dict.fromkeys(rule for rules in COVERS.values() for rule in rules))  # privacy.selection.stopping's choices
+MAX_MEAN = 1e6     # E[K] of a stopping rule: the draws' statistical tests reach this far
+MAX_ROUNDS = 2 ** 53  # the binomial's rounds m: every whole number up to here is exact in float64
 
 
 def epsilon_by_analysis(sample_rate: float, noise_multiplier: float, steps: int, delta: float, stopping: dict) -> dict:
@@ -152,16 +157,29 @@ def selection_noise(sample_rate: float, steps: int, epsilon: float, delta: float
 class RandomStopping(AccountingMethod):
     """nu at which the whole random-stopping selection spends (epsilon, delta): the candidate's RDP curve (its
     seeds x T subsampled Gaussian steps, Opacus) with the stopping rule's theorem on top, then RDP -> (epsilon,
-    delta); or, under privacy.selection_accountant=profile, the candidate's PLD profile and the profile bound
+    delta); or, under privacy.selection.selection_accountant=profile, the candidate's PLD profile and the profile bound
     (dpgrid.privacy.selection_profiles).
 
     It trains the drawn candidates (candidate i: seeds i * seeds ... (i + 1) * seeds - 1, each a fresh run starting
     from seed j's weights for its j-th, whatever i: identically distributed, as the theorems assume) and releases
     the best one alone (selection.json, its model); the draw and its keeping are dpgrid.results.selection's."""
+    @dataclass
+    class Options:  # conf/privacy/selection/random_stopping.yaml says what each is
+        stopping: str = "truncated_negative_binomial"
+        stopping_eta: float = 0.0
+        stopping_mean: Optional[float] = None
+        stopping_rounds: Optional[int] = None
+        selection_accountant: str = "rdp"
+        stopping_seed: int = 0
+
     name = "random_stopping"
     accountants = ("rdp", "pld")
     releases_best_only = True
     seeds_beyond_plan = True
+
+    @classmethod
+    def check_options(cls, read) -> None:
+        check_stopping(read, COVERS)
 
     def runs(self, out, spec, selected: list) -> tuple:
         import torch
@@ -227,7 +245,7 @@ class RandomStopping(AccountingMethod):
                 f"configuration and its score (selection.json) are covered; runs.csv is a private log",
                 f"  noise multiplier nu = {plan.noise_multiplier:.5g}; eps spent = {plan.epsilon_spent:.5g}; one "
                 f"candidate's eps = {plan.epsilon_per_run:.5g}",
-                f"  analysis: {plan.selection_accountant} (privacy.selection_accountant)"
+                f"  analysis: {plan.selection_accountant} (privacy.selection.selection_accountant)"
                 + (f"; the same nu spends eps = {others}" if others else "")]
 
     def plan(self, plan, strategy_cls, options: dict, privacy: dict, problem: dict) -> dict:
@@ -244,3 +262,39 @@ class RandomStopping(AccountingMethod):
                     noise_multiplier=nu, per_query=strategy_cls.split_noise(nu, options, plan.batch_size),
                     epsilon_spent=epsilon, epsilon_grid=epsilon, epsilon_with_seeds=epsilon,
                     epsilon_per_run=rdp_epsilon(plan.sample_rate, nu, steps, plan.delta))
+
+
+def check_stopping(read, covers: dict) -> None:
+    """Random stopping's keys (`covers`: the rules each analysis covers), and what a selection cannot run with."""
+    key, selection = "privacy.selection.", read.get("privacy.selection.name")
+    read.choice(key + "stopping", tuple(r for r in RULES if any(r in c for c in covers.values())))
+    read.real(key + "stopping_eta", "a number in (-1, 100]", lambda v: -1 < v <= 100)
+    if read.has(key + "stopping_mean"):
+        read.real(key + "stopping_mean", f"a number in (1, {MAX_MEAN:.0e}] (the expected number of candidates; "
+                  "dpgrid's draws are checked against their law up to there)", lambda v: 1 < v <= MAX_MEAN)
+    read.whole(key + "stopping_seed", low=0)
+    analysis = read.choice(key + "selection_accountant", tuple(ANALYSES))
+    if (rule := read.get(key + "stopping")) not in covers[analysis]:
+        raise DpgridError(f"{key}stopping={rule} is not covered by {key}selection_accountant={analysis}; it covers "
+                          f"{', '.join(covers[analysis])}")
+    if rule == "binomial" and not read.has(key + "stopping_rounds"):
+        raise DpgridError(f"{key}stopping=binomial needs {key}stopping_rounds, its number of rounds m (a whole number > "
+                          "the expected number of candidates; each round trains a candidate with probability mean / m)")
+    if (rounds := read.get(key + "stopping_rounds")) is not None and not (isinstance(rounds, int) and 2 <= rounds <= MAX_ROUNDS):  # unused by other rules
+        read.refuse(key + "stopping_rounds", "a whole number in 2..2^53 (beyond 2^53 a whole number has no exact "
+                    "float, and the draw and the accounting would round the rounds)", rounds)
+    # the candidate's accountant: Renyi curves for the RDP theorems, dp-accounting's PLD for the profile bound
+    accountant = {"rdp": ("rdp", "the stopping theorems are Renyi bounds"),
+                  "profile": ("pld", "the profile bound needs the candidate's privacy profile, which RDP and PRV "
+                                     "curves do not give here")}[analysis]
+    refusals = {"privacy.budget": ("per_grid", "a selection's budget is the whole selection's; per_run means nothing"),
+                "privacy.accountant": accountant,
+                "train.sampling": ("poisson", "shuffled batches claim no epsilon to select with")}
+    for setting, (needed, why) in refusals.items():
+        if str(read.get(setting)) != needed:
+            chosen = f"{key}selection_accountant={analysis}" if setting == "privacy.accountant" else \
+                f"privacy.selection={selection}"
+            raise DpgridError(f"{chosen} needs {setting}={needed}, got {read.get(setting)}: {why}")
+    if read.has("grid.only"):
+        raise DpgridError(f"privacy.selection={selection} cannot run with grid.only: a selection draws its "
+                          "candidates from the whole grid and cannot be split by hand")

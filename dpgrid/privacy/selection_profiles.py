@@ -1,4 +1,4 @@
-"""Random stopping accounted by privacy profiles (privacy.selection_accountant=profile): the selection's
+"""Random stopping accounted by privacy profiles (privacy.selection.selection_accountant=profile): the selection's
 delta(epsilon) bounded directly from one candidate's privacy profile, in the spirit of Koskela, Redberg & Wang,
 "Privacy Profiles for Private Selection" (ICML 2024). Their theorems were out of reach; the bound below is
 derived and proved in docs/selection.md ("Profile accounting"), and attacked on exact toy selections

@@ -4,9 +4,9 @@ train on a Poisson subsample X1 of the data, the chosen hyperparameters are carr
 final model trains there. Only the chosen hyperparameters, the final model and the public accounting leave the
 grid. The analysis, proved step by step in docs/selection.md ("Tuning on a subsample"):
 
-Each example joins X1 with probability q1 (public, privacy.tuning_rate), drawn once from the grid's randomness.
+Each example joins X1 with probability q1 (public, privacy.selection.tuning_rate), drawn once from the grid's randomness.
 The tuning phase A runs on X1 (random stopping over the grid, or every configuration composed) and outputs the
-chosen configuration h; the final phase F trains h's `seeds` runs on the full data X (privacy.final_data=full) or
+chosen configuration h; the final phase F trains h's `seeds` runs on the full data X (privacy.selection.final_data=full) or
 on X \\ X1 (rest). Write eps_A, delta_A for A's curves on X1 and eps_F, delta_F for F's.
 
 Renyi analysis (integer orders a >= 2):
@@ -17,7 +17,7 @@ Renyi analysis (integer orders a >= 2):
 - full:  eps(a) <= eps_1(a) + eps_F(a)                                     (adaptive composition)
 - rest:  eps(a) <= 1/(a-1) log[q1 e^{(a-1) eps_A(a)} + (1-q1) e^{(a-1) eps_F(a)}]   (a random partition)
 
-Profile analysis (privacy.selection_accountant=profile; delta_F from dp-accounting's PLD, delta_A from the
+Profile analysis (privacy.selection.selection_accountant=profile; delta_F from dp-accounting's PLD, delta_A from the
 selection's profile bound or the composed PLD):
 - tuning alone:  delta_1(e') <= q1 delta_A(log(1 + (e^{e'} - 1) / q1))     (amplification by subsampling)
 - full:  delta(e) <= min_{e1 >= 0} delta_1(e1) + (1 - delta_1(e1)) [s delta_F(e - e1) + (1 - s) delta_F(e + e1)],
@@ -25,7 +25,7 @@ selection's profile bound or the composed PLD):
          dominated by randomized response of (e1, delta_1(e1)); composed with F's profile exactly)
 - rest:  delta(e) <= q1 delta_A(e) + (1 - q1) delta_F(e)
 
-Calibration (privacy.tuning_split): `shared` (the default) gives both phases one noise multiplier nu, the
+Calibration (privacy.selection.tuning_split): `shared` (the default) gives both phases one noise multiplier nu, the
 smallest at which the whole procedure spends (epsilon, delta): the candidates are tuned at the noise the final
 model trains with, which is what makes their choice carry over. A number s in (0, 1): the tuning phase's nu_1 is
 the smallest at which tuning alone spends s * epsilon, then the final phase's nu_2 the smallest at which the whole
@@ -46,8 +46,8 @@ from dpgrid import DpgridError
 from dpgrid.privacy.accountants import smallest_noise
 
 INTEGER_ORDERS = np.arange(2, 257)  # Zhu & Wang's bound holds at integer orders
-SEARCHES = ("random_stopping", "composition")  # privacy.tuning_search: how the tuning phase chooses
-FINAL_DATA = ("full", "rest")                   # privacy.final_data: what the final model trains on
+SEARCHES = ("random_stopping", "composition")  # privacy.selection.tuning_search: how the tuning phase chooses
+FINAL_DATA = ("full", "rest")                   # privacy.selection.final_data: what the final model trains on
 E1_GRID = np.concatenate([[0.0], np.geomspace(1e-3, 20.0, 120)])  # where the tuning phase's profile is read
 
 
@@ -267,9 +267,9 @@ def calibrate_phases(setting: Setting, epsilon: float, split, analysis: str) -> 
         return nu, nu
     share = float(split)
     nu_1 = smallest_noise(lambda v: spent(setting, v, 1e4)["tuning"], share * epsilon, 1e-4,
-                          f"for the tuning phase alone (privacy.tuning_split={share:g} of epsilon) {what}",
+                          f"for the tuning phase alone (privacy.selection.tuning_split={share:g} of epsilon) {what}",
                           key=key + ["tuning", share])
     nu_2 = smallest_noise(lambda v: spent(setting, nu_1, v)["total"], epsilon, 1e-4,
-                          f"for the final phase after a tuning phase of privacy.tuning_split={share:g} {what}",
+                          f"for the final phase after a tuning phase of privacy.selection.tuning_split={share:g} {what}",
                           key=key + ["final", share, nu_1])
     return nu_1, nu_2

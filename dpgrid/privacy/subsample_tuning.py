@@ -2,13 +2,13 @@
 accounting method: what it trains, in which order, and what it releases. Its bounds and calibration are
 dpgrid.privacy.subsample_bounds'.
 
-1. The tuning set X1: each training example joins it with probability q1 = privacy.tuning_rate, drawn once from the
+1. The tuning set X1: each training example joins it with probability q1 = privacy.selection.tuning_rate, drawn once from the
    grid's randomness (secure with privacy.secure_rng) and kept in tuning_set.json (private).
 2. The tuning phase (rows: phase=tuning): the candidates train on X1 only — random stopping over the grid
-   (privacy.tuning_search=random_stopping, the default: candidates.json as a selection's) or every configuration
+   (privacy.selection.tuning_search=random_stopping, the default: candidates.json as a selection's) or every configuration
    (composition) — with the same q and T as the final model, the expected batch q1 B and the tuning noise nu_1.
 3. The final phase (phase=final): the chosen configuration's clip and learning rate carried over unchanged, its
-   `train.seeds` runs train on the full data (privacy.final_data=full, the default) or on X \\ X1 (rest), with the
+   `train.seeds` runs train on the full data (privacy.selection.final_data=full, the default) or on X \\ X1 (rest), with the
    final noise nu_2 and the expected batch B (or (1 - q1) B).
 
 Released (selection.json, model/): the chosen configuration, its tuning score, the final model and its score, the
@@ -16,11 +16,13 @@ public accounting. Private: tuning_set.json, candidates.json, runs.csv, curves.c
 """
 
 import json
+from dataclasses import dataclass
+from typing import Any
 
 from dpgrid import DpgridError
 from dpgrid.privacy.method import AccountingMethod, Phase
-from dpgrid.privacy.random_stopping import RandomStopping
-from dpgrid.privacy.subsample_bounds import ANALYSES, COVERS, Setting, calibrate_phases
+from dpgrid.privacy.random_stopping import RandomStopping, check_stopping
+from dpgrid.privacy.subsample_bounds import ANALYSES, COVERS, FINAL_DATA, SEARCHES, Setting, calibrate_phases
 
 TUNING_SET = "tuning_set.json"
 COVERED = ("only selection.json and model/ are covered by (epsilon, delta): runs.csv, curves.csv, summary.csv, "
@@ -31,6 +33,13 @@ COVERED = ("only selection.json and model/ are covered by (epsilon, delta): runs
 class SubsampleTuning(AccountingMethod):
     """The candidates train on X1 (phase=tuning), then the chosen configuration's seeds train on the full data or
     on X \\ X1 (phase=final); the final model is released with the chosen hyperparameters."""
+    @dataclass
+    class Options(RandomStopping.Options):  # its search's keys (random stopping's), then its own
+        tuning_rate: float = 0.1
+        tuning_search: str = "random_stopping"
+        tuning_split: Any = "shared"
+        final_data: str = "full"
+
     name = "subsample_tuning"
     accountants = ("rdp", "pld")
     releases_best_only = True
@@ -38,6 +47,19 @@ class SubsampleTuning(AccountingMethod):
     announcement = ("tuning on a subsample: training the candidates on the tuning set, then the chosen one on the "
                     "data; the tuning set, how many candidates there are and their scores stay in the private files "
                     "(tuning_set.json, candidates.json, runs.csv, curves.csv, summary.csv)")
+
+    @classmethod
+    def check_options(cls, read) -> None:
+        key = "privacy.selection."
+        read.real(key + "tuning_rate", "a number in (0, 1) (each example joins the tuning set with this probability)",
+                  lambda v: 0 < v < 1)
+        read.choice(key + "tuning_search", SEARCHES)
+        read.choice(key + "final_data", FINAL_DATA)
+        split = read.get(key + "tuning_split")
+        if split != "shared" and not (isinstance(split, (int, float)) and not isinstance(split, bool) and 0 < split < 1):
+            read.refuse(key + "tuning_split", "shared (one noise multiplier for both phases) or a number in (0, 1) (the "
+                        "share of epsilon the tuning phase alone may spend; 0 and 1 leave a phase no budget)", split)
+        check_stopping(read, COVERS)  # no Liu-Talwar rule: its analysis is not amplified here
 
     def phases(self, out, spec, selected: list, data):
         plan, tuning = spec.plan, spec.plan.tuning
@@ -104,8 +126,8 @@ class SubsampleTuning(AccountingMethod):
         search = (f"random stopping, {stop['rule']}, {stop['mean']:g} candidates expected" if stop else
                   f"every one of the {plan.n_configs} configurations")
         where = "the full data" if t["final_data"] == "full" else "the examples outside the tuning set"
-        split = ("one noise multiplier for both phases (privacy.tuning_split=shared)" if t["split"] == "shared" else
-                 f"the tuning phase alone spends {t['split']:g} x epsilon (privacy.tuning_split)")
+        split = ("one noise multiplier for both phases (privacy.selection.tuning_split=shared)" if t["split"] == "shared" else
+                 f"the tuning phase alone spends {t['split']:g} x epsilon (privacy.selection.tuning_split)")
         others = ", ".join(f"{eps:.5g} by {name}" for name, eps in plan.epsilon_by_analysis.items()
                            if name != plan.selection_accountant)
         return [f"  tuning on a subsample: each example joins the tuning set with probability q1 = {t['rate']:g} "
@@ -145,15 +167,15 @@ class SubsampleTuning(AccountingMethod):
                           final_data, stopping)
         tuning_batch = rate * plan.batch_size
         if tuning_batch < 1:
-            raise DpgridError(f"privacy.tuning_rate={rate:g} leaves the candidates an expected batch of "
-                              f"{tuning_batch:.3g} examples (q1 x train.batch_size) < 1: raise privacy.tuning_rate "
+            raise DpgridError(f"privacy.selection.tuning_rate={rate:g} leaves the candidates an expected batch of "
+                              f"{tuning_batch:.3g} examples (q1 x train.batch_size) < 1: raise privacy.selection.tuning_rate "
                               "or train.batch_size")
         nu_1, nu_2 = calibrate_phases(setting, plan.epsilon, split, analysis)
         try:
             tuning_queries = strategy_cls.split_noise(nu_1, options, tuning_batch)
         except DpgridError as e:  # a split that depends on the batch (fixed_quantile's count): the tuning set's
             raise DpgridError(f"the tuning phase (expected batch q1 B = {tuning_batch:.4g}): {e}; or raise "
-                              "privacy.tuning_rate") from None
+                              "privacy.selection.tuning_rate") from None
         by_analysis = {name: spent(setting, nu_1, nu_2) for name, spent in ANALYSES.items()
                        if not stopping or stopping["rule"] in COVERS[name]}
         spent = by_analysis[analysis]
@@ -200,7 +222,7 @@ def tuning_set(out, spec, n_train: int):
                 raise ValueError
         except (OSError, UnicodeDecodeError, ValueError, TypeError, KeyError):
             raise DpgridError(f"{path} is damaged or not this grid's tuning set (N = {n_train}, "
-                              f"privacy.tuning_rate={rate:g}); restore it, or pass overwrite=true to start a new tuning "
+                              f"privacy.selection.tuning_rate={rate:g}); restore it, or pass overwrite=true to start a new tuning "
                               "(it spends a new epsilon)") from None
         mask = torch.zeros(n_train, dtype=torch.bool)
         mask[members] = True

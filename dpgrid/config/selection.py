@@ -1,0 +1,70 @@
+"""privacy.selection: the accounting method a user chooses, an option of conf/privacy/selection (its `_target_`, an
+AccountingMethod; its `name`; its own keys, typed by the class's Options), and its spelling from before it was a
+config option (privacy.selection=NAME, privacy.stopping=...), which is still understood."""
+
+import dataclasses
+import difflib
+
+from omegaconf import OmegaConf
+from omegaconf.errors import OmegaConfBaseException
+
+from dpgrid import DpgridError
+from dpgrid.config.checks import wrong_type
+
+
+def selection_of(node) -> tuple:
+    """(the class of the grid's privacy.selection, its node as plain values with its keys typed by the class's
+    Options): DpgridError for a node that is no option of conf/privacy/selection, a misspelt key or a wrong type."""
+    from dpgrid.plugins import resolve
+    from dpgrid.privacy.method import AccountingMethod
+
+    if not OmegaConf.is_dict(node) or "name" not in node:
+        raise DpgridError(f"privacy.selection must be an option of conf/privacy/selection (privacy.selection=NAME: "
+                          f"composition, random_stopping, subsample_tuning or a config of your own), got {node!r}")
+    where = f"privacy.selection={node.name}"
+    cls = resolve(node, where, kind="class")
+    if not (isinstance(cls, type) and issubclass(cls, AccountingMethod)):
+        raise DpgridError(f"{where}: _target_ {node._target_} is not a subclass of dpgrid.privacy.AccountingMethod")
+    given = OmegaConf.to_container(node, resolve=True)
+    head = {"_target_": given.pop("_target_"), "name": given.pop("name")}
+    known = [f.name for f in dataclasses.fields(cls.Options)]
+    for key in given:
+        if key not in known:
+            close = difflib.get_close_matches(key, known, n=1)
+            hint = f"did you mean privacy.selection.{close[0]}?" if close else \
+                f"its keys: {', '.join(known) or 'none'}"
+            raise DpgridError(f"privacy.selection.{key} is not a key of privacy.selection={head['name']}; {hint}")
+    try:
+        typed = OmegaConf.merge(OmegaConf.structured(cls.Options), given)
+    except OmegaConfBaseException as e:
+        e.full_key = f"privacy.selection.{getattr(e, 'full_key', '') or ''}".rstrip(".")
+        raise DpgridError(wrong_type(e)) from None
+    return cls, {**head, **OmegaConf.to_container(typed)}
+
+
+def selection_overrides(overrides) -> list:
+    """The overrides with the selection written as before it was a config option: privacy.selection=NAME chooses
+    the option (privacy/selection=NAME), privacy.KEY=... of a selection's key sets privacy.selection.KEY."""
+    rewritten = []
+    for text in overrides:
+        key, equals, value = text.partition("=")
+        if equals and key == "privacy.selection":
+            text = f"privacy/selection={value}"
+        elif equals and key.startswith("privacy.") and key.count(".") == 1 and key[8:] in selection_keys():
+            text = f"privacy.selection.{key[8:]}={value}"
+        rewritten.append(text)
+    return rewritten
+
+
+def selection_keys() -> set:
+    """The keys of the built-in selections' options (privacy.selection.KEY)."""
+    from dpgrid.privacy import ACCOUNTING
+
+    return {field.name for method in ACCOUNTING.values() for field in dataclasses.fields(method.Options)}
+
+
+def selection_owners(key: str) -> list:
+    """The built-in selections whose options have `key`."""
+    from dpgrid.privacy import ACCOUNTING
+
+    return [method.name for method in ACCOUNTING.values() if key in {f.name for f in dataclasses.fields(method.Options)}]

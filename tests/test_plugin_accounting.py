@@ -1,0 +1,76 @@
+"""An accounting method that is not in dpgrid (a stated noise multiplier, examples/) plugs in as one module plus one
+config of privacy/selection, on its own search path; its keys are typed and checked like a built-in's."""
+
+import json
+import re
+
+import pandas as pd
+import pytest
+
+from dpgrid import DpgridError, compose
+from dpgrid.config import compile
+from dpgrid.privacy.accountants import epsilon_of
+
+from .plugin import EXAMPLES, SEARCHPATH, dpgrid
+
+GRID = ["privacy.selection=fixed_noise", "privacy.selection.noise_multiplier=2.5", "grid.k=2", "train.epochs=1",
+        "train.seeds=1", "privacy.epsilon=8", SEARCHPATH]
+
+
+@pytest.fixture
+def example_package(monkeypatch):
+    monkeypatch.syspath_prepend(str(EXAMPLES))
+
+
+def test_a_stated_noise_spends_what_its_runs_compose_to(example_package):
+    plan = compile(compose(GRID)).plan
+    assert plan.noise_multiplier == 2.5 and plan.accounting().name == "fixed_noise"
+    composed = epsilon_of("rdp", plan.sample_rate, 2.5, plan.n_configs * plan.steps, plan.delta)
+    assert plan.epsilon_spent == pytest.approx(composed, rel=1e-9) and plan.epsilon_spent < 8
+    calibrated = compile(compose(GRID[2:])).plan  # composition calibrates to the whole target: less noise
+    assert calibrated.noise_multiplier < 2.5 and calibrated.epsilon_spent > plan.epsilon_spent
+
+
+@pytest.mark.parametrize("override, message", [
+    ("privacy.selection.noise_multiplier=0.01", "privacy.selection.noise_multiplier must be a number in [0.1, 1000]"),
+    ("privacy.selection.noise_multipler=2", "did you mean privacy.selection.noise_multiplier?"),
+    ("privacy.selection.noise_multiplier=loud", "privacy.selection.noise_multiplier"),
+    ("privacy.epsilon=0.5", "spends epsilon"),
+])
+def test_its_keys_are_typed_and_checked(example_package, override, message):
+    with pytest.raises(DpgridError, match=re.escape(message)) as refused:
+        compile(compose([*GRID, override]))
+    assert "\n" not in str(refused.value)
+
+
+@pytest.mark.slow
+def test_it_runs_plans_and_tables_as_a_built_in_method(tmp_path):
+    planned = dpgrid("plan", *GRID)
+    assert planned.returncode == 0 and "as stated (privacy.selection.noise_multiplier)" in planned.stdout, planned.stderr
+    r = dpgrid("run", *GRID, f"hydra.run.dir={tmp_path / 'results' / 'fixed'}")
+    assert r.returncode == 0, r.stderr
+    runs = pd.read_csv(tmp_path / "results" / "fixed" / "runs.csv")
+    plan = json.loads((tmp_path / "results" / "fixed" / "plan.json").read_text())
+    assert len(runs) == 2 and (runs.noise_multiplier == 2.5).all() and plan["noise_multiplier"] == 2.5
+    assert (runs.epsilon_spent == plan["epsilon_spent"]).all()
+    assert dpgrid("tables", str(tmp_path / "results")).returncode == 0
+
+
+@pytest.mark.parametrize("overrides, message", [
+    (["privacy.stoping=poisson"], "no setting 'privacy.stoping'; did you mean privacy.selection.stopping?"),
+    (["privacy.selection.stopping_seed=2"], "privacy.selection.stopping_seed is a key of privacy.selection=random_stopping"
+                                            " and privacy.selection=subsample_tuning; this grid's is privacy.selection=composition"),
+    (["privacy.selection=random_stopping", "privacy.selection.stoping=poisson"], "did you mean privacy.selection.stopping?"),
+    (["privacy.selection=random_stoping"], "no privacy.selection named 'random_stoping' (did you mean privacy.selection=random_stopping?)"),
+])
+def test_a_selection_key_set_where_it_is_not_read_is_named_with_its_owner(overrides, message):
+    with pytest.raises(DpgridError, match=re.escape(message)):
+        compose(overrides)
+
+
+def test_the_older_spellings_set_the_same_keys():
+    older = compile(compose(["privacy.selection=random_stopping", "privacy.stopping=poisson", "privacy.stopping_mean=4"]))
+    newer = compile(compose(["privacy.selection=random_stopping", "privacy.selection.stopping=poisson",
+                             "privacy.selection.stopping_mean=4"]))
+    assert older.config_hash == newer.config_hash and older.plan == newer.plan
+    assert newer.plan.stopping["rule"] == "poisson" and newer.plan.stopping["mean"] == 4

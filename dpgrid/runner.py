@@ -228,7 +228,7 @@ def train_grid(spec, out: Path, progress: bool, on_lock=None) -> pd.DataFrame:
     runs = read_frame(out / "runs.csv") if work else None
     summary, _ = method.summarize(out, runs, plan, data.task)
     write_csv(out / "summary.csv", summary)
-    summary.attrs["selection"] = method.releases_best_only
+    summary.attrs["releases_best_only"] = method.releases_best_only
     summary.attrs["release"] = release_when_finished(out, spec, runs, summary, work, data_files)
     return summary
 

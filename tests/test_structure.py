@@ -144,24 +144,31 @@ def method_branches(source: str, where: str, names) -> list:
         tests = node.values if isinstance(node, ast.BoolOp) else \
             [node.test] if isinstance(node, (ast.If, ast.IfExp, ast.While)) else []
         for test in tests:
-            if isinstance(test, ast.Attribute) and test.attr in ("schedule", "selection"):
+            if isinstance(test, ast.Attribute) and test.attr in METHOD_FIELDS:
                 found.append(f"{where}:{node.lineno}: branches on .{test.attr}")
+            if isinstance(test, ast.Call) and isinstance(test.func, ast.Attribute) and test.func.attr == "get" and \
+                    test.args and isinstance(test.args[0], ast.Constant) and test.args[0].value in METHOD_FIELDS:
+                found.append(f"{where}:{node.lineno}: branches on .get({test.args[0].value!r})")
     return found
+
+
+METHOD_FIELDS = ("schedule", "selection", "tuning")  # a built-in method's own fields of a plan
 
 
 def test_the_runner_and_the_results_ask_the_accounting_method():
     """What a grid trains, what its rows add, what it releases and how `dpgrid plan` describes it are its accounting
-    method's answers (dpgrid.privacy.method): the runner, the results, the plan's description, the console and the
-    command line hold no branch on a method's name. The selection's own draw and release (results/selection.py)
-    are random stopping's implementation and exempt."""
+    method's answers (dpgrid.privacy.method): the runner, the results, the reporting (the plan's description, the
+    console, the tables and figures), the spec and the command line hold no branch on a method's name. The files
+    of random stopping (results/selection.py) and of tuning on a subsample (results/tuning.py) are those methods'
+    own implementation and exempt."""
     from dpgrid.privacy import ACCOUNTING
 
     names = set(ACCOUNTING)
     # the walk finds the branches it looks for
-    assert len(method_branches("if plan.selection == 'random_stopping': pass\nx = 1 if plan.schedule else 2\n",
-                               "example", names)) == 2
-    modules = [PACKAGE / "runner.py", *sorted((PACKAGE / "results").glob("*.py")), PACKAGE / "cli.py",
-               PACKAGE / "reporting" / "describe.py", PACKAGE / "reporting" / "console.py"]
-    found = [f for path in modules if path.name != "selection.py"
+    assert len(method_branches("if plan.selection == 'random_stopping': pass\nx = 1 if plan.schedule else 2\n"
+                               "y = f(p) if plan.get('tuning') else p\n", "example", names)) == 3
+    modules = [PACKAGE / "runner.py", *sorted((PACKAGE / "results").glob("*.py")), PACKAGE / "cli.py", PACKAGE / "api.py",
+               *sorted((PACKAGE / "reporting").glob("*.py")), PACKAGE / "config" / "compile.py"]
+    found = [f for path in modules if path.name not in ("selection.py", "tuning.py")
              for f in method_branches(path.read_text(), str(path.relative_to(ROOT)), names)]
     assert not found, found

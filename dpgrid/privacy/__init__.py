@@ -26,7 +26,7 @@ from dpgrid.privacy.noise_schedule import NoiseSchedule
 from dpgrid.privacy.random_stopping import RandomStopping, liu_talwar_parameters
 from dpgrid.privacy.subsample_tuning import SubsampleTuning
 
-__all__ = ["Plan", "make_plan", "ACCOUNTING", "accounting_for", "alternatives", "NOT_DP_SAMPLING", "ACCOUNTANTS",
+__all__ = ["Plan", "make_plan", "ACCOUNTING", "accounting_for", "recorded_method", "alternatives", "NOT_DP_SAMPLING", "ACCOUNTANTS",
            "calibrate", "epsilon_of", "pld_epsilon", "prv_epsilon", "rdp_epsilon", "smallest_noise", "liu_talwar_parameters"]
 
 # the built-in methods by name: what a strategy's `accounting` and a recorded plan name
@@ -48,6 +48,14 @@ def accounting_for(strategy_cls, selection=Composition):
                               f"this strategy's grid is accounted by {declared.name}")
         return selection
     return declared
+
+
+def recorded_method(plan: dict):
+    """The accounting method a plan.json records (its `selection`, or a noise schedule's `schedule`), for what reads
+    a grid back from its files (the tables); a method that is not built in reads as composition."""
+    if plan.get("schedule"):
+        return NoiseSchedule
+    return ACCOUNTING.get(plan.get("selection") or "composition", Composition)
 
 
 def all_accountants() -> tuple:

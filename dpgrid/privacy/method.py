@@ -114,6 +114,16 @@ class AccountingMethod:
         configuration's seeds)."""
         return runs
 
+    def table_runs(self, folder, runs, plan: dict):
+        """Its rows as a table reads the grid's privacy figures from them (`plan`: plan.json, as recorded)."""
+        return runs
+
+    def table_release(self, folder, runs, plan: dict, axes: list, task: str):
+        """What a table shows of a grid that releases its best only: {"chosen": configuration or None, "value",
+        "std", "n_seeds"} recomputed from its rows and checked against the file it released; None: the table shows
+        the best configuration over its seeds, as every run is covered."""
+        return None
+
     def unreleased_draw(self, out, committed: int) -> str:
         """Why a secure grid that committed runs cannot go on ('' when it can): files its method needs."""
         return ""

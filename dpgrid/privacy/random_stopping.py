@@ -1,5 +1,5 @@
 """Private selection by random stopping, instead of composing the grid's runs (`privacy.selection=random_stopping`):
-its accounting. Drawing the candidates and keeping the draw is dpgrid.results.selection's.
+its accounting. Drawing the candidates, keeping the draw and reading its release back: dpgrid.results.selection.
 
 A candidate is one configuration drawn uniformly from the grid (with replacement) and trained
 `train.seeds` times; its score is the mean of its runs, and the mechanism the accountant sees is those
@@ -74,7 +74,6 @@ def parameters(rule: str, eta: float, mean: float, delta: float, rounds: int = N
         return {"rule": rule, "mean": mean, "mu": mean}
     if rule == "binomial":  # m rounds, each trains a candidate with probability p = mean / m
         if rounds is None or rounds <= mean:
-            from dpgrid import DpgridError
             raise DpgridError(f"privacy.selection.stopping_rounds must be a whole number > the expected number of candidates "
                               f"{mean:g} (the binomial's p = mean / rounds < 1), got {rounds}")
         return {"rule": rule, "mean": mean, "rounds": int(rounds), "p": mean / rounds}
@@ -85,7 +84,6 @@ def parameters(rule: str, eta: float, mean: float, delta: float, rounds: int = N
 
 def candidate_rdp(sample_rate: float, noise_multiplier: float, steps: int, orders=ORDERS) -> np.ndarray:
     from opacus.accountants.analysis.rdp import compute_rdp
-
     return np.asarray(compute_rdp(q=sample_rate, noise_multiplier=noise_multiplier, steps=steps, orders=orders))
 
 
@@ -124,7 +122,6 @@ def selection_epsilon(sample_rate: float, noise_multiplier: float, steps: int, d
 
 def profile_epsilon(sample_rate: float, noise_multiplier: float, steps: int, delta: float, stopping: dict) -> float:
     from dpgrid.privacy import selection_profiles
-
     return selection_profiles.selection_epsilon(sample_rate, noise_multiplier, steps, delta, stopping)
 
 
@@ -223,6 +220,10 @@ class RandomStopping(AccountingMethod):
                f"covered by the selection's epsilon ({plan.selection_accountant} analysis)")
         return seeds, why
 
+    def table_release(self, folder, runs, plan: dict, axes: list, task: str):
+        from dpgrid.results.selection import selection_release
+        return selection_release(folder, runs, plan, axes, task)
+
     def unreleased_draw(self, out, committed: int) -> str:
         if committed and not (out / "candidates.json").exists():
             return f"{out / 'candidates.json'} is missing but this secure selection trained {committed} run(s)"
@@ -284,11 +285,10 @@ def check_stopping(read, covers: dict) -> None:
         read.refuse(key + "stopping_rounds", "a whole number in 2..2^53 (beyond 2^53 a whole number has no exact "
                     "float, and the draw and the accounting would round the rounds)", rounds)
     # the candidate's accountant: Renyi curves for the RDP theorems, dp-accounting's PLD for the profile bound
-    accountant = {"rdp": ("rdp", "the stopping theorems are Renyi bounds"),
-                  "profile": ("pld", "the profile bound needs the candidate's privacy profile, which RDP and PRV "
-                                     "curves do not give here")}[analysis]
+    accountant = {"rdp": ("rdp", "the stopping theorems are Renyi bounds"), "profile": (
+        "pld", "the profile bound needs the candidate's privacy profile, which RDP and PRV curves do not give here")}
     refusals = {"privacy.budget": ("per_grid", "a selection's budget is the whole selection's; per_run means nothing"),
-                "privacy.accountant": accountant,
+                "privacy.accountant": accountant[analysis],
                 "train.sampling": ("poisson", "shuffled batches claim no epsilon to select with")}
     for setting, (needed, why) in refusals.items():
         if str(read.get(setting)) != needed:

@@ -24,10 +24,6 @@ from dpgrid.privacy.method import AccountingMethod, Phase
 from dpgrid.privacy.random_stopping import RandomStopping, check_stopping
 from dpgrid.privacy.subsample_bounds import ANALYSES, COVERS, FINAL_DATA, SEARCHES, Setting, calibrate_phases
 
-TUNING_SET = "tuning_set.json"
-COVERED = ("only selection.json and model/ are covered by (epsilon, delta): runs.csv, curves.csv, summary.csv, "
-           "candidates.json, tuning_set.json and cli.log show the tuning set and every candidate and are the "
-           "experimenter's private log")
 
 
 class SubsampleTuning(AccountingMethod):
@@ -63,7 +59,7 @@ class SubsampleTuning(AccountingMethod):
 
     def phases(self, out, spec, selected: list, data):
         plan, tuning = spec.plan, spec.plan.tuning
-        members = tuning_set(out, spec, data.n_train)
+        members = files().tuning_set(out, spec, data.n_train)
         random_stopping = tuning["search"] == "random_stopping"
         if random_stopping:
             runs, draw = RandomStopping().runs(out, spec, selected)
@@ -73,7 +69,7 @@ class SubsampleTuning(AccountingMethod):
         yield Phase(runs, draw, train_rows=members.nonzero().flatten(), noise_multiplier=first["noise_multiplier"],
                     per_query=first["per_query"], batch_size=first["batch_size"],
                     n_train=plan.n_train * tuning["rate"], fields={"phase": "tuning"})
-        chosen = chosen_configuration(out, spec, selected, draw)
+        chosen = files().chosen_configuration(out, spec, selected, draw)
         if chosen is None:  # no candidate drawn, or none converged: nothing to carry over
             return
         base = 1 + max(seed for _, seed in runs)  # the final runs' seeds follow the candidates'
@@ -99,9 +95,9 @@ class SubsampleTuning(AccountingMethod):
     def summarize(self, out, runs, plan, task: str):
         from dpgrid.results.files import write_json
 
-        summary = tuning_summary(runs, plan.tuning["search"], plan.axes, task)
+        summary = files().tuning_summary(runs, plan.tuning["search"], plan.axes, task)
         final = None if runs is None or "phase" not in runs else runs[runs.phase == "final"]
-        released = release_record(plan, summary, final)
+        released = files().release_record(plan, summary, final)
         write_json(out / "selection.json", released)
         summary.attrs["final"] = released.get("final")
         return summary, released
@@ -114,6 +110,12 @@ class SubsampleTuning(AccountingMethod):
                f"{'the full data' if plan.tuning['final_data'] == 'full' else 'the data outside the tuning set'}; "
                f"both phases are covered by the procedure's epsilon ({plan.selection_accountant} analysis)")
         return seeds, why
+
+    def table_runs(self, folder, runs, plan: dict):
+        return files().tuned_runs(folder, runs, plan)
+
+    def table_release(self, folder, runs, plan: dict, axes: list, task: str):
+        return files().tuning_release(folder, runs, plan, axes, task)
 
     def expected_runs(self, plan, runs: int) -> float:
         # the candidates' runs cost q1 of a full one each (their batches are q1 B)
@@ -148,9 +150,9 @@ class SubsampleTuning(AccountingMethod):
     def unreleased_draw(self, out, committed: int) -> str:
         if not committed:
             return ""
-        if not (out / TUNING_SET).exists():
-            return f"{out / TUNING_SET} is missing but this secure grid trained {committed} run(s)"
-        return RandomStopping().unreleased_draw(out, committed) if "candidate" in header(out) else ""
+        if not (out / files().TUNING_SET).exists():
+            return f"{out / files().TUNING_SET} is missing but this secure grid trained {committed} run(s)"
+        return RandomStopping().unreleased_draw(out, committed) if "candidate" in files().header(out) else ""
 
     def plan(self, plan, strategy_cls, options: dict, privacy: dict, problem: dict) -> dict:
         from dpgrid.privacy.random_stopping import parameters
@@ -198,97 +200,8 @@ class SubsampleTuning(AccountingMethod):
                     epsilon_per_run=spent["final"], tuning=tuning)
 
 
-def header(out) -> list:
-    """runs.csv's columns ([] when it holds none)."""
-    path = out / "runs.csv"
-    return path.read_text().partition("\n")[0].split(",") if path.exists() else []
-
-
-def tuning_set(out, spec, n_train: int):
-    """X1 as a boolean mask over the training set: read from tuning_set.json, or drawn (each example with
-    probability q1; 53 random bits each, seeded or secure) and written there."""
-    import torch
-
-    from dpgrid.privacy.randomness import SecureRandom, derive_seed
-    from dpgrid.results.files import write_json
-
-    rate, path = spec.plan.tuning["rate"], out / TUNING_SET
-    if path.exists():
-        try:
-            recorded = json.loads(path.read_text())
-            members = recorded["members"]
-            if recorded["n_train"] != n_train or recorded["rate"] != rate or not all(
-                    isinstance(i, int) and 0 <= i < n_train for i in members):
-                raise ValueError
-        except (OSError, UnicodeDecodeError, ValueError, TypeError, KeyError):
-            raise DpgridError(f"{path} is damaged or not this grid's tuning set (N = {n_train}, "
-                              f"privacy.selection.tuning_rate={rate:g}); restore it, or pass overwrite=true to start a new tuning "
-                              "(it spends a new epsilon)") from None
-        mask = torch.zeros(n_train, dtype=torch.bool)
-        mask[members] = True
-        return mask
-    if spec.train.secure_rng:
-        bits = torch.tensor([int(x) >> 11 for x in SecureRandom().uint64(n_train)], dtype=torch.float64)
-    else:
-        source = torch.Generator().manual_seed(derive_seed(*spec.seed_names(), "tuning_set"))
-        bits = torch.randint(0, 2 ** 53, (n_train,), generator=source, dtype=torch.int64).to(torch.float64)
-    mask = bits / 2 ** 53 < rate
-    write_json(path, {"rate": rate, "n_train": n_train, "search": spec.plan.tuning["search"],
-                      "members": mask.nonzero().flatten().tolist()})
-    return mask
-
-
-def tuning_summary(runs, search: str, axes: list, task: str):
-    """summary.csv: the tuning phase per candidate (random stopping) or per configuration, the chosen one best."""
-    import pandas as pd
-
-    from dpgrid.results.runs import summarize
-    from dpgrid.results.selection import candidate_summary
-
-    tuning = None if runs is None or "phase" not in runs else runs[runs.phase == "tuning"]
-    if tuning is None or not len(tuning):
-        return pd.DataFrame()
-    return candidate_summary(tuning, axes, task) if search == "random_stopping" else summarize(tuning, axes, task)
-
-
-def chosen_configuration(out, spec, selected: list, draw):
-    """The configuration the tuning phase chose (its rows in runs.csv), or None."""
-    from dpgrid.results.files import read_frame
-
-    runs = read_frame(out / "runs.csv") if (out / "runs.csv").exists() else None
-    if runs is not None and draw is not None and "draw" in runs:
-        runs = runs[runs.draw.astype(str) == draw]
-    summary = tuning_summary(runs, spec.plan.tuning["search"], spec.plan.axes, spec.task)
-    if not len(summary) or not summary.best.any():
-        return None
-    chosen = summary[summary.best].iloc[0].config_id
-    return next(c for c in selected if c["config_id"] == chosen)
-
-
-def release_record(plan, summary, final) -> dict:
-    """selection.json: the chosen configuration and its tuning score, the final model's score over its seeds, and
-    the public accounting; nothing that depends on how many candidates were drawn or on another candidate."""
-    tuning = plan.tuning
-    record = {"selection": "subsample_tuning", "tuning_rate": tuning["rate"], "search": tuning["search"],
-              "final_data": tuning["final_data"], "stopping": plan.stopping, "epsilon": plan.epsilon_spent,
-              "delta": plan.delta, "noise_multiplier": {"tuning": tuning["tuning"]["noise_multiplier"],
-                                                        "final": tuning["final"]["noise_multiplier"]},
-              "accountant": plan.accountant, "analysis": plan.selection_accountant, "covered": COVERED,
-              "chosen": None, "final": None}
-    if not len(summary) or not summary.best.any():
-        return record
-    row = summary[summary.best].iloc[0]
-    record["chosen"] = {"config_id": row.config_id, **{a: float(row[a]) for a in plan.axes},
-                        "tuning_score": float(row["mean"])}
-    record["final"] = final_score(final)
-    return record
-
-
-def final_score(final):
-    """The final model's score over its seeds (None before its runs)."""
-    if final is not None and len(final):
-        ok = final[~final.diverged.astype(bool)].best_value.astype(float)
-        return {"score": float(ok.mean()) if len(ok) else None,
-                "std": float(ok.std(ddof=0)) if len(ok) else None,
-                "seeds": int(len(ok)), "diverged": int(len(final) - len(ok))}
-    return None
+def files():
+    """Its files (the tuning set, the summaries, selection.json), in dpgrid.results.tuning: loaded when a grid
+    trains or is read back, not when a config is checked."""
+    from dpgrid.results import tuning
+    return tuning

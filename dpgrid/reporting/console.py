@@ -27,7 +27,7 @@ def report_run(plan, config_id: str, seed: int, result, done: int, total: int) -
 def describe_best(summary, task: str) -> str:
     """The grid's result in one line; a selection's says only what selection.json releases (nothing of how many
     candidates there were, nor whether none was drawn or none converged)."""
-    selection = "candidate" in summary or summary.attrs.get("selection")
+    selection = "candidate" in summary or summary.attrs.get("releases_best_only")
     if not len(summary) or not summary.best.any():
         return ("the selection released no configuration (no candidate drawn, or none converged): selection.json"
                 if selection else "no configuration converged: every run diverged")

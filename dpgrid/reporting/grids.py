@@ -13,9 +13,9 @@ import pandas as pd
 
 from dpgrid import DpgridError, tasks
 from dpgrid.config.grid import edges
-from dpgrid.privacy import NOT_DP_SAMPLING
+from dpgrid.privacy import NOT_DP_SAMPLING, recorded_method
 from dpgrid.results.files import read_json
-from dpgrid.results.runs import read_runs, summarize
+from dpgrid.results.runs import REPAIR, read_runs, same, summarize
 
 DIVERGED, NOT_DP = "all seeds diverged", "not DP (sampling=shuffle)"
 NOTHING_SELECTED, SELECTION = "no candidate drawn or converged", "selection"  # random-stopping grids' budget
@@ -24,7 +24,6 @@ PLAN_KEYS = ("dataset", "strategy", "k", "epsilon", "n_configs", "configurations
 RUN_COLUMNS = ("dataset", "strategy", "metric", "epsilon", "k", "config_id", "seed", "noise_multiplier", "budget",
                "accountant", "epsilon_spent", "epsilon_grid", "sampling", "protocol", "steps", "best_value", "diverged")
 PRIVACY_FIGURES = ("noise_multiplier", "epsilon_spent", "epsilon_grid", "budget", "sampling", "accountant")
-REPAIR = "run the grid's command again to rewrite it (its results are kept)"
 COLUMNS = ["dataset", "strategy", "k", "epsilon", "budget", "protocol", "epsilon_spent", "epsilon_grid",
            "epsilon_with_seeds", "accountant", "sampling", "metric", "lr", "clip", "quantile", "config_id", "value", "std",
            "n_seeds", "status", "edge", "noise_multiplier", "n_configs", "configs_run", "runs_done", "runs_planned", "label",
@@ -37,15 +36,6 @@ def grid_folders(results_dir: Path, out: Path = None) -> list:
     skip = [Path(out).absolute()] if out is not None else []
     return sorted(f for f in found if "tables" not in f.relative_to(results_dir).parts
                   and not any(f.absolute() == s or s in f.absolute().parents for s in skip))
-
-
-def same(a, b) -> bool:
-    missing = lambda v: v is None or (isinstance(v, float) and math.isnan(v))  # noqa: E731
-    if missing(a) or missing(b):
-        return missing(a) and missing(b)
-    if isinstance(a, (int, float)) and isinstance(b, (int, float)) and not isinstance(a, bool):
-        return math.isclose(a, b, rel_tol=1e-12)
-    return str(a) == str(b)
 
 
 def recorded(folder: Path, runs: pd.DataFrame, plan: dict, key: str, combine=None):
@@ -77,9 +67,10 @@ def grid_row(folder: Path) -> dict:
     for key in ("dataset", "strategy", "k", "config_hash") + (("epsilon",) if private else ()):
         if key in runs:  # the grid's identity (a non-private grid's runs depend on no epsilon)
             recorded(folder, runs, plan, key)
-    schedule = plan.get("schedule")  # noise schedules: each run spends its own epsilon, the grid the largest
-    figures = one_noise(folder, runs, plan) if plan.get("tuning") else runs
-    privacy = {key: recorded(folder, figures, plan, key, max if schedule and key == "epsilon_spent" else None)
+    method = recorded_method(plan)()  # what the grid's accounting method says of its rows and its release
+    figures = method.table_runs(folder, runs, plan)
+    # noise schedules: each run spends its own epsilon, the grid the largest
+    privacy = {key: recorded(folder, figures, plan, key, max if method.noise_per_run and key == "epsilon_spent" else None)
                for key in PRIVACY_FIGURES}
     axes = plan.get("axes") or [a for a in plan.get("configurations", [{}])[0] if a != "config_id"]
     check_axes(folder, runs, plan, axes)
@@ -93,11 +84,10 @@ def grid_row(folder: Path) -> dict:
                label=plan.get("label") or plan["strategy"], private=private,
                axes=",".join(axes), adapts=",".join(plan.get("adapts", [])),
                dataset_epsilons=",".join(f"{e:g}" for e in plan.get("dataset_epsilons", [])),
-               epsilon_with_seeds=epsilon_with_seeds(folder, plan, runs, privacy))
-    if plan.get("selection") == "random_stopping":
-        return selected_row(folder, row, runs, plan, axes)
-    if plan.get("tuning"):
-        return tuned_row(folder, row, runs, plan, axes)
+               epsilon_with_seeds=epsilon_with_seeds(folder, plan, runs, privacy, method))
+    released = method.table_release(folder, runs, plan, axes, tasks.get(metric).name)
+    if released is not None:  # a selection: only what it releases
+        return released_row(row, released, plan, axes)
     best = summary[summary.best]
     # shuffled batches, or a private strategy whose runs claim no epsilon (a schedule that reads the data)
     if privacy["sampling"] == NOT_DP_SAMPLING or (row["private"] and privacy["epsilon_spent"] is None):
@@ -152,7 +142,7 @@ def check_axes(folder: Path, runs: pd.DataFrame, plan: dict, axes: list) -> None
                                   f"{by_id[config_id].get(axis)}; the results were not made with this plan")
 
 
-def epsilon_with_seeds(folder: Path, plan: dict, runs: pd.DataFrame, privacy: dict):
+def epsilon_with_seeds(folder: Path, plan: dict, runs: pd.DataFrame, privacy: dict, method):
     """The epsilon of what a table of this grid publishes (means over seeds): K x seeds runs with its nu. From the
     rows (checked against plan.json); rows of an older dpgrid that lack it: recomputed from the figures they vouch
     for. None where no epsilon is claimed."""
@@ -165,9 +155,9 @@ def epsilon_with_seeds(folder: Path, plan: dict, runs: pd.DataFrame, privacy: di
                           f"{plan.get('seeds')}, so its epsilon_with_seeds would understate what a table publishes")
     if "epsilon_with_seeds" in runs:
         return recorded(folder, runs, plan, "epsilon_with_seeds")
-    if plan.get("selection") == "random_stopping":  # the selection's epsilon covers its candidates' seeds
+    if method.releases_best_only:  # the selection's epsilon covers its candidates' seeds
         return privacy["epsilon_spent"]
-    if plan.get("schedule") or "epsilon_with_seeds" not in plan:
+    if method.noise_per_run or "epsilon_with_seeds" not in plan:
         raise DpgridError(f"{folder / 'runs.csv'} does not record epsilon_with_seeds (made by an older dpgrid); run the "
                           "grid again in another directory to table it")
     from dpgrid.privacy.accountants import epsilon_of
@@ -181,25 +171,17 @@ def epsilon_with_seeds(folder: Path, plan: dict, runs: pd.DataFrame, privacy: di
     return value
 
 
-def selected_row(folder: Path, row: dict, runs: pd.DataFrame, plan: dict, axes: list) -> dict:
-    """A random-stopping selection's cell: only what selection.json releases (configuration and score), recomputed
-    from its candidates' rows; nothing that depends on how many candidates were drawn or on another candidate."""
-    from dpgrid.results.selection import candidate_summary
-
-    chosen = read_json(folder / "selection.json", REPAIR).get("chosen")
-    summary = candidate_summary(runs, axes, tasks.get(row["metric"]).name)
-    best = summary[summary.best]
-    found = None if not len(best) else (best.iloc[0].config_id, float(best.iloc[0]["mean"]))
-    if (chosen is None) != (found is None) or (found and (chosen.get("config_id") != found[0]
-                                                          or not same(float(chosen.get("score")), found[1]))):
-        raise DpgridError(f"{folder / 'selection.json'} does not release what its candidates' rows select (edited); "
-                          f"{REPAIR}")
+def released_row(row: dict, released: dict, plan: dict, axes: list) -> dict:
+    """A selection's cell: only what it releases (`released`: the chosen configuration, its score, std and seeds, as
+    its accounting method recomputed them from the rows); nothing that depends on how many candidates there were."""
     row.update(budget=SELECTION, std=math.nan, configs_run=math.nan, runs_done=math.nan, runs_planned=math.nan)
-    if not chosen:
-        return {**row, "status": NOTHING_SELECTED, "value": math.nan}
-    row["n_seeds"] = int(best.iloc[0].n_seeds - best.iloc[0].n_diverged)  # the chosen candidate's own
-    return {**row, **{a: chosen[a] for a in axes}, "config_id": chosen["config_id"], "value": chosen["score"],
-            "status": "ok", "edge": "; ".join(edges({a: chosen[a] for a in axes}, plan["configurations"], axes))}
+    chosen = released["chosen"]
+    if not chosen or released["value"] is None:
+        return {**row, "status": NOTHING_SELECTED if not chosen else DIVERGED, "value": math.nan}
+    std = released["std"] if released["std"] is not None else math.nan
+    return {**row, **{a: chosen[a] for a in axes}, "config_id": chosen["config_id"], "value": released["value"],
+            "std": std, "n_seeds": released["n_seeds"], "status": "ok",
+            "edge": "; ".join(edges({a: chosen[a] for a in axes}, plan["configurations"], axes))}
 
 
 CELL = ["dataset", "k", "strategy", "epsilon", "budget"]  # what places a grid in a table
@@ -228,38 +210,3 @@ def collect(results_dir: Path, out: Path = None) -> tuple:
         grids = grids.drop(index=twins.index)
     axes = sorted({a for r in rows for a in str(r.get("axes", "")).split(",") if a and a not in COLUMNS})
     return grids.reindex(columns=COLUMNS + axes), skipped  # a strategy's own axes (e.g. sigma) too
-
-
-def one_noise(folder: Path, runs: pd.DataFrame, plan: dict) -> pd.DataFrame:
-    """A tuning on a subsample's rows, each phase's noise checked against plan.json's, as rows of the final noise."""
-    for phase in ("tuning", "final"):
-        expected = plan["tuning"][phase]["noise_multiplier"]
-        found = set(runs.noise_multiplier[runs.phase == phase].astype(float)) if "phase" in runs else {None}
-        if found and found != {expected}:
-            raise DpgridError(f"plan.json says the {phase} phase's noise_multiplier = {expected} but runs.csv says "
-                              f"{sorted(found, key=str)}; the results were not made with this plan")
-    return runs.assign(noise_multiplier=plan["noise_multiplier"])
-
-
-def tuned_row(folder: Path, row: dict, runs: pd.DataFrame, plan: dict, axes: list) -> dict:
-    """A tuning on a subsample's cell: the final model's score over its seeds and the chosen configuration, as
-    selection.json releases them, recomputed from the rows."""
-    from dpgrid.privacy.subsample_tuning import final_score, tuning_summary
-
-    released = read_json(folder / "selection.json", REPAIR)
-    chosen, final = released.get("chosen"), released.get("final")
-    summary = tuning_summary(runs, plan["tuning"]["search"], axes, tasks.get(row["metric"]).name)
-    best = summary[summary.best] if len(summary) else summary
-    found = None if not len(best) else best.iloc[0].config_id
-    mine = runs[(runs.phase == "final") & (runs.config_id == found)] if found else runs.iloc[0:0]
-    score = final_score(mine)
-    same_score = (score is None) == (final is None) and (score is None or same(score["score"], final["score"]))
-    if (chosen or {}).get("config_id") != found or not same_score:
-        raise DpgridError(f"{folder / 'selection.json'} does not release what its rows select and train (edited); "
-                          f"{REPAIR}")
-    row.update(budget=SELECTION, configs_run=math.nan, runs_done=math.nan, runs_planned=math.nan)
-    if not chosen or not score or score["score"] is None:
-        return {**row, "status": NOTHING_SELECTED if not chosen else DIVERGED, "value": math.nan, "std": math.nan}
-    return {**row, **{a: chosen[a] for a in axes}, "config_id": chosen["config_id"], "value": score["score"],
-            "std": score["std"], "n_seeds": score["seeds"], "status": "ok",
-            "edge": "; ".join(edges({a: chosen[a] for a in axes}, plan["configurations"], axes))}

@@ -239,3 +239,15 @@ def write_header(out: Path, spec, data_files: dict) -> None:
     write_json(out / "plan.json", {**spec.plan.to_dict(), "config_hash": spec.config_hash, "data_files": data_files,
                                    "grid_only": only, "parallel_runs": spec.train.parallel_runs,
                                    "device": spec.train.device})
+
+
+REPAIR = "run the grid's command again to rewrite it (its results are kept)"  # a table's answer to a damaged file
+
+
+def same(a, b) -> bool:
+    missing = lambda v: v is None or (isinstance(v, float) and math.isnan(v))  # noqa: E731
+    if missing(a) or missing(b):
+        return missing(a) and missing(b)
+    if isinstance(a, (int, float)) and isinstance(b, (int, float)) and not isinstance(a, bool):
+        return math.isclose(a, b, rel_tol=1e-12)
+    return str(a) == str(b)

@@ -210,3 +210,24 @@ def candidate_summary(runs, axes: list, task: str) -> pd.DataFrame:
     summary.insert(0, "candidate", split.str[0].astype(int))
     summary["config_id"] = split.str[1]
     return summary
+
+
+def selection_release(folder, runs, plan: dict, axes: list, task: str) -> dict:
+    """What selection.json releases (the chosen configuration and its score), recomputed from its candidates' rows;
+    nothing that depends on how many candidates were drawn or on another candidate. DpgridError when it does not
+    match them (an edited file)."""
+    from dpgrid.results.files import read_json
+    from dpgrid.results.runs import REPAIR, same
+
+    chosen = read_json(folder / "selection.json", REPAIR).get("chosen")
+    summary = candidate_summary(runs, axes, task)
+    best = summary[summary.best]
+    found = None if not len(best) else (best.iloc[0].config_id, float(best.iloc[0]["mean"]))
+    if (chosen is None) != (found is None) or (found and (chosen.get("config_id") != found[0]
+                                                          or not same(float(chosen.get("score")), found[1]))):
+        raise DpgridError(f"{folder / 'selection.json'} does not release what its candidates' rows select (edited); "
+                          f"{REPAIR}")
+    if not chosen:
+        return {"chosen": None, "value": None, "std": None, "n_seeds": None}
+    return {"chosen": chosen, "value": chosen["score"], "std": None,
+            "n_seeds": int(best.iloc[0].n_seeds - best.iloc[0].n_diverged)}  # the chosen candidate's own

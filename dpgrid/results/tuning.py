@@ -1,0 +1,142 @@
+"""Tuning on a subsample's files (dpgrid.privacy.subsample_tuning is its accounting): the tuning set X1
+(tuning_set.json, private), the tuning phase's summary and the configuration it chose, selection.json (what the
+procedure releases), and how a table reads the grid back, vouched for by its rows."""
+
+import json
+
+from dpgrid import DpgridError
+from dpgrid.results.files import read_json
+from dpgrid.results.runs import REPAIR, same
+
+TUNING_SET = "tuning_set.json"
+COVERED = ("only selection.json and model/ are covered by (epsilon, delta): runs.csv, curves.csv, summary.csv, "
+           "candidates.json, tuning_set.json and cli.log show the tuning set and every candidate and are the "
+           "experimenter's private log")
+
+
+def header(out) -> list:
+    """runs.csv's columns ([] when it holds none)."""
+    path = out / "runs.csv"
+    return path.read_text().partition("\n")[0].split(",") if path.exists() else []
+
+
+def tuning_set(out, spec, n_train: int):
+    """X1 as a boolean mask over the training set: read from tuning_set.json, or drawn (each example with
+    probability q1; 53 random bits each, seeded or secure) and written there."""
+    import torch
+
+    from dpgrid.privacy.randomness import SecureRandom, derive_seed
+    from dpgrid.results.files import write_json
+
+    rate, path = spec.plan.tuning["rate"], out / TUNING_SET
+    if path.exists():
+        try:
+            recorded = json.loads(path.read_text())
+            members = recorded["members"]
+            if recorded["n_train"] != n_train or recorded["rate"] != rate or not all(
+                    isinstance(i, int) and 0 <= i < n_train for i in members):
+                raise ValueError
+        except (OSError, UnicodeDecodeError, ValueError, TypeError, KeyError):
+            raise DpgridError(f"{path} is damaged or not this grid's tuning set (N = {n_train}, "
+                              f"privacy.selection.tuning_rate={rate:g}); restore it, or pass overwrite=true to start a new tuning "
+                              "(it spends a new epsilon)") from None
+        mask = torch.zeros(n_train, dtype=torch.bool)
+        mask[members] = True
+        return mask
+    if spec.train.secure_rng:
+        bits = torch.tensor([int(x) >> 11 for x in SecureRandom().uint64(n_train)], dtype=torch.float64)
+    else:
+        source = torch.Generator().manual_seed(derive_seed(*spec.seed_names(), "tuning_set"))
+        bits = torch.randint(0, 2 ** 53, (n_train,), generator=source, dtype=torch.int64).to(torch.float64)
+    mask = bits / 2 ** 53 < rate
+    write_json(path, {"rate": rate, "n_train": n_train, "search": spec.plan.tuning["search"],
+                      "members": mask.nonzero().flatten().tolist()})
+    return mask
+
+
+def tuning_summary(runs, search: str, axes: list, task: str):
+    """summary.csv: the tuning phase per candidate (random stopping) or per configuration, the chosen one best."""
+    import pandas as pd
+
+    from dpgrid.results.runs import summarize
+    from dpgrid.results.selection import candidate_summary
+
+    tuning = None if runs is None or "phase" not in runs else runs[runs.phase == "tuning"]
+    if tuning is None or not len(tuning):
+        return pd.DataFrame()
+    return candidate_summary(tuning, axes, task) if search == "random_stopping" else summarize(tuning, axes, task)
+
+
+def chosen_configuration(out, spec, selected: list, draw):
+    """The configuration the tuning phase chose (its rows in runs.csv), or None."""
+    from dpgrid.results.files import read_frame
+
+    runs = read_frame(out / "runs.csv") if (out / "runs.csv").exists() else None
+    if runs is not None and draw is not None and "draw" in runs:
+        runs = runs[runs.draw.astype(str) == draw]
+    summary = tuning_summary(runs, spec.plan.tuning["search"], spec.plan.axes, spec.task)
+    if not len(summary) or not summary.best.any():
+        return None
+    chosen = summary[summary.best].iloc[0].config_id
+    return next(c for c in selected if c["config_id"] == chosen)
+
+
+def release_record(plan, summary, final) -> dict:
+    """selection.json: the chosen configuration and its tuning score, the final model's score over its seeds, and
+    the public accounting; nothing that depends on how many candidates were drawn or on another candidate."""
+    tuning = plan.tuning
+    record = {"selection": "subsample_tuning", "tuning_rate": tuning["rate"], "search": tuning["search"],
+              "final_data": tuning["final_data"], "stopping": plan.stopping, "epsilon": plan.epsilon_spent,
+              "delta": plan.delta, "noise_multiplier": {"tuning": tuning["tuning"]["noise_multiplier"],
+                                                        "final": tuning["final"]["noise_multiplier"]},
+              "accountant": plan.accountant, "analysis": plan.selection_accountant, "covered": COVERED,
+              "chosen": None, "final": None}
+    if not len(summary) or not summary.best.any():
+        return record
+    row = summary[summary.best].iloc[0]
+    record["chosen"] = {"config_id": row.config_id, **{a: float(row[a]) for a in plan.axes},
+                        "tuning_score": float(row["mean"])}
+    record["final"] = final_score(final)
+    return record
+
+
+def final_score(final):
+    """The final model's score over its seeds (None before its runs)."""
+    if final is not None and len(final):
+        ok = final[~final.diverged.astype(bool)].best_value.astype(float)
+        return {"score": float(ok.mean()) if len(ok) else None,
+                "std": float(ok.std(ddof=0)) if len(ok) else None,
+                "seeds": int(len(ok)), "diverged": int(len(final) - len(ok))}
+    return None
+
+
+def tuned_runs(folder, runs, plan: dict):
+    """The rows as a table reads its privacy figures: each phase's noise checked against plan.json's, then the
+    final phase's (the procedure's one noise multiplier)."""
+    for phase in ("tuning", "final"):
+        expected = plan["tuning"][phase]["noise_multiplier"]
+        found = set(runs.noise_multiplier[runs.phase == phase].astype(float)) if "phase" in runs else {None}
+        if found and found != {expected}:
+            raise DpgridError(f"plan.json says the {phase} phase's noise_multiplier = {expected} but runs.csv says "
+                              f"{sorted(found, key=str)}; the results were not made with this plan")
+    return runs.assign(noise_multiplier=plan["noise_multiplier"])
+
+
+def tuning_release(folder, runs, plan: dict, axes: list, task: str) -> dict:
+    """What selection.json releases (the chosen configuration, the final model's score over its seeds), recomputed
+    from the rows; DpgridError when it does not match them (an edited file)."""
+    released = read_json(folder / "selection.json", REPAIR)
+    chosen, final = released.get("chosen"), released.get("final")
+    summary = tuning_summary(runs, plan["tuning"]["search"], axes, task)
+    best = summary[summary.best] if len(summary) else summary
+    found = None if not len(best) else best.iloc[0].config_id
+    mine = runs[(runs.phase == "final") & (runs.config_id == found)] if found else runs.iloc[0:0]
+    score = final_score(mine)
+    same_score = (score is None) == (final is None) and (score is None or same(score["score"], final["score"]))
+    if (chosen or {}).get("config_id") != found or not same_score:
+        raise DpgridError(f"{folder / 'selection.json'} does not release what its rows select and train (edited); "
+                          f"{REPAIR}")
+    scored = chosen and score and score["score"] is not None
+    return {"chosen": chosen, "value": score["score"] if scored else None, "std": score["std"] if scored else None,
+            "n_seeds": score["seeds"] if scored else None}
+

@@ -15,7 +15,7 @@ import torch
 from tqdm.auto import tqdm
 
 from dpgrid import DpgridError, data as data_mod, tasks
-from dpgrid.config import planned
+from dpgrid.config import check_loaded
 from dpgrid.results.curves import append_curves
 from dpgrid.results.files import (check_writable, environment, locked, outermost_missing, read_frame, remove_created,
                                   write_csv)
@@ -207,7 +207,7 @@ def train_grid(spec, out: Path, progress: bool, on_lock=None) -> pd.DataFrame:
     if spec.train.float64:
         data = data.in_float64()
     check_fit(spec, data)
-    spec = planned(spec, data.n_train)
+    check_loaded(spec, data.n_train)
     plan, data_files = spec.plan, data_mod.fingerprint(data.files)
     claim(out, spec, data_files)
     ledger.check(out, spec)

@@ -247,7 +247,7 @@ def matmul_floor_s(model, batch_size: int, repeats: int = 50):
 def grid_job(model_name, mode, setting="auto"):
     """A callable training the whole --grid grid of `model_name` one at a time (mode "sequential") or as
     `dpgrid run` groups it with train.parallel_runs=`setting` ("parallel"); validation once, at the end."""
-    from dpgrid.config import planned
+    from dpgrid.config import check_loaded
     from dpgrid.data import Data, load
     from dpgrid.models import build_model
     from dpgrid.runner import run_group, run_one
@@ -264,7 +264,7 @@ def grid_job(model_name, mode, setting="auto"):
         x = torch.rand((n + 512, *shape), generator=g)
         y = x if task == "reconstruction" else torch.randint(0, classes, (n + 512,), generator=g)
         data = Data(*(t.to(DEVICE) for t in (x[:n], y[:n], x[n:], y[n:])), task)
-    spec = planned(spec, data.n_train)
+    check_loaded(spec, data.n_train)
     spec = replace(spec, plan=replace(spec.plan, steps=steps))  # enough steps to time, not the dataset's T
     runs = [(c, s) for c in spec.plan.configurations for s in range(5)]
     model = build_model(spec.model)

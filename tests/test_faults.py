@@ -254,6 +254,10 @@ def test_a_moved_data_directory_resumes_and_a_changed_file_is_named(tmp_path):
     out = tmp_path / "grid"
     mnist = ["dataset=mnist", "strategy=nodp", "grid.k=2", "train.seeds=1", "train.epochs=1", "train.batch_size=4",
              f"hydra.run.dir={out}"]
+    stated = dpgrid("run", *mnist, f"data.root={first}")  # the config states MNIST's N, the files hold 12 examples
+    assert stated.returncode == 2 and "dataset.n_train=60000 but the data under" in stated.stderr \
+        and "pass dataset.n_train=12" in stated.stderr and not out.exists(), stated.stderr
+    mnist.append("dataset.n_train=null")  # planned for the loaded data's N
     assert dpgrid("run", *mnist, f"data.root={first}").returncode == 0
     before = (out / "runs.csv").read_text()
     first.rename(moved)

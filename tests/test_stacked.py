@@ -5,7 +5,7 @@ import math
 import pytest
 import torch
 
-from dpgrid.config import compile, planned
+from dpgrid.config import check_loaded, compile
 from dpgrid.data import load
 from dpgrid.runner import build_strategy, run_group, run_one, sources
 from dpgrid.training.stacked import StackedModel, group_size, why_not_stacked
@@ -21,7 +21,8 @@ def small_grid(strategy, **overrides):
                 **overrides}
     spec = compile(load_cfg("digits", strategy, **settings))
     data = load(spec.dataset, spec.data_root, "cpu").in_float64()
-    return planned(spec, data.n_train), data
+    check_loaded(spec, data.n_train)
+    return spec, data
 
 
 @pytest.mark.parametrize("strategy", [s if s in ("online", "fixed_quantile") else pytest.param(s, marks=pytest.mark.slow)

@@ -172,3 +172,80 @@ def test_the_runner_and_the_results_ask_the_accounting_method():
     found = [f for path in modules if path.name not in ("selection.py", "tuning.py")
              for f in method_branches(path.read_text(), str(path.relative_to(ROOT)), names)]
     assert not found, found
+
+
+# What each subpackage may not import (anywhere in its code, at the top or in a function): nothing below the entry
+# points reaches up to them, and the parts that run a grid do not reach into how it is composed or tabled.
+FORBIDDEN_IMPORTS = {
+    "strategies": ("dpgrid.config", "dpgrid.results", "dpgrid.reporting", "dpgrid.reproduction", "dpgrid.runner"),
+    "training": ("dpgrid.config", "dpgrid.results", "dpgrid.reporting", "dpgrid.reproduction", "dpgrid.runner",
+                 "dpgrid.strategies"),
+    "privacy": ("dpgrid.config.compile", "dpgrid.config.compose", "dpgrid.reporting", "dpgrid.reproduction",
+                "dpgrid.runner"),
+    "results": ("dpgrid.config.compile", "dpgrid.config.compose", "dpgrid.config.checks", "dpgrid.reporting",
+                "dpgrid.reproduction", "dpgrid.runner"),
+    "reporting": ("dpgrid.config.compile", "dpgrid.runner"),
+    "config": ("dpgrid.results", "dpgrid.reporting", "dpgrid.reproduction", "dpgrid.runner"),
+    "reproduction": ("dpgrid.runner",),
+}
+ENTRY_POINTS = ("dpgrid.cli", "dpgrid.api", "dpgrid.jobs", "dpgrid.launchers")
+
+
+def upward_imports(path, forbidden) -> list:
+    found = []
+    for node in ast.walk(ast.parse(path.read_text())):
+        names = [node.module, *(f"{node.module}.{a.name}" for a in node.names)] \
+            if isinstance(node, ast.ImportFrom) and node.module else \
+            [a.name for a in node.names] if isinstance(node, ast.Import) else []
+        bad = next((n for n in names if any(n == f or n.startswith(f + ".") for f in forbidden)), None)
+        if bad:
+            found.append(f"{path.relative_to(ROOT)}:{node.lineno}: imports {bad}")
+    return found
+
+
+def test_no_import_points_back_up():
+    """strategies -> config.checks, results -> config.compile and the like: a subpackage imports only what lies
+    below it (the table above), and nothing but the entry points imports the entry points."""
+    assert upward_imports(PACKAGE / "api.py", ("dpgrid.config",)), "the walk finds the imports it looks for"
+    found = []
+    for path in sorted(PACKAGE.rglob("*.py")):
+        part = path.relative_to(PACKAGE).parts
+        forbidden = (*FORBIDDEN_IMPORTS.get(part[0], ()), *(ENTRY_POINTS if len(part) > 1 else ()))
+        found += upward_imports(path, forbidden)
+    assert not found, found
+
+
+MODULE_CONSTRUCTORS = ("re.compile", "tuple", "contextvars.ContextVar", "lazy_import", "np.concatenate", "np.arange",
+                       "np.unique")  # what a module may call to build a constant at import
+
+
+def test_importing_a_module_changes_nothing_outside_it():
+    """At import a module defines its names and nothing else: no call for its effect, no assignment into another
+    object (sys.modules, os.environ, a library's settings), constants built by pure constructors only."""
+    found = []
+    for path in sorted(PACKAGE.rglob("*.py")):
+        for node in ast.parse(path.read_text()).body:
+            where = f"{path.relative_to(ROOT)}:{node.lineno}"
+            if isinstance(node, ast.Expr) and isinstance(node.value, ast.Call):
+                found.append(f"{where}: a call for its effect")
+            if isinstance(node, (ast.Assign, ast.AnnAssign, ast.AugAssign)):
+                targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+                if isinstance(node, ast.AugAssign) or any(not isinstance(t, (ast.Name, ast.Tuple)) for t in targets):
+                    found.append(f"{where}: assigns into another object")
+                if isinstance(node.value, ast.Call) and ast.unparse(node.value.func) not in MODULE_CONSTRUCTORS:
+                    found.append(f"{where}: calls {ast.unparse(node.value.func)} at import")
+    assert not found, found
+
+
+def test_checking_a_config_loads_no_torch_and_registers_no_module():
+    """The strategies name torch at the top, loaded at its first use: checking a config (compile without a plan)
+    leaves sys.modules without torch, not even a placeholder for it."""
+    import subprocess
+    import sys
+
+    code = ("import sys, dpgrid\nfrom dpgrid.config import compile\n"
+            "for o in ([], ['strategy=fixed_quantile'], ['strategy=pur', 'dataset=breast_cancer'],"
+            " ['privacy.selection=subsample_tuning']):\n    compile(dpgrid.compose(o), plan=False)\n"
+            "print(sorted(m for m in sys.modules if m == 'torch' or m.startswith('torch.')))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "[]", out.stdout + out.stderr

@@ -79,11 +79,11 @@ class Reader:
         return v
 
     def numbers(self, key: str, valid: str, ok, length: int = None) -> list:
-        """A list of finite numbers, each with ok(v); exactly `length` of them when given."""
+        """A list of finite numbers within float32's range, each with ok(v); exactly `length` of them when given."""
         v = self.get(key)
         values = list(v) if OmegaConf.is_list(v) or isinstance(v, (list, tuple)) else None
         if (values is None or not values or (length and len(values) != length)
-                or not all(is_number(x) and math.isfinite(x) and ok(x) for x in values)):
+                or not all(is_number(x) and math.isfinite(x) and abs(x) <= FLOAT32_MAX and ok(x) for x in values)):
             self.refuse(key, f"a list of {f'{length} ' if length else ''}numbers {valid}", v)
         return [float(x) for x in values]
 

@@ -156,15 +156,13 @@ def compile(cfg, n_train: int = None, run_dir=None, plan: bool = True) -> GridSp
                    warnings=spec.warnings + ((fallback,) if fallback else ()) + once)
 
 
-def planned(spec: GridSpec, n_train: int) -> GridSpec:
-    """The spec for N = n_train: itself when that is the N it was compiled for, else planned again for it (the
-    loaded data's N differs from the config's dataset.n_train)."""
-    if spec.plan.n_train == n_train:
-        return spec
-    t, configs = spec.train, list(spec.plan.configurations)
-    check_scale(len(configs), n_train, t.epochs, t.batch_size, t.seeds, spec.dataset.get("seconds_per_step"),
-                bool(spec.settings["grid"]["allow_large"]))
-    return replace(spec, plan=make_plan(spec, configs, n_train, spec.plan.model_parameters))
+def check_loaded(spec: GridSpec, n_train: int) -> None:
+    """Refuse data whose N is not the one the grid was planned for: its noise, T and epsilon are the plan's, so a
+    config that states dataset.n_train must hold that many training examples (null: the loaded data's N)."""
+    if spec.plan.n_train != n_train:
+        raise DpgridError(f"dataset.n_train={spec.plan.n_train} but the data under {spec.data_root} hold {n_train} "
+                          f"training examples, and the grid's noise and steps were planned for {spec.plan.n_train}: "
+                          f"pass dataset.n_train={n_train} (or dataset.n_train=null to plan for the data's N)")
 
 
 def make_plan(spec: GridSpec, configs: list, n_train: int, model_parameters: int):

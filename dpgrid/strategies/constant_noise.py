@@ -1,4 +1,3 @@
-from dpgrid.config import checks
 from dpgrid.strategies.noisy_gd import NoisyGD
 
 
@@ -11,7 +10,7 @@ class ConstantNoise(NoisyGD):
 
     @classmethod
     def check_options(cls, options) -> None:
-        options.numbers("axes.sigma", "positive", lambda v: 0 < v <= checks.FLOAT32_MAX)
+        options.numbers("axes.sigma", "positive", lambda v: v > 0)
 
     @classmethod
     def sigmas(cls, hp: dict, problem: dict):

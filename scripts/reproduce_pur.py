@@ -38,7 +38,7 @@ def runs(dataset: str, strategy: str, epsilon: float, l2: float, args) -> pd.Dat
     plan = dpgrid.plan(dpgrid.compose(common))
     curves = []
     for c in plan.configurations:
-        steps = plan.schedule[c["config_id"]]["steps"] if plan.epsilon_spent is not None else POINTS  # oracle: every step
+        steps = plan.record.schedule[c["config_id"]]["steps"] if plan.epsilon_spent is not None else POINTS  # oracle: every step
         cfg = dpgrid.compose([*common, f"grid.only=[{c['config_id']}]", f"train.eval_every={max(1, steps // POINTS)}"])
         out = Path(args.results) / dataset / f"l2_{l2:g}" / f"eps{epsilon:g}" / strategy / c["config_id"]
         result = dpgrid.run_grid(cfg, out, progress=False)

@@ -63,9 +63,9 @@ def test_liu_talwar_matches_theorem_1_by_hand():
 
 def test_plan_reports_liu_talwar_both_ways():
     small, large = plan("online"), plan("fixed_threshold")  # K = 7 and K = 49
-    assert small.liu_talwar["noise_multiplier"] > small.noise_multiplier  # composition cheaper for few runs
-    assert large.liu_talwar["noise_multiplier"] < large.noise_multiplier  # LT cheaper for many
-    assert large.liu_talwar["epsilon_with_composition_nu"] < 3 < small.liu_talwar["epsilon_with_composition_nu"]
+    assert small.record.liu_talwar["noise_multiplier"] > small.noise_multiplier  # composition cheaper for few runs
+    assert large.record.liu_talwar["noise_multiplier"] < large.noise_multiplier  # LT cheaper for many
+    assert large.record.liu_talwar["epsilon_with_composition_nu"] < 3 < small.record.liu_talwar["epsilon_with_composition_nu"]
 
 
 @pytest.mark.parametrize("key, value, message", [("privacy.budget", "per_epoch", "privacy.budget"),

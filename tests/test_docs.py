@@ -36,8 +36,8 @@ def test_the_readmes_accounting_figures_are_what_dpgrid_plan_prints():
     text = " ".join(readme.split())
     assert f"per run RDP {per_run.noise_multiplier:.3f}" in text and f"({per_run.epsilon_grid:.1f} for that grid" in text
     small = dpgrid.plan(dpgrid.compose(["dataset=mnist", "strategy=online", "grid.k=7"]))
-    assert (f"K = 7: ν {small.noise_multiplier:.2f} vs {small.liu_talwar['noise_multiplier']:.2f} for LT" in readme
-            and f"K = 49: {plan.noise_multiplier:.2f} vs {plan.liu_talwar['noise_multiplier']:.2f}" in readme)
+    assert (f"K = 7: ν {small.noise_multiplier:.2f} vs {small.record.liu_talwar['noise_multiplier']:.2f} for LT" in readme
+            and f"K = 49: {plan.noise_multiplier:.2f} vs {plan.record.liu_talwar['noise_multiplier']:.2f}" in readme)
 
 
 def test_the_protocols_reference_figures_are_what_dpgrid_plan_prints():

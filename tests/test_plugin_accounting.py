@@ -73,4 +73,4 @@ def test_the_older_spellings_set_the_same_keys():
     newer = compile(compose(["privacy.selection=random_stopping", "privacy.selection.stopping=poisson",
                              "privacy.selection.stopping_mean=4"]))
     assert older.config_hash == newer.config_hash and older.plan == newer.plan
-    assert newer.plan.stopping["rule"] == "poisson" and newer.plan.stopping["mean"] == 4
+    assert newer.plan.record.stopping["rule"] == "poisson" and newer.plan.record.stopping["mean"] == 4

@@ -116,12 +116,12 @@ def test_a_geometric_draw_by_hand():
 def test_the_plan_calibrates_the_whole_selection_to_the_target():
     cfg = load_cfg("digits", "fixed_threshold", **{"grid.k": 3, "privacy.selection": "random_stopping"})
     plan = compile(cfg, 1437).plan
-    assert plan.stopping["mean"] == 9 and plan.composed_runs == plan.seeds and plan.account_seeds
+    assert plan.record.stopping["mean"] == 9 and plan.composed_runs == plan.seeds and plan.account_seeds
     spent = random_stopping.selection_epsilon(plan.sample_rate, plan.noise_multiplier, plan.seeds * plan.steps, 1e-5,
-                                        plan.stopping)
+                                        plan.record.stopping)
     assert spent == pytest.approx(plan.epsilon_spent) and 2.99 < spent <= 3
     less = random_stopping.selection_epsilon(plan.sample_rate, plan.noise_multiplier * 0.99, plan.seeds * plan.steps, 1e-5,
-                                       plan.stopping)
+                                       plan.record.stopping)
     assert less > 3  # the smallest such noise
 
 
@@ -270,7 +270,7 @@ def test_selection_json_holds_no_count_and_no_candidate_index():
     _, out = summarize_selection(runs, plan, ["lr", "clip"], "classification")
     assert out["chosen"] == {"config_id": "lr1_clip1", "lr": 0.1, "clip": 1.0, "score": 71.0}
     assert set(out) == {"selection", "stopping", "epsilon", "delta", "noise_multiplier", "accountant", "analysis", "covered", "chosen"}
-    assert out["stopping"] == plan.stopping  # public: the rule and its parameters, fixed before any draw
+    assert out["stopping"] == plan.record.stopping  # public: the rule and its parameters, fixed before any draw
 
 
 @pytest.mark.slow

@@ -27,8 +27,8 @@ def test_the_profile_bound_is_tighter_than_renyi_on_the_papers_plans(dataset):
 
     plan = compile(load_cfg(dataset, "online", **{"privacy.selection": "random_stopping",
                                                   "privacy.stopping_mean": 7})).plan
-    assert plan.epsilon_by_analysis["rdp"] == pytest.approx(plan.epsilon_spent)
-    assert plan.epsilon_by_analysis["profile"] < plan.epsilon_spent
+    assert plan.record.epsilon_by_analysis["rdp"] == pytest.approx(plan.epsilon_spent)
+    assert plan.record.epsilon_by_analysis["profile"] < plan.epsilon_spent
     steps = plan.seeds * plan.steps
     for mean in (7, 25, 49):
         for stopping in (parameters("truncated_negative_binomial", 0.0, mean, plan.delta),
@@ -54,12 +54,12 @@ def test_the_selection_epsilon_is_where_the_delta_bound_meets_delta():
 def test_a_profile_plan_needs_less_noise_and_records_both_analyses():
     rdp = compile(load_cfg("digits", "online", **{"privacy.selection": "random_stopping"})).plan
     profile = compile(load_cfg("digits", "online", **PROFILE)).plan
-    assert (rdp.selection_accountant, profile.selection_accountant) == ("rdp", "profile")
+    assert (rdp.record.selection_accountant, profile.record.selection_accountant) == ("rdp", "profile")
     assert profile.noise_multiplier < rdp.noise_multiplier
-    assert profile.epsilon_spent == pytest.approx(profile.epsilon_by_analysis["profile"])
+    assert profile.epsilon_spent == pytest.approx(profile.record.epsilon_by_analysis["profile"])
     assert profile.epsilon_spent <= 3
-    assert profile.epsilon_by_analysis["rdp"] > 3  # the RDP analysis would not cover this nu
-    assert set(rdp.epsilon_by_analysis) == {"rdp", "profile"}
+    assert profile.record.epsilon_by_analysis["rdp"] > 3  # the RDP analysis would not cover this nu
+    assert set(rdp.record.epsilon_by_analysis) == {"rdp", "profile"}
 
 
 @pytest.mark.slow  # a profile calibration on digits
@@ -70,8 +70,8 @@ def test_binomial_candidates_follow_their_distribution():
     assert min(draws) == 0 and max(draws) <= 14
     plan = compile(load_cfg("digits", "online", **PROFILE, **{"privacy.stopping": "binomial",
                                                                "privacy.stopping_rounds": 14})).plan
-    assert plan.stopping == {"rule": "binomial", "mean": 7.0, "rounds": 14, "p": 0.5}
-    assert set(plan.epsilon_by_analysis) == {"profile"} and plan.epsilon_spent <= 3
+    assert plan.record.stopping == {"rule": "binomial", "mean": 7.0, "rounds": 14, "p": 0.5}
+    assert set(plan.record.epsilon_by_analysis) == {"profile"} and plan.epsilon_spent <= 3
 
 
 @pytest.mark.parametrize("settings, message", [

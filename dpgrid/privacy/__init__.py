@@ -16,6 +16,7 @@ becomes a random-stopping selection with privacy.selection=random_stopping.
   subsample of the data, the chosen configuration's final model on the full data (privacy.selection=subsample_tuning).
 """
 
+import copy
 import math
 from dataclasses import asdict, dataclass, field, replace
 
@@ -23,7 +24,8 @@ from dpgrid import DpgridError
 from dpgrid.privacy.accountants import ACCOUNTANTS, calibrate, epsilon_of, pld_epsilon, prv_epsilon, rdp_epsilon, smallest_noise
 from dpgrid.privacy.composition import Composition
 from dpgrid.privacy.noise_schedule import NoiseSchedule
-from dpgrid.privacy.random_stopping import RandomStopping, liu_talwar_parameters
+from dpgrid.privacy.composition import liu_talwar_parameters
+from dpgrid.privacy.random_stopping import RandomStopping
 from dpgrid.privacy.subsample_tuning import SubsampleTuning
 
 __all__ = ["Plan", "make_plan", "ACCOUNTING", "accounting_for", "recorded_method", "alternatives", "NOT_DP_SAMPLING", "ACCOUNTANTS",
@@ -89,13 +91,8 @@ class Plan:
     epsilon_grid: float = None   # the whole grid's true cost with this nu (= epsilon_spent when per_grid)
     epsilon_per_run: float = None  # one configuration's cost (its seeds too when they are accounted)
     epsilon_with_seeds: float = None  # what tables publish (means over seeds): K x seeds runs with this nu
-    liu_talwar: dict = field(default_factory=dict)  # the cost of Liu-Talwar selection, for comparison
-    selection: str = "composition"  # or random_stopping: only the best candidate is released (dpgrid.results.selection)
-    stopping: dict = field(default_factory=dict)    # random stopping's rule and parameters
-    selection_accountant: str = None  # random stopping's analysis: rdp (Papernot & Steinke) or profile
-    epsilon_by_analysis: dict = field(default_factory=dict)  # the selection's epsilon at this nu under each analysis
-    schedule: dict = field(default_factory=dict)    # noise schedules: per configuration, its steps and epsilons
-    tuning: dict = field(default_factory=dict)      # tuning on a subsample: its rate, both phases' noise and epsilon
+    selection: str = "composition"  # or the selection that released the best candidate only (privacy.selection)
+    record: object = None     # what its accounting method records beside these (its Record: frozen), or None
     model_parameters: int = 0
     label: str = ""           # the strategy's name in tables and figures
     private: bool = True      # False for a non-private baseline
@@ -106,16 +103,32 @@ class Plan:
     method: type = Composition  # its accounting method (an AccountingMethod class): what the runner and results ask
 
     def to_dict(self) -> dict:
+        """plan.json: the common figures and its method's record among them, in the order plan.json has always had
+        (the built-in methods' records filled in with their defaults where another method planned the grid)."""
         d = asdict(self)
-        d.update(d.pop("per_query"))
+        record = d.pop("record") or {}
+        d = {key: record.get(key, copy.deepcopy(RECORDED.get(key))) if key in RECORDED else d[key] for key in PLAN_JSON
+             if key in d or key in RECORDED} | {key: value for key, value in record.items() if key not in RECORDED}
         if not d["tuning"]:  # only a tuning on a subsample records it (the plans of other grids stay as they were)
             del d["tuning"]
+        d.update(d.pop("per_query"))
         del d["method"]  # plan.json names it through its fields (selection, schedule, budget)
         return d
 
     def accounting(self):
         """Its accounting method (an AccountingMethod, method.py): what the runner and the results ask of it."""
         return self.method()
+
+
+# plan.json's keys in their order, and the built-in methods' records' keys with what a plan that does not have them
+# records (every plan.json holds them: they were once fields of every plan)
+PLAN_JSON = ("dataset", "strategy", "k", "n_configs", "n_train", "batch_size", "epochs", "steps", "sample_rate", "epsilon",
+             "delta", "seeds", "account_seeds", "composed_runs", "noise_multiplier", "budget", "sampling", "accountant",
+             "per_query", "epsilon_spent", "epsilon_grid", "epsilon_per_run", "epsilon_with_seeds", "liu_talwar",
+             "selection", "stopping", "selection_accountant", "epsilon_by_analysis", "schedule", "tuning",
+             "model_parameters", "label", "private", "adapts", "axes", "dataset_epsilons", "configurations", "method")
+RECORDED = {"liu_talwar": {}, "stopping": {}, "selection_accountant": None, "epsilon_by_analysis": {}, "schedule": {},
+            "tuning": {}}
 
 
 def make_plan(*, strategy_cls, options: dict, privacy: dict, problem: dict, n_train: int, batch_size: int,
@@ -142,7 +155,7 @@ def make_plan(*, strategy_cls, options: dict, privacy: dict, problem: dict, n_tr
         plan = replace(plan, epsilon=None, delta=None, budget="non-private", accountant=None)
     if plan.sampling == "shuffle":  # the noise is the Poisson plan's, but no analysis covers shuffled batches
         plan = replace(plan, epsilon_spent=None, epsilon_grid=None, epsilon_per_run=None, epsilon_with_seeds=None,
-                       liu_talwar={}, sampling=NOT_DP_SAMPLING)
+                       record=plan.method().unclaimed(plan.record), sampling=NOT_DP_SAMPLING)
     return plan
 
 

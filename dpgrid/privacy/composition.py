@@ -8,15 +8,22 @@ Liu-Talwar random-stopping selection (Mohapatra et al. 2022, Theorem 1) is recor
 """
 
 import math
+from dataclasses import dataclass, replace
 
 from dpgrid.privacy.accountants import ACCOUNTANTS, calibrate, epsilon_curve
 from dpgrid.privacy.method import AccountingMethod
-from dpgrid.privacy.random_stopping import liu_talwar_parameters
 
 
 class Composition(AccountingMethod):
+    @dataclass(frozen=True)
+    class Record:
+        liu_talwar: dict  # the cost of Liu-Talwar selection, for comparison
+
     name = "composition"
     accountants = tuple(ACCOUNTANTS)
+
+    def unclaimed(self, record):
+        return replace(record, liu_talwar={})
 
     def plan(self, plan, strategy_cls, options: dict, privacy: dict, problem: dict) -> dict:
         nu = calibrate(plan.epsilon, plan.sample_rate, budget_runs(plan) * plan.steps, plan.delta,
@@ -31,8 +38,8 @@ class Composition(AccountingMethod):
         return dict(noise_multiplier=nu, per_query=strategy_cls.split_noise(nu, options, plan.batch_size),
                     epsilon_spent=epsilon(budget_runs(plan) * steps, delta), epsilon_grid=epsilon(plan.composed_runs * steps, delta),
                     epsilon_per_run=epsilon(per_config * steps, delta),
-                    liu_talwar=liu_talwar_cost(plan.epsilon, delta, plan.n_configs, q, per_config * steps, nu,
-                                               epsilon if accountant == "rdp" else epsilon_curve("rdp", q, nu)),
+                    record=self.Record(liu_talwar_cost(plan.epsilon, delta, plan.n_configs, q, per_config * steps, nu,
+                                                       epsilon if accountant == "rdp" else epsilon_curve("rdp", q, nu))),
                     epsilon_with_seeds=epsilon(plan.n_configs * plan.seeds * steps, delta))
 
 
@@ -50,3 +57,15 @@ def liu_talwar_cost(epsilon: float, delta: float, n_candidates: int, sample_rate
     eps_candidate = rdp_curve(run_steps, delta1)  # epsilon_curve("rdp", sample_rate, noise_multiplier)
     return {"noise_multiplier": nu, "candidate_epsilon": eps1, "candidate_delta": delta1, "max_iterations": upsilon,
             "epsilon_with_composition_nu": 3 * eps_candidate + 3 * math.sqrt(2 * delta1)}
+
+
+def liu_talwar_parameters(epsilon_f: float, delta_f: float, n_candidates: int, delta_2: float = 1e-20):
+    """Per-candidate (epsilon_1, delta_1) so that LT selection is (epsilon_f, delta_f)-DP.
+
+    Liu & Talwar 2019, Theorem 3.4 (Mohapatra et al. 2022, Theorem 1): with stopping probability
+    gamma = 1/K and Upsilon = log(1/delta_2) / gamma, LT is (3 e1 + 3 sqrt(2 d1), sqrt(2 d1) Upsilon + d2)-DP.
+    Returns (epsilon_1, delta_1, Upsilon); epsilon_1 <= 0 means the target is out of LT's reach."""
+    gamma = 1.0 / n_candidates
+    upsilon = math.log(1 / delta_2) / gamma
+    root = (delta_f - delta_2) / upsilon  # sqrt(2 delta_1)
+    return (epsilon_f - 3 * root) / 3, root ** 2 / 2, upsilon

@@ -32,6 +32,9 @@ class AccountingMethod:
     class Options:
         """Its own keys (privacy.selection.*), with their types: a misspelt key or a wrong type is refused."""
 
+    Record = None  # a frozen dataclass: what plan.json records of it beside the common figures (`plan` returns one
+                   # as `record`); plan.record holds it
+
     name = ""
     accountants = ()           # the privacy.accountant values it takes
     releases_best_only = False  # True: only the chosen candidate leaves the grid; console and logs say nothing of
@@ -48,6 +51,10 @@ class AccountingMethod:
     def plan(self, plan, strategy_cls, options: dict, privacy: dict, problem: dict) -> dict:
         """The plan's fields this method fills in: the noise, its split among the strategy's queries, what it spends."""
         raise NotImplementedError
+
+    def unclaimed(self, record):
+        """Its record for a grid whose batches no analysis covers (train.sampling=shuffle): nothing claimed."""
+        return record
 
     def runs(self, out, spec, selected: list) -> tuple:
         """((configuration, seed) of every run the grid trains, a draw's digest or None): each selected

@@ -10,6 +10,7 @@ A run stops at the last step whose epsilon is within the target: epsilon_T <= ta
 """
 
 import math
+from dataclasses import dataclass
 
 from dpgrid import DpgridError
 from dpgrid.privacy.method import AccountingMethod
@@ -65,6 +66,10 @@ class NoiseSchedule(AccountingMethod):
     they spend under both conversions (the budget is met under privacy.accountant). Each run spends its epsilon
     on its own (per_run): the best constant of a grid is chosen in hindsight, as in the paper. A strategy
     whose schedule reads the data (`oracle`) claims no epsilon."""
+    @dataclass(frozen=True)
+    class Record:
+        schedule: dict  # per configuration: its steps and epsilons
+
     name = "noise_schedule"
     accountants = CONVERSIONS
     noise_per_run = True
@@ -86,7 +91,7 @@ class NoiseSchedule(AccountingMethod):
             lines.append(f"  tables publish means over {plan.seeds} seeds: {plan.n_configs} x {plan.seeds} runs with this "
                          f"noise spend eps = {plan.epsilon_with_seeds:.5g} ({plan.accountant}; epsilon_with_seeds)")
         for c in plan.configurations:
-            s, hp = plan.schedule[c["config_id"]], " ".join(f"{k}={v:g}" for k, v in c.items() if k != "config_id")
+            s, hp = plan.record.schedule[c["config_id"]], " ".join(f"{k}={v:g}" for k, v in c.items() if k != "config_id")
             lines.append(f"    {c['config_id']} {hp}: stops where its budget ends (at most {s['steps']:,} iterations)"
                          if plan.epsilon_spent is None else
                          f"    {c['config_id']} {hp}: {s['steps']:,} iterations fit; eps (zcdp) = "
@@ -94,14 +99,14 @@ class NoiseSchedule(AccountingMethod):
         return lines
 
     def run_steps(self, plan, config_id: str) -> int:
-        return plan.schedule.get(config_id, {}).get("steps", plan.steps)
+        return plan.record.schedule.get(config_id, {}).get("steps", plan.steps)
 
     def spent_fields(self, plan, config_id: str, result) -> dict:
         """Each run's own T (the oracle's stops where its budget does) and, for a schedule that claims one, its own
         epsilon under both conversions."""
         fields = {"steps": result.steps}
-        if config_id in plan.schedule and plan.epsilon_spent is not None:
-            spent = plan.schedule[config_id]
+        if config_id in plan.record.schedule and plan.epsilon_spent is not None:
+            spent = plan.record.schedule[config_id]
             fields.update(epsilon_spent=spent[f"epsilon_{plan.accountant}"],
                           **{k: v for k, v in spent.items() if k.startswith("epsilon_")})
         return fields
@@ -122,7 +127,7 @@ class NoiseSchedule(AccountingMethod):
                 raise DpgridError(f"configuration {c['config_id']} would spend epsilon = {spent[conversion]:.6g} "
                                   f"> {plan.epsilon:g}; refusing to run (please report this)")
             schedule[c["config_id"]] = {"steps": steps, **{f"epsilon_{k}": v for k, v in spent.items()}}
-        record = dict(budget="per_run", schedule=schedule, noise_multiplier=math.nan,  # sigma_t varies per run
+        record = dict(budget="per_run", record=self.Record(schedule), noise_multiplier=math.nan,  # sigma_t varies per run
                       per_query={**problem, "rho_budget": budget, "eta": 1 / (2 * problem["smoothness"])})
         if strategy_cls.oracle:
             return {**record, "sampling": ORACLE}

@@ -27,6 +27,7 @@ import numpy as np
 
 from dpgrid import DpgridError
 from dpgrid.privacy.accountants import rdp_epsilon, smallest_noise
+from dpgrid.privacy.composition import liu_talwar_parameters
 from dpgrid.privacy.method import AccountingMethod
 
 # orders lambda (and lambda-hat): fine near 1, where the log(E[K]) / (lambda - 1) term is steep
@@ -52,18 +53,6 @@ def tnb_gamma(eta: float, mean: float) -> float:
         if high - low <= 1e-12 * high:
             break
     return high
-
-
-def liu_talwar_parameters(epsilon_f: float, delta_f: float, n_candidates: int, delta_2: float = 1e-20):
-    """Per-candidate (epsilon_1, delta_1) so that LT selection is (epsilon_f, delta_f)-DP.
-
-    Liu & Talwar 2019, Theorem 3.4 (Mohapatra et al. 2022, Theorem 1): with stopping probability
-    gamma = 1/K and Upsilon = log(1/delta_2) / gamma, LT is (3 e1 + 3 sqrt(2 d1), sqrt(2 d1) Upsilon + d2)-DP.
-    Returns (epsilon_1, delta_1, Upsilon); epsilon_1 <= 0 means the target is out of LT's reach."""
-    gamma = 1.0 / n_candidates
-    upsilon = math.log(1 / delta_2) / gamma
-    root = (delta_f - delta_2) / upsilon  # sqrt(2 delta_1)
-    return (epsilon_f - 3 * root) / 3, root ** 2 / 2, upsilon
 
 
 def parameters(rule: str, eta: float, mean: float, delta: float, rounds: int = None) -> dict:
@@ -169,6 +158,12 @@ class RandomStopping(AccountingMethod):
         selection_accountant: str = "rdp"
         stopping_seed: int = 0
 
+    @dataclass(frozen=True)
+    class Record:
+        stopping: dict              # the rule and its parameters
+        selection_accountant: str   # the analysis: rdp (Papernot & Steinke) or profile
+        epsilon_by_analysis: dict   # the selection's epsilon at this nu under each analysis that covers its rule
+
     name = "random_stopping"
     accountants = ("rdp", "pld")
     releases_best_only = True
@@ -217,7 +212,7 @@ class RandomStopping(AccountingMethod):
         mine = runs[(runs.candidate == int(summary_row.candidate)) & ok]
         seeds = [(int(s), int(s) % plan.seeds) for s in sorted(mine.seed)]
         why = ("the chosen candidate of a random-stopping selection: its output (the trained models and its score) is "
-               f"covered by the selection's epsilon ({plan.selection_accountant} analysis)")
+               f"covered by the selection's epsilon ({plan.record.selection_accountant} analysis)")
         return seeds, why
 
     def table_release(self, folder, runs, plan: dict, axes: list, task: str):
@@ -230,23 +225,23 @@ class RandomStopping(AccountingMethod):
         return ""
 
     def expected_runs(self, plan, runs: int) -> float:
-        return plan.stopping["mean"] * plan.seeds
+        return plan.record.stopping["mean"] * plan.seeds
 
     def describe(self, plan) -> list:
-        stop = plan.stopping
+        stop = plan.record.stopping
         shape = {"truncated_negative_binomial": f"eta = {stop.get('eta', 0):g}, gamma = {stop.get('gamma', 0):.4g}",
                  "poisson": f"mu = {stop['mean']:g}",
                  "binomial": f"{stop.get('rounds')} rounds, p = {stop.get('p', 0):.4g}",
                  "liu_talwar": f"stop probability {stop.get('gamma', 0):.4g}, at most {stop.get('max_candidates')}"}
-        others = ", ".join(f"{eps:.5g} by {name}" for name, eps in plan.epsilon_by_analysis.items()
-                           if name != plan.selection_accountant)
+        others = ", ".join(f"{eps:.5g} by {name}" for name, eps in plan.record.epsilon_by_analysis.items()
+                           if name != plan.record.selection_accountant)
         return [f"  random-stopping selection, {stop['rule']} ({shape[stop['rule']]}): {stop['mean']:g} candidates "
                 f"expected, each a configuration drawn from the grid and trained {plan.seeds} times",
                 f"  budget (eps, delta) = ({plan.epsilon:g}, {plan.delta:g}) for the selection: ONLY the chosen "
                 f"configuration and its score (selection.json) are covered; runs.csv is a private log",
                 f"  noise multiplier nu = {plan.noise_multiplier:.5g}; eps spent = {plan.epsilon_spent:.5g}; one "
                 f"candidate's eps = {plan.epsilon_per_run:.5g}",
-                f"  analysis: {plan.selection_accountant} (privacy.selection.selection_accountant)"
+                f"  analysis: {plan.record.selection_accountant} (privacy.selection.selection_accountant)"
                 + (f"; the same nu spends eps = {others}" if others else "")]
 
     def plan(self, plan, strategy_cls, options: dict, privacy: dict, problem: dict) -> dict:
@@ -258,9 +253,8 @@ class RandomStopping(AccountingMethod):
         nu = selection_noise(plan.sample_rate, steps, plan.epsilon, plan.delta, stopping, analysis)
         by_analysis = epsilon_by_analysis(plan.sample_rate, nu, steps, plan.delta, stopping)
         epsilon = by_analysis[analysis]  # seeds accounted: the grid's, the published tables' and the budget's epsilon
-        return dict(selection="random_stopping", account_seeds=True, composed_runs=plan.seeds, stopping=stopping,
-                    selection_accountant=analysis, epsilon_by_analysis=by_analysis,
-                    noise_multiplier=nu, per_query=strategy_cls.split_noise(nu, options, plan.batch_size),
+        return dict(selection="random_stopping", account_seeds=True, composed_runs=plan.seeds,
+                    record=self.Record(stopping, analysis, by_analysis), noise_multiplier=nu, per_query=strategy_cls.split_noise(nu, options, plan.batch_size),
                     epsilon_spent=epsilon, epsilon_grid=epsilon, epsilon_with_seeds=epsilon,
                     epsilon_per_run=rdp_epsilon(plan.sample_rate, nu, steps, plan.delta))
 

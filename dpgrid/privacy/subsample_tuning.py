@@ -36,6 +36,10 @@ class SubsampleTuning(AccountingMethod):
         tuning_split: Any = "shared"
         final_data: str = "full"
 
+    @dataclass(frozen=True)
+    class Record(RandomStopping.Record):
+        tuning: dict  # its rate, search and final data, both phases' noise, steps and epsilon
+
     name = "subsample_tuning"
     accountants = ("rdp", "pld")
     releases_best_only = True
@@ -58,7 +62,7 @@ class SubsampleTuning(AccountingMethod):
         check_stopping(read, COVERS)  # no Liu-Talwar rule: its analysis is not amplified here
 
     def phases(self, out, spec, selected: list, data):
-        plan, tuning = spec.plan, spec.plan.tuning
+        plan, tuning = spec.plan, spec.plan.record.tuning
         members = files().tuning_set(out, spec, data.n_train)
         random_stopping = tuning["search"] == "random_stopping"
         if random_stopping:
@@ -87,7 +91,7 @@ class SubsampleTuning(AccountingMethod):
         return seed % seeds
 
     def run_fields(self, plan, seed: int, draw) -> dict:
-        return dict(candidate=seed // plan.seeds, draw=draw) if plan.tuning["search"] == "random_stopping" else {}
+        return dict(candidate=seed // plan.seeds, draw=draw) if plan.record.tuning["search"] == "random_stopping" else {}
 
     def group_limit(self, seeds: int, size: int) -> int:
         return RandomStopping().group_limit(seeds, size)
@@ -95,7 +99,7 @@ class SubsampleTuning(AccountingMethod):
     def summarize(self, out, runs, plan, task: str):
         from dpgrid.results.files import write_json
 
-        summary = files().tuning_summary(runs, plan.tuning["search"], plan.axes, task)
+        summary = files().tuning_summary(runs, plan.record.tuning["search"], plan.axes, task)
         final = None if runs is None or "phase" not in runs else runs[runs.phase == "final"]
         released = files().release_record(plan, summary, final)
         write_json(out / "selection.json", released)
@@ -107,8 +111,8 @@ class SubsampleTuning(AccountingMethod):
         mine = runs[(runs.phase == "final") & (runs.config_id == summary_row.config_id) & ok]
         seeds = [(int(s), int(s) % plan.seeds) for s in sorted(mine.seed)]
         why = ("the final model of a tuning on a subsample: the configuration chosen on the tuning set, trained on "
-               f"{'the full data' if plan.tuning['final_data'] == 'full' else 'the data outside the tuning set'}; "
-               f"both phases are covered by the procedure's epsilon ({plan.selection_accountant} analysis)")
+               f"{'the full data' if plan.record.tuning['final_data'] == 'full' else 'the data outside the tuning set'}; "
+               f"both phases are covered by the procedure's epsilon ({plan.record.selection_accountant} analysis)")
         return seeds, why
 
     def table_runs(self, folder, runs, plan: dict):
@@ -119,24 +123,24 @@ class SubsampleTuning(AccountingMethod):
 
     def expected_runs(self, plan, runs: int) -> float:
         # the candidates' runs cost q1 of a full one each (their batches are q1 B)
-        return plan.tuning["tuning"]["expected_runs"] * plan.tuning["rate"] + plan.tuning["final"]["runs"]
+        return plan.record.tuning["tuning"]["expected_runs"] * plan.record.tuning["rate"] + plan.record.tuning["final"]["runs"]
 
     def describe(self, plan) -> list:
-        t = plan.tuning
+        t = plan.record.tuning
         tuning, final = t["tuning"], t["final"]
-        stop = plan.stopping
+        stop = plan.record.stopping
         search = (f"random stopping, {stop['rule']}, {stop['mean']:g} candidates expected" if stop else
                   f"every one of the {plan.n_configs} configurations")
         where = "the full data" if t["final_data"] == "full" else "the examples outside the tuning set"
         split = ("one noise multiplier for both phases (privacy.selection.tuning_split=shared)" if t["split"] == "shared" else
                  f"the tuning phase alone spends {t['split']:g} x epsilon (privacy.selection.tuning_split)")
-        others = ", ".join(f"{eps:.5g} by {name}" for name, eps in plan.epsilon_by_analysis.items()
-                           if name != plan.selection_accountant)
+        others = ", ".join(f"{eps:.5g} by {name}" for name, eps in plan.record.epsilon_by_analysis.items()
+                           if name != plan.record.selection_accountant)
         return [f"  tuning on a subsample: each example joins the tuning set with probability q1 = {t['rate']:g} "
                 f"(about {t['rate'] * plan.n_train:,.0f} of {plan.n_train:,})",
                 f"  budget (eps, delta) = ({plan.epsilon:g}, {plan.delta:g}) for the whole procedure: ONLY the chosen "
                 "configuration (selection.json) and the final model (model/) are covered; runs.csv is a private log",
-                f"  {split}; eps spent = {plan.epsilon_spent:.5g} ({plan.selection_accountant} analysis"
+                f"  {split}; eps spent = {plan.epsilon_spent:.5g} ({plan.record.selection_accountant} analysis"
                 + (f"; the same noise spends {others}" if others else "") + ")",
                 f"    tuning phase: {search}, each trained {plan.seeds} times on the tuning set: nu_1 = "
                 f"{tuning['noise_multiplier']:.5g}, T = {tuning['steps']:,} steps, expected batch q1 B = "
@@ -193,11 +197,10 @@ class SubsampleTuning(AccountingMethod):
                   "epsilon_by_analysis": {name: s["total"] for name, s in by_analysis.items()},
                   # compute in run-steps x expected batch, against the same search on the full data
                   "relative_compute": (rate * runs + 1) / runs}
-        return dict(selection="subsample_tuning", account_seeds=True, composed_runs=plan.seeds, stopping=stopping,
-                    selection_accountant=analysis, epsilon_by_analysis=tuning["epsilon_by_analysis"],
-                    noise_multiplier=nu_2, per_query=strategy_cls.split_noise(nu_2, options, final_batch),
+        return dict(selection="subsample_tuning", account_seeds=True, composed_runs=plan.seeds,
+                    record=self.Record(stopping, analysis, tuning["epsilon_by_analysis"], tuning), noise_multiplier=nu_2, per_query=strategy_cls.split_noise(nu_2, options, final_batch),
                     epsilon_spent=spent["total"], epsilon_grid=spent["total"], epsilon_with_seeds=spent["total"],
-                    epsilon_per_run=spent["final"], tuning=tuning)
+                    epsilon_per_run=spent["final"])
 
 
 def files():

@@ -115,10 +115,11 @@ def print_selection_comparison(plan) -> None:
     from dpgrid import DpgridError
     from dpgrid.privacy.random_stopping import COVERS, parameters, selection_noise
 
-    mean = plan.stopping.get("mean", plan.n_configs) if plan.stopping else plan.n_configs
+    recorded = plan.to_dict()["stopping"]  # a selection's rule (plan.json's), {} for a composition grid
+    mean = recorded.get("mean", plan.n_configs)
     if mean <= 1:
         return
-    eta = plan.stopping.get("eta", 0.0) if plan.stopping else 0.0
+    eta = recorded.get("eta", 0.0)
     steps = plan.seeds * plan.steps
     print(f"  random stopping, E[K] = {mean:g} candidates of {plan.seeds} runs:{'rdp nu':>12}{'profile nu':>12}", flush=True)
     for rule in COVERS["profile"]:  # the rules both analyses are compared on (RDP: "-" for the binomial)

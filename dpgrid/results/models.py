@@ -65,7 +65,7 @@ def statement(spec, data_files: dict, configuration: dict, chosen_by: str) -> di
                     "epsilon_with_seeds": plan.epsilon_with_seeds, "delta": plan.delta if plan.private else None,
                     "noise_multiplier": plan.noise_multiplier, "per_query": dict(plan.per_query),
                     "accountant": plan.accountant, "budget": plan.budget, "selection": plan.selection,
-                    "analysis": plan.selection_accountant, "seeds_accounted": plan.account_seeds,
+                    "analysis": plan.to_dict()["selection_accountant"], "seeds_accounted": plan.account_seeds,
                     "seeds": plan.seeds, "sampling": plan.sampling} if plan.private else None,
         "randomness": SECURE if spec.train.secure_rng else SEEDED,
         "strategy": plan.strategy, "dataset": plan.dataset, "n_train": plan.n_train, "data_files": data_files,

@@ -132,7 +132,7 @@ def candidates(out, plan, configs: list, source, overwrite: bool = False) -> tup
     if trained and drawn is None and not problem:
         problem = f"{path} is missing but {runs_path} holds candidate runs"
     if trained and drawn is not None and not problem:
-        problem = rows_problem(path, runs_path, runs, drawn, draw_digest(plan.stopping, drawn))
+        problem = rows_problem(path, runs_path, runs, drawn, draw_digest(plan.record.stopping, drawn))
     if problem and trained and not overwrite:
         raise DpgridError(f"{problem}; a new draw would be a second selection on the same data, spending epsilon again: "
                           "restore the file, or pass overwrite=true to start a new selection (it spends a new epsilon)")
@@ -143,9 +143,9 @@ def candidates(out, plan, configs: list, source, overwrite: bool = False) -> tup
     elif problem:
         warnings.warn(f"{problem}; no candidate was trained yet, so the candidates are drawn again", stacklevel=2)
     if problem or drawn is None:
-        drawn = draw_candidates(plan.stopping, list(by_id), source)
-        write_json(path, {"stopping": plan.stopping, "candidates": drawn})
-    return [by_id[c] for c in drawn], draw_digest(plan.stopping, drawn)
+        drawn = draw_candidates(plan.record.stopping, list(by_id), source)
+        write_json(path, {"stopping": plan.record.stopping, "candidates": drawn})
+    return [by_id[c] for c in drawn], draw_digest(plan.record.stopping, drawn)
 
 
 def recorded_draw(path, plan, by_id: dict) -> tuple:
@@ -159,8 +159,8 @@ def recorded_draw(path, plan, by_id: dict) -> tuple:
             raise TypeError
     except (OSError, UnicodeDecodeError, ValueError, TypeError, KeyError):
         return [], f"{path} is damaged (not the JSON of a draw)"
-    if stopping != json.loads(json.dumps(plan.stopping)):
-        return drawn, f"{path} records the stopping rule {stopping}, this plan's is {plan.stopping}"
+    if stopping != json.loads(json.dumps(plan.record.stopping)):
+        return drawn, f"{path} records the stopping rule {stopping}, this plan's is {plan.record.stopping}"
     if any(c not in by_id for c in drawn):
         return drawn, f"{path} names a configuration that is not in this grid"
     return drawn, ""
@@ -188,9 +188,9 @@ def summarize_selection(runs, plan, axes: list, task: str):
     best candidate's configuration, hyperparameters and score (the best mean over its seeds, as a grid's
     best configuration), with the public accounting. Nothing in `selection` depends on how many
     candidates were drawn or on any other candidate (Papernot & Steinke's theorems cover the best one alone)."""
-    selection = {"selection": "random_stopping", "stopping": plan.stopping, "epsilon": plan.epsilon_spent,
+    selection = {"selection": "random_stopping", "stopping": plan.record.stopping, "epsilon": plan.epsilon_spent,
                  "delta": plan.delta, "noise_multiplier": plan.noise_multiplier, "accountant": plan.accountant,
-                 "analysis": plan.selection_accountant or "rdp", "covered": COVERED}
+                 "analysis": plan.record.selection_accountant or "rdp", "covered": COVERED}
     if runs is None or not len(runs):
         return pd.DataFrame(), {**selection, "chosen": None}
     summary = candidate_summary(runs, axes, task)

@@ -28,7 +28,7 @@ def tuning_set(out, spec, n_train: int):
     from dpgrid.privacy.randomness import SecureRandom, derive_seed
     from dpgrid.results.files import write_json
 
-    rate, path = spec.plan.tuning["rate"], out / TUNING_SET
+    rate, path = spec.plan.record.tuning["rate"], out / TUNING_SET
     if path.exists():
         try:
             recorded = json.loads(path.read_text())
@@ -49,7 +49,7 @@ def tuning_set(out, spec, n_train: int):
         source = torch.Generator().manual_seed(derive_seed(*spec.seed_names(), "tuning_set"))
         bits = torch.randint(0, 2 ** 53, (n_train,), generator=source, dtype=torch.int64).to(torch.float64)
     mask = bits / 2 ** 53 < rate
-    write_json(path, {"rate": rate, "n_train": n_train, "search": spec.plan.tuning["search"],
+    write_json(path, {"rate": rate, "n_train": n_train, "search": spec.plan.record.tuning["search"],
                       "members": mask.nonzero().flatten().tolist()})
     return mask
 
@@ -74,7 +74,7 @@ def chosen_configuration(out, spec, selected: list, draw):
     runs = read_frame(out / "runs.csv") if (out / "runs.csv").exists() else None
     if runs is not None and draw is not None and "draw" in runs:
         runs = runs[runs.draw.astype(str) == draw]
-    summary = tuning_summary(runs, spec.plan.tuning["search"], spec.plan.axes, spec.task)
+    summary = tuning_summary(runs, spec.plan.record.tuning["search"], spec.plan.axes, spec.task)
     if not len(summary) or not summary.best.any():
         return None
     chosen = summary[summary.best].iloc[0].config_id
@@ -84,12 +84,12 @@ def chosen_configuration(out, spec, selected: list, draw):
 def release_record(plan, summary, final) -> dict:
     """selection.json: the chosen configuration and its tuning score, the final model's score over its seeds, and
     the public accounting; nothing that depends on how many candidates were drawn or on another candidate."""
-    tuning = plan.tuning
+    tuning = plan.record.tuning
     record = {"selection": "subsample_tuning", "tuning_rate": tuning["rate"], "search": tuning["search"],
-              "final_data": tuning["final_data"], "stopping": plan.stopping, "epsilon": plan.epsilon_spent,
+              "final_data": tuning["final_data"], "stopping": plan.record.stopping, "epsilon": plan.epsilon_spent,
               "delta": plan.delta, "noise_multiplier": {"tuning": tuning["tuning"]["noise_multiplier"],
                                                         "final": tuning["final"]["noise_multiplier"]},
-              "accountant": plan.accountant, "analysis": plan.selection_accountant, "covered": COVERED,
+              "accountant": plan.accountant, "analysis": plan.record.selection_accountant, "covered": COVERED,
               "chosen": None, "final": None}
     if not len(summary) or not summary.best.any():
         return record

@@ -249,3 +249,40 @@ def test_checking_a_config_loads_no_torch_and_registers_no_module():
             "print(sorted(m for m in sys.modules if m == 'torch' or m.startswith('torch.')))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]", out.stdout + out.stderr
+
+
+# What still receives a config node once a grid is compiled: the dataset's and the model's (read-only, resolved), which
+# their loaders and builders are called with. Nothing else may: the rest takes the frozen spec or plain values.
+CONFIG_NODE_TAKERS = {"dpgrid.data.check_loaded(dataset_cfg)", "dpgrid.data.load(dataset_cfg)",
+                      "dpgrid.models.build_model(model_cfg)", "dpgrid.plugins.arguments(node)", "dpgrid.plugins.call(node)",
+                      "dpgrid.plugins.resolve(node)", "dpgrid.plugins.target_name(node)"}
+
+
+def test_after_compile_no_function_receives_the_config(tmp_path):
+    """Compile, then run: every dpgrid function called while a compiled grid trains, watched as it is called, and
+    the arguments that are OmegaConf nodes named; only the dataset's and the model's nodes reach their loaders."""
+    import sys
+
+    from omegaconf import DictConfig
+
+    import dpgrid
+    from dpgrid.config import compile
+
+    spec = compile(dpgrid.compose(["grid.k=2", "train.epochs=1", "train.seeds=1", "privacy.selection=random_stopping",
+                                   "privacy.stopping_mean=2"]))
+    found = set()
+
+    def watch(frame, event, arg):
+        module = frame.f_globals.get("__name__", "")
+        if event == "call" and module.startswith("dpgrid"):
+            code = frame.f_code
+            found.update(f"{module}.{code.co_qualname}({name})" for name in
+                         code.co_varnames[:code.co_argcount + code.co_kwonlyargcount]
+                         if isinstance(frame.f_locals.get(name), DictConfig))
+
+    sys.setprofile(watch)
+    try:
+        dpgrid.run_grid(spec, tmp_path / "grid", progress=False)
+    finally:
+        sys.setprofile(None)
+    assert found and found <= CONFIG_NODE_TAKERS, sorted(found - CONFIG_NODE_TAKERS)

@@ -14,6 +14,7 @@ import torch
 
 from dpgrid import DpgridError, tasks
 from dpgrid.plugins import call
+from dpgrid.specs import dataset_spec
 
 
 @dataclass
@@ -35,9 +36,11 @@ class Data:
         return Data(up(self.x_train), up(self.y_train), up(self.x_test), up(self.y_test), self.task, self.files)
 
 
-def load(dataset_cfg, root, device="cpu") -> Data:
+def load(dataset, root, device="cpu") -> Data:
     """Call the dataset's loader (`dataset.load._target_`, with root and the node's other keys), check
-    what it returns, and put it on `device` with the dataset's task and normalisation."""
+    what it returns, and put it on `device` with the dataset's task and normalisation. `dataset`: its DatasetSpec,
+    or its config node."""
+    dataset_cfg = dataset_spec(dataset)
     data = call(dataset_cfg.load, f"dataset={dataset_cfg.name}: load", root=str(root))
     if not isinstance(data, Data):
         raise DpgridError(f"dataset={dataset_cfg.name}: load._target_ returned {type(data).__name__}, "
@@ -47,7 +50,7 @@ def load(dataset_cfg, root, device="cpu") -> Data:
     x_tr, y_tr, x_te, y_te = (t.to(device) for t in (x_tr, y_tr, x_te, y_te))
     if tasks.get(dataset_cfg.task).targets_are_inputs:
         y_tr, y_te = x_tr, x_te  # the targets stay in [0, 1] (the autoencoder ends in a sigmoid)
-    if dataset_cfg.get("normalize", "unit") == "standardize":
+    if dataset_cfg.normalize == "standardize":
         # Published constants, never statistics computed here from the private training set.
         mean, std = float(dataset_cfg.mean), float(dataset_cfg.std)
         x_tr, x_te = (x_tr - mean) / std, (x_te - mean) / std
@@ -57,7 +60,7 @@ def load(dataset_cfg, root, device="cpu") -> Data:
 def check_loaded(dataset_cfg, root, x_tr, y_tr, x_te, y_te) -> None:
     """Whatever the loader: non-empty splits, as many targets as inputs, and class labels in
     0..classes-1 (a label outside would crash training midway, or count silently as a miss)."""
-    name, classes, features = dataset_cfg.name, dataset_cfg.get("classes"), dataset_cfg.get("features")
+    name, classes, features = dataset_cfg.name, dataset_cfg.classes, dataset_cfg.features
     task = tasks.get(dataset_cfg.task)
     for what, tensors, needed, fix in (("features", (x_tr, x_te), task.features_dtype, "x.float()" if
                                         task.features_dtype == "float32" else "x.double()"),

@@ -2,13 +2,31 @@
 loaders go through here exactly like a user's (their own package, their own config folder on Hydra's
 search path). Failures are one line naming the config option and the target."""
 
+from dataclasses import dataclass
+from types import MappingProxyType
+from typing import Mapping
+
 from hydra.utils import get_class, get_method
 from omegaconf import DictConfig, OmegaConf
 
 from dpgrid import DpgridError
 
 
+@dataclass(frozen=True)
+class Target:
+    """A config's `_target_` and the keyword arguments its node gives it, as plain values: what a compiled grid keeps
+    of its model config and its dataset's loader (every function below takes one or the node)."""
+    target: str
+    arguments: Mapping
+
+
+def target_of(node, where: str) -> Target:
+    return Target(target_name(node, where), MappingProxyType(arguments(node)))
+
+
 def target_name(node, where: str) -> str:
+    if isinstance(node, Target):
+        return node.target
     target = node.get("_target_") if isinstance(node, DictConfig) else None
     if not target or not isinstance(target, str):
         raise DpgridError(f"{where}: no _target_ (a dotted path to a class or function, e.g. mypkg.module.Name)")
@@ -27,6 +45,8 @@ def resolve(node, where: str, kind: str = "callable"):
 
 def arguments(node) -> dict:
     """The node's keys other than _target_, as plain Python values."""
+    if isinstance(node, Target):
+        return dict(node.arguments)
     return {k: v for k, v in OmegaConf.to_container(node, resolve=True).items() if k != "_target_"}
 
 

@@ -75,7 +75,7 @@ def grids(dataset: str, ks: list, extra: list):
             plan = spec.plan
             found.append((name, plan.private, plan.n_configs, plan.steps,
                           [e for e in plannable if e is not None] if plan.private else plan.dataset_epsilons,
-                          float(spec.dataset.get("seconds_per_step") or 0), k))
+                          float(spec.dataset.seconds_per_step or 0), k))
     return found
 
 
@@ -189,7 +189,7 @@ def paper_cells(dataset: str, ks: list, extra: list, only_strategies=None, only_
                     skipped.append(f"{where}: the paper's hyperparameters are not in dpgrid's grid; skipped")
                     continue
                 cells.append((name, float(epsilon), k, config_id, plan.steps,
-                              float(spec.dataset.get("seconds_per_step") or 0)))
+                              float(spec.dataset.seconds_per_step or 0)))
     return cells, skipped
 
 

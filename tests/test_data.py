@@ -180,8 +180,9 @@ def test_ag_news_rows_are_checked(tmp_path, glove_txt, text, message):
 
 def test_generic_checks_catch_any_loader(tmp_path):
     from dpgrid.data import check_loaded
+    from dpgrid.specs import DatasetSpec
 
-    cfg = OmegaConf.create(dict(name="mine", task="classification", classes=3))
+    cfg = DatasetSpec(name="mine", task="classification", load=None, classes=3)
     x, y = torch.zeros(4, 2), torch.tensor([0, 1, 2, 3])
     with pytest.raises(DpgridError, match="mine's train split under .*: label 3 of example 3 is outside 0..2"):
         check_loaded(cfg, tmp_path, x, y, x, y.clamp(max=2))

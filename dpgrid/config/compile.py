@@ -21,6 +21,8 @@ from omegaconf import OmegaConf
 from dpgrid import DpgridError
 from dpgrid.config.identity import config_hash, flat_privacy, refuse_other_config
 from dpgrid.config.selection import selection_of
+from dpgrid.plugins import target_of
+from dpgrid.specs import dataset_spec
 
 @dataclass(frozen=True)
 class Training:
@@ -51,8 +53,8 @@ class GridSpec:
     selected: tuple             # the configurations this command trains (grid.only), in grid order
     only: Optional[tuple]       # grid.only as given (None: every configuration)
     train: Training
-    dataset: Any                # the dataset config node (read-only): its loader and public constants
-    model: Any                  # the model config node (read-only); its size is plan.model_parameters
+    dataset: Any                # dpgrid.specs.DatasetSpec: its loader and the public constants a run reads
+    model: Any                  # dpgrid.plugins.Target: the model's builder and arguments; its size is plan.model_parameters
     data_root: str
     task: str
     normalize: str
@@ -107,12 +109,13 @@ def compile(cfg, n_train: int = None, run_dir=None, plan: bool = True) -> GridSp
     if strategy_cls.private and accountant not in method.accountants:
         raise DpgridError(f"privacy.accountant={accountant} does not apply to strategy={cfg.strategy.name} "
                           f"(accounted by {method.name}); valid: {', '.join(method.accountants)}")
-    dataset = read_only(cfg.dataset)
+    dataset = dataset_spec(read_only(cfg.dataset))
     if n_train is None:  # as the config states it, else the loaded data's
-        n_train = int(dataset.n_train) if dataset.get("n_train") is not None else loaded_n_train(dataset, cfg.data.root)
+        stated = cfg.dataset.get("n_train")
+        n_train = int(stated) if stated is not None else loaded_n_train(dataset, cfg.data.root)
     # a huge grid is refused before its configurations are built
     check_scale(size(cfg.strategy, cfg.grid), n_train, int(cfg.train.epochs), int(cfg.train.batch_size),
-                int(cfg.train.seeds), dataset.get("seconds_per_step"), bool(cfg.grid.allow_large))
+                int(cfg.train.seeds), dataset.seconds_per_step, bool(cfg.grid.allow_large))
     configs = configurations(cfg.strategy, cfg.grid)
     only = tuple(str(o) for o in cfg.grid.only) if cfg.grid.only is not None else None
     plain = settings_of(cfg)
@@ -128,7 +131,7 @@ def compile(cfg, n_train: int = None, run_dir=None, plan: bool = True) -> GridSp
                        float64=bool(cfg.train.float64), secure_rng=bool(cfg.privacy.secure_rng),
                        threads=str(cfg.train.threads), parallel_runs=str(cfg.train.parallel_runs),
                        save_models=str(cfg.train.save_models), conv_method=str(cfg.train.conv_method)),
-        dataset=dataset, model=read_only(cfg.model),
+        dataset=dataset, model=target_of(read_only(cfg.model), "model"),
         data_root=str(cfg.data.root), task=task, normalize=str(cfg.dataset.get("normalize", "unit")),
         protocol=str(cfg.protocol), overwrite=bool(cfg.overwrite), stopping_seed=int(privacy["stopping_seed"]),
         privacy=MappingProxyType(privacy), settings=MappingProxyType(plain),

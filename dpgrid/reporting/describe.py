@@ -46,7 +46,7 @@ def print_expected_time(spec, runs: int) -> None:
     the dataset's measured step times (dataset.seconds_per_step, one run; dataset.stacked_seconds_per_step, one
     run's share of a stacked step). `runs`: the accounting method's expectation (a selection trains a random
     number of candidates)."""
-    plan, seconds_per_step = spec.plan, spec.dataset.get("seconds_per_step")
+    plan, seconds_per_step = spec.plan, spec.dataset.seconds_per_step
     group, why = grouping(spec, max(1, round(runs)))
     print(f"  train.parallel_runs={spec.train.parallel_runs}: " + (f"groups of up to {group} runs trained together"
                                                                   if group > 1 else f"one run at a time{why}"))
@@ -55,7 +55,7 @@ def print_expected_time(spec, runs: int) -> None:
     alone = runs * plan.steps * float(seconds_per_step)
     print(f"  expected time: {runs:,g} runs x {plan.steps:,} steps at {float(seconds_per_step):g} s per step "
           f"(dataset.seconds_per_step, measured on a 2-core CPU) = about {duration(alone)} of training, one run at a time")
-    stacked = spec.dataset.get("stacked_seconds_per_step")
+    stacked = spec.dataset.stacked_seconds_per_step
     if group > 1 and stacked:
         print(f"    stacked: about {duration(runs * plan.steps * float(stacked))} ({float(stacked):g} s per run and step "
               "in a group, dataset.stacked_seconds_per_step)")

@@ -70,7 +70,7 @@ def statement(spec, data_files: dict, configuration: dict, chosen_by: str) -> di
         "randomness": SECURE if spec.train.secure_rng else SEEDED,
         "strategy": plan.strategy, "dataset": plan.dataset, "n_train": plan.n_train, "data_files": data_files,
         "inputs": {"normalize": spec.normalize,
-                   **({"mean": spec.dataset.get("mean"), "std": spec.dataset.get("std")}
+                   **({"mean": spec.dataset.mean, "std": spec.dataset.std}
                       if spec.normalize == "standardize" else {})},
         "configuration": configuration,
         "model": dict(spec.settings["model"]),

@@ -24,10 +24,10 @@ if TYPE_CHECKING:  # pandas is imported when a grid is run: `dpgrid` refuses bad
     import pandas as pd
 
 
-def check_sweep(overrides: list) -> list:
+def check_sweep(overrides: list) -> dict:
     """Every job of a sweep composed and checked in this process, before any is launched or queued; jobs
     of different configs that would write into one directory are refused, naming their overrides.
-    Returns the jobs' directories."""
+    Returns {each job's directory: the config hash checked for it}."""
     from dpgrid.config import compile
     from dpgrid.results.files import check_writable
 
@@ -52,7 +52,7 @@ def check_sweep(overrides: list) -> list:
             raise DpgridError(f"the sweep's jobs '{' '.join(first)}' and '{' '.join(second)}' would both write into "
                               f"{out} ({', '.join(differ)} is not part of its name); give them different "
                               "directories, e.g. add that key to hydra.sweep.subdir")
-    return list(by_dir)
+    return {out: next(iter(jobs)) for out, jobs in by_dir.items()}
 
 
 def check_before_queue(spec, job: list, out: Path, data: bool, checked: set) -> None:

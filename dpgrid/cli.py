@@ -83,10 +83,11 @@ def run_command(args: list) -> None:
     if {"-m", "--multirun"} & set(args):
         overrides = [a for a in args if a not in ("-m", "--multirun")]
         with directory_setting("hydra.sweep.dir=..."):
-            created = {out: outermost_missing(out) for out in check_sweep(overrides)}  # every job checked first
+            checked = check_sweep(overrides)  # every job checked first; each job compiles again and must agree
+            created = {out: outermost_missing(out) for out in checked}
             register()  # the schema and resolvers Hydra's own composition needs
             sys.argv = ["dpgrid run", *args]
-            hydra.main(version_base="1.3", config_path=config_dir(), config_name="config")(grid_job(created))()
+            hydra.main(version_base="1.3", config_path=config_dir(), config_name="config")(grid_job(created, checked=checked))()
         return
     from dpgrid.api import compose
 
@@ -103,10 +104,11 @@ def run_command(args: list) -> None:
     launch(cfg, grid_job({out: outermost_missing(out)}, spec))
 
 
-def grid_job(created: dict, spec=None):
+def grid_job(created: dict, spec=None, checked: dict = None):
     """Hydra's task: train the grid into the job's output directory and say where the results are.
     `created`: per run directory, the outermost folder this command creates for it (None: none);
-    `spec`: the grid this command compiled and checked already (one run; a sweep's jobs compile their own)."""
+    `spec`: the grid this command compiled and checked already (one run; a sweep's jobs compile their own, and
+    `checked` holds the config hash the sweep checked for each directory, which the job's must equal)."""
     def task(cfg) -> None:
         from hydra.core.hydra_config import HydraConfig
         from omegaconf import OmegaConf
@@ -122,6 +124,9 @@ def grid_job(created: dict, spec=None):
         try:
             try:
                 grid = spec or compile(cfg).announce()
+                if checked and checked.get(out, grid.config_hash) != grid.config_hash:
+                    raise DpgridError(f"the job for {out} composed another config (hash {grid.config_hash}) than the "
+                                      f"sweep checked ({checked[out]}); nothing was trained: run the sweep again")
             except DpgridError:
                 with contextlib.suppress(DpgridError), locked(out):  # Busy: another grid's; left alone
                     remove_created(out, created.get(out))  # the job's folder, which Hydra made

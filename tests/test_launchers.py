@@ -283,3 +283,17 @@ def test_what_a_queued_job_would_find_late_is_refused_before_queueing(slurm, tmp
         r = dpgrid("run", *SWEEP, f"hydra.sweep.dir={tmp_path / 'sweep2'}")
     assert r.returncode == 2 and "another dpgrid process is writing into" in r.stderr, r.stderr
     assert not (tmp_path / "sbatch.log").exists()
+
+
+def test_a_sweep_job_that_composes_another_config_than_the_checked_one_trains_nothing(tmp_path, monkeypatch, capsys):
+    """Each job of a sweep compiles its config again (on a cluster node, perhaps after a config file changed) and
+    must find the config hash the sweep checked before queueing; another is refused in one line."""
+    from dpgrid import api, cli
+
+    checked = api.check_sweep
+    monkeypatch.setattr(api, "check_sweep", lambda overrides: {out: "0" * 16 for out in checked(overrides)})
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(SystemExit) as stopped:
+        cli.main(["run", "-m", "grid.k=2", "train.epochs=1", "train.seeds=1", "privacy.epsilon=3,8"])
+    assert stopped.value.code == 2 and "composed another config (hash" in capsys.readouterr().err
+    assert not list(tmp_path.rglob("runs.csv"))

@@ -254,7 +254,8 @@ class RandomStopping(AccountingMethod):
         by_analysis = epsilon_by_analysis(plan.sample_rate, nu, steps, plan.delta, stopping)
         epsilon = by_analysis[analysis]  # seeds accounted: the grid's, the published tables' and the budget's epsilon
         return dict(selection="random_stopping", account_seeds=True, composed_runs=plan.seeds,
-                    record=self.Record(stopping, analysis, by_analysis), noise_multiplier=nu, per_query=strategy_cls.split_noise(nu, options, plan.batch_size),
+                    record=self.Record(stopping, analysis, by_analysis), noise_multiplier=nu,
+                    per_query=strategy_cls.split_noise(nu, options, plan.batch_size),
                     epsilon_spent=epsilon, epsilon_grid=epsilon, epsilon_with_seeds=epsilon,
                     epsilon_per_run=rdp_epsilon(plan.sample_rate, nu, steps, plan.delta))
 
@@ -275,7 +276,8 @@ def check_stopping(read, covers: dict) -> None:
     if rule == "binomial" and not read.has(key + "stopping_rounds"):
         raise DpgridError(f"{key}stopping=binomial needs {key}stopping_rounds, its number of rounds m (a whole number > "
                           "the expected number of candidates; each round trains a candidate with probability mean / m)")
-    if (rounds := read.get(key + "stopping_rounds")) is not None and not (isinstance(rounds, int) and 2 <= rounds <= MAX_ROUNDS):  # unused by other rules
+    rounds = read.get(key + "stopping_rounds")  # unused by the other rules, but never a bad value
+    if rounds is not None and not (isinstance(rounds, int) and 2 <= rounds <= MAX_ROUNDS):
         read.refuse(key + "stopping_rounds", "a whole number in 2..2^53 (beyond 2^53 a whole number has no exact "
                     "float, and the draw and the accounting would round the rounds)", rounds)
     # the candidate's accountant: Renyi curves for the RDP theorems, dp-accounting's PLD for the profile bound

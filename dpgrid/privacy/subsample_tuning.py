@@ -198,7 +198,8 @@ class SubsampleTuning(AccountingMethod):
                   # compute in run-steps x expected batch, against the same search on the full data
                   "relative_compute": (rate * runs + 1) / runs}
         return dict(selection="subsample_tuning", account_seeds=True, composed_runs=plan.seeds,
-                    record=self.Record(stopping, analysis, tuning["epsilon_by_analysis"], tuning), noise_multiplier=nu_2, per_query=strategy_cls.split_noise(nu_2, options, final_batch),
+                    record=self.Record(stopping, analysis, tuning["epsilon_by_analysis"], tuning), noise_multiplier=nu_2,
+                    per_query=strategy_cls.split_noise(nu_2, options, final_batch),
                     epsilon_spent=spent["total"], epsilon_grid=spent["total"], epsilon_with_seeds=spent["total"],
                     epsilon_per_run=spent["final"])
 

@@ -284,3 +284,13 @@ def test_after_compile_no_function_receives_the_config(tmp_path):
     finally:
         sys.setprofile(None)
     assert "dpgrid.specs.dataset_spec(node)" in seen and not found, (seen, found)
+
+
+def test_no_strategy_branches_on_whether_it_is_stacked():
+    """One step serves one run and G stacked runs: the base class's helpers (per_run, dot, normal, noisy_mean,
+    flatten, clip_weights, descend) know the form; a strategy, built-in or an example's, never asks."""
+    modules = [p for p in sorted((PACKAGE / "strategies").glob("*.py")) if p.name != "base.py"]
+    modules += sorted((ROOT / "examples" / "dpgrid_example").glob("*.py"))
+    found = [f"{path.relative_to(ROOT)}:{node.lineno}" for path in modules for node in ast.walk(ast.parse(path.read_text()))
+             if isinstance(node, ast.Attribute) and node.attr == "stacked"]
+    assert len(modules) > 8 and not found, found

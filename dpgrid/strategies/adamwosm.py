@@ -30,10 +30,9 @@ class AdamWOSM(Strategy):
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
         c = self.options
-        def ess(clip):  # constant within a run
-            return float(c["lr"]) / (self.multipliers["noise_multiplier"] * float(clip) / self.batch_size + float(c["xi"]))
-        clips = self.hp["clip"]
-        self.lr = self.per_run_value([ess(v) for v in clips] if self.stacked else ess(clips))
+        clips = torch.as_tensor(self.hp["clip"], dtype=torch.float64)  # C, or the G runs' Cs, as Python's floats
+        ess = float(c["lr"]) / (self.multipliers["noise_multiplier"] * clips / self.batch_size + float(c["xi"]))
+        self.lr = self.per_run_value(ess.tolist())  # constant within a run
         self.beta1 = float(c["beta1"])
         self.t = 0
         self.m = [torch.zeros_like(p) for p in self.params]

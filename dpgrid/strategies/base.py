@@ -138,6 +138,10 @@ class Strategy:
             view.add_(s, alpha=1 / self.batch_size)
         return flat, views
 
+    def flatten(self, tensors: list) -> torch.Tensor:
+        """The tensors as one flat vector per run: (P,) for one run, (G, P) stacked."""
+        return flatten(tensors, self.stacked)
+
     def clip_weights(self, norms: torch.Tensor) -> torch.Tensor:
         """w_i = min(1, C / n_i), so that ||w_i g_i|| <= C (Eq. 4)."""
         return torch.clamp(self.per_run(self.clip, norms) / norms.clamp_min(1e-12), max=1.0)

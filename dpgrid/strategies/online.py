@@ -1,7 +1,7 @@
 from __future__ import annotations
 
 from dpgrid.lazy import lazy_import
-from dpgrid.strategies.base import Strategy, flatten
+from dpgrid.strategies.base import Strategy
 
 torch = lazy_import("torch")
 
@@ -62,7 +62,7 @@ class Online(Strategy):
         if self.prev_g is not None:  # sign(0) = 0 at t = 1: C and rho stay
             self.clip = clip * torch.exp(self.clip_lr * torch.sign(self.q_alignment(g_flat)))
             self.lr = self.lr * torch.exp(self.lr_lr * torch.sign(self.dot(g_flat, self.prev_g)))
-        self.prev_g, self.prev_q_sum = g_flat, flatten(q_sum, self.stacked)
+        self.prev_g, self.prev_q_sum = g_flat, self.flatten(q_sum)
 
     def q_alignment(self, g_tilde: torch.Tensor) -> torch.Tensor:
         """g_tilde_t . q_tilde_{t-1} = (g_tilde_t . sum_i q_i + nu_q ||g_tilde_t|| xi) / B, xi ~ N(0, 1)

@@ -9,6 +9,7 @@ import contextlib
 import logging
 import sys
 from pathlib import Path
+from types import MappingProxyType
 
 import pandas as pd
 import torch
@@ -28,7 +29,7 @@ from dpgrid.results import ledger
 from dpgrid.results.models import final_weights, keep_weights, release_when_finished
 from dpgrid.reporting.console import SELECTION_QUIET, report_run, say_methods
 from dpgrid.results.runs import claim, commit_run, write_header
-from dpgrid.strategies.base import Progress
+from dpgrid.strategies.base import Noise, Progress
 from dpgrid.training import threads
 from dpgrid.training.stacked import StackedEngine, StackedModel, group_size
 from dpgrid.training.train import train_group, train_run
@@ -102,19 +103,20 @@ def build_strategy(spec, params, hp: dict, generator, steps: int = None, phase: 
     """The strategy of one run of the grid (or of a stacked group: hp values and generators one per run) of `steps`
     steps (None: the plan's T), with its phase's noise and expected batch size (None: the plan's)."""
     plan, phase = spec.plan, phase or Phase([])
-    multipliers = {**phase_noise(plan, phase), "delta": plan.delta, "accountant": plan.accountant}
     batch_size = plan.batch_size if phase.batch_size is None else phase.batch_size
     return spec.strategy_cls(params, hp={k: v for k, v in hp.items() if k != "config_id"},
-                             multipliers=multipliers, batch_size=batch_size, options=dict(spec.options),
+                             noise=phase_noise(plan, phase), batch_size=batch_size, options=dict(spec.options),
                              generator=generator, momentum=spec.train.momentum,
                              progress=Progress(steps or plan.steps, phase.n_train or plan.n_train, batch_size))
 
 
-def phase_noise(plan, phase: Phase) -> dict:
-    """The noise multipliers of a phase's runs: its own, else the plan's."""
-    if phase.noise_multiplier is None:
-        return {"noise_multiplier": plan.noise_multiplier, **plan.per_query}
-    return {"noise_multiplier": phase.noise_multiplier, **(phase.per_query or {})}
+def phase_noise(plan, phase: Phase) -> Noise:
+    """What a phase's runs are told of their privacy: their noise (the phase's own, else the plan's), the grid's delta
+    and accountant, the plan's problem constants."""
+    own = phase.noise_multiplier is not None
+    return Noise(phase.noise_multiplier if own else plan.noise_multiplier,
+                 MappingProxyType(dict(phase.per_query or {}) if own else dict(plan.per_query)), plan.delta,
+                 plan.accountant, MappingProxyType(dict(plan.problem)))
 
 
 @contextlib.contextmanager
@@ -136,7 +138,8 @@ def run_row(spec, config, seed, result, draw=None, n_threads=None, conv_methods:
     row.update({k: v for k, v in config.items() if k != "config_id"})
     row.update(method.run_fields(plan, seed, draw))
     row.update(phase.fields)
-    row.update(seed=seed, **phase_noise(plan, phase),
+    noise = phase_noise(plan, phase)
+    row.update(seed=seed, noise_multiplier=noise.noise_multiplier, **noise.queries, **noise.problem,
                budget=plan.budget, accountant=plan.accountant, epsilon_spent=plan.epsilon_spent,
                epsilon_grid=plan.epsilon_grid, epsilon_with_seeds=plan.epsilon_with_seeds, private=plan.private,
                seeds_accounted=plan.account_seeds,

@@ -140,7 +140,7 @@ def sampled_step(model_name, mode, engine_name):
     x, y = x.to(DEVICE), y.to(DEVICE)
     sampler = SecureRandom() if secure_sampling else torch.Generator().manual_seed(1)
     noise = SecureRandom() if secure_noise else torch.Generator(device=DEVICE).manual_seed(2)
-    s = strategies.FixedThreshold(model.parameters(), hp={"lr": 0.1, "clip": 1.0}, multipliers={"noise_multiplier": NOISE},
+    s = strategies.FixedThreshold(model.parameters(), hp={"lr": 0.1, "clip": 1.0}, noise=strategies.Noise(NOISE),
                                   batch_size=BATCH, options={}, generator=noise)
     engine = make_engine(model, task, engine_name, METHODS)
 

@@ -10,7 +10,7 @@ import torch
 import dpgrid
 from dpgrid.privacy import noise_schedule as zcdp
 from dpgrid.binary import load_breast_cancer, load_iris, load_kddcup99, load_synthetic
-from dpgrid.strategies import PUR, ConstantNoise, PUROracle
+from dpgrid.strategies import PUR, ConstantNoise, Noise, PUROracle
 
 from .command import dpgrid as run_dpgrid
 
@@ -53,10 +53,11 @@ def test_a_step_is_gradient_descent_on_the_regularised_risk_plus_the_scheduled_n
     with torch.no_grad():
         model.weight.copy_(torch.tensor([[0.3, -0.2, 0.1, 0.5]], dtype=torch.float64))
     theta = model.weight.detach().clone()
-    p = {**problem(0.1), "rho_budget": 1e9, "eta": 1 / (2 * 4.1), "delta": 1 / 150, "accountant": "zcdp"}
+    p = {**problem(0.1), "rho_budget": 1e9, "eta": 1 / (2 * 4.1)}
     generator = torch.Generator().manual_seed(3)
     replay = torch.Generator().manual_seed(3)
-    strategy = ConstantNoise(model.parameters(), hp={"sigma": 0.05}, multipliers=p, batch_size=150, options={},
+    strategy = ConstantNoise(model.parameters(), hp={"sigma": 0.05}, batch_size=150, options={},
+                              noise=Noise(float("nan"), delta=1 / 150, accountant="zcdp", problem=p),
                               generator=generator)
     strategy.step(make_engine(model, "logistic", "fast")(data.x_train, data.y_train))
     x, y = data.x_train, data.y_train

@@ -5,6 +5,7 @@ import math
 import pytest
 import torch
 
+from dpgrid.strategies import Noise
 from dpgrid.training.persample import PerSampleGrads, empty_batch
 
 from .conftest import strategy_class
@@ -30,7 +31,9 @@ def make(name, hp, noise=None, batch_size=4, dim=3, momentum=0.0, seed=0):
                                               "noise_multiplier_q": 0.0, "noise_multiplier_grad": 0.0,
                                               "count_noise_std": 0.0}
     cls = strategy_class(name)
-    s = cls([param], hp=hp, multipliers=noise, batch_size=batch_size, options=dict(CFG[name]),
+    queries = dict(noise)
+    s = cls([param], hp=hp, noise=Noise(queries.pop("noise_multiplier", 0.0), queries), batch_size=batch_size,
+            options=dict(CFG[name]),
             generator=torch.Generator().manual_seed(seed), momentum=momentum)
     return s, param
 
@@ -109,7 +112,7 @@ def test_fixed_quantile_single_geometric_step():
 def test_adamwosm_step_is_ess_times_bias_corrected_momentum():
     nu, clip, b = 2.0, 0.5, 8
     s, theta = make("adamwosm", {"clip": clip}, noise={"noise_multiplier": nu}, batch_size=b)
-    s.multipliers = {"noise_multiplier": 0.0}  # ESS keeps the planned nu; switch the draws off
+    s.noise = Noise(0.0)  # ESS keeps the planned nu; switch the draws off
     ess = 1e-3 / (nu * clip / b + 1e-8)
     g1 = torch.tensor([[0.3, 0.0, 0.0]], dtype=torch.float64)
     g2 = torch.tensor([[0.0, 0.4, 0.0]], dtype=torch.float64)

@@ -87,6 +87,7 @@ class Plan:
     sampling: str = "poisson"  # or NOT_DP_SAMPLING: fixed-size batches, no epsilon claimed
     accountant: str = "rdp"
     per_query: dict = field(default_factory=dict)  # the strategy's split of nu (online, fixed_quantile)
+    problem: dict = field(default_factory=dict)    # public problem constants its steps use (a noise schedule's L, M, ...)
     epsilon_spent: float = None  # what the budget covers, recomputed with the final nu (<= epsilon); None for nodp
     epsilon_grid: float = None   # the whole grid's true cost with this nu (= epsilon_spent when per_grid)
     epsilon_per_run: float = None  # one configuration's cost (its seeds too when they are accounted)
@@ -112,6 +113,7 @@ class Plan:
         if not d["tuning"]:  # only a tuning on a subsample records it (the plans of other grids stay as they were)
             del d["tuning"]
         d.update(d.pop("per_query"))
+        d.update(d.pop("problem"))  # plan.json has always held both among its top-level keys
         del d["method"]  # plan.json names it through its fields (selection, schedule, budget)
         return d
 
@@ -124,7 +126,7 @@ class Plan:
 # records (every plan.json holds them: they were once fields of every plan)
 PLAN_JSON = ("dataset", "strategy", "k", "n_configs", "n_train", "batch_size", "epochs", "steps", "sample_rate", "epsilon",
              "delta", "seeds", "account_seeds", "composed_runs", "noise_multiplier", "budget", "sampling", "accountant",
-             "per_query", "epsilon_spent", "epsilon_grid", "epsilon_per_run", "epsilon_with_seeds", "liu_talwar",
+             "per_query", "problem", "epsilon_spent", "epsilon_grid", "epsilon_per_run", "epsilon_with_seeds", "liu_talwar",
              "selection", "stopping", "selection_accountant", "epsilon_by_analysis", "schedule", "tuning",
              "model_parameters", "label", "private", "adapts", "axes", "dataset_epsilons", "configurations", "method")
 RECORDED = {"liu_talwar": {}, "stopping": {}, "selection_accountant": None, "epsilon_by_analysis": {}, "schedule": {},

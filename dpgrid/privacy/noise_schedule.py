@@ -77,7 +77,7 @@ class NoiseSchedule(AccountingMethod):
 
     def describe(self, plan) -> list:
         """How many iterations of each configuration fit the budget, under both conversions."""
-        p = plan.per_query
+        p = plan.problem
         lines = [f"  full-batch noisy gradient descent: L = {p['lipschitz']:.4g}, M = {p['smoothness']:.4g}, eta = "
                  f"1/(2M) = {p['eta']:.4g}, lambda = {p['l2']:g}, Z = {p['feature_bound']:g}, R = {p['radius']:.4g}, "
                  f"d = {p['d']}"]
@@ -128,7 +128,7 @@ class NoiseSchedule(AccountingMethod):
                                   f"> {plan.epsilon:g}; refusing to run (please report this)")
             schedule[c["config_id"]] = {"steps": steps, **{f"epsilon_{k}": v for k, v in spent.items()}}
         record = dict(budget="per_run", record=self.Record(schedule), noise_multiplier=math.nan,  # sigma_t varies per run
-                      per_query={**problem, "rho_budget": budget, "eta": 1 / (2 * problem["smoothness"])})
+                      problem={**problem, "rho_budget": budget, "eta": 1 / (2 * problem["smoothness"])})
         if strategy_cls.oracle:
             return {**record, "sampling": ORACLE}
         worst = max(v[f"epsilon_{conversion}"] for v in schedule.values())

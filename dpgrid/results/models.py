@@ -63,7 +63,7 @@ def statement(spec, data_files: dict, configuration: dict, chosen_by: str) -> di
                                           f"no epsilon covers it: {plan.sampling}"),
         "privacy": {"epsilon_target": plan.epsilon if plan.private else None, "epsilon_spent": plan.epsilon_spent,
                     "epsilon_with_seeds": plan.epsilon_with_seeds, "delta": plan.delta if plan.private else None,
-                    "noise_multiplier": plan.noise_multiplier, "per_query": dict(plan.per_query),
+                    "noise_multiplier": plan.noise_multiplier, "per_query": {**plan.per_query, **plan.problem},
                     "accountant": plan.accountant, "budget": plan.budget, "selection": plan.selection,
                     "analysis": plan.to_dict()["selection_accountant"], "seeds_accounted": plan.account_seeds,
                     "seeds": plan.seeds, "sampling": plan.sampling} if plan.private else None,

@@ -5,7 +5,7 @@ on Hydra's search path) names its class in `_target_`; nothing here lists them."
 from dpgrid import DpgridError
 from dpgrid.plugins import resolve as resolve_target
 from dpgrid.strategies.adamwosm import AdamWOSM
-from dpgrid.strategies.base import Progress, Strategy
+from dpgrid.strategies.base import Noise, Progress, Strategy
 from dpgrid.strategies.constant_noise import ConstantNoise
 from dpgrid.strategies.dpadam import DPAdam
 from dpgrid.strategies.fixed_quantile import FixedQuantile
@@ -15,7 +15,7 @@ from dpgrid.strategies.online import Online
 from dpgrid.strategies.pur import PUR
 from dpgrid.strategies.pur_oracle import PUROracle
 
-__all__ = ["Strategy", "Progress", "Online", "FixedThreshold", "FixedQuantile", "AdamWOSM", "DPAdam", "NoDP", "PUR", "ConstantNoise", "PUROracle", "resolve"]
+__all__ = ["Strategy", "Noise", "Progress", "Online", "FixedThreshold", "FixedQuantile", "AdamWOSM", "DPAdam", "NoDP", "PUR", "ConstantNoise", "PUROracle", "resolve"]
 
 
 def resolve(strategy_cfg) -> type:

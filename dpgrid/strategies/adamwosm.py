@@ -31,7 +31,7 @@ class AdamWOSM(Strategy):
         super().__init__(*args, **kwargs)
         c = self.options
         clips = torch.as_tensor(self.hp["clip"], dtype=torch.float64)  # C, or the G runs' Cs, as Python's floats
-        ess = float(c["lr"]) / (self.multipliers["noise_multiplier"] * clips / self.batch_size + float(c["xi"]))
+        ess = float(c["lr"]) / (self.noise.noise_multiplier * clips / self.batch_size + float(c["xi"]))
         self.lr = self.per_run_value(ess.tolist())  # constant within a run
         self.beta1 = float(c["beta1"])
         self.t = 0
@@ -40,7 +40,7 @@ class AdamWOSM(Strategy):
     @no_grad
     def step(self, grads) -> None:
         clipped_sum = grads.weighted_sum(self.clip_weights(grads.norms))
-        g_tilde = self.noisy_mean(clipped_sum, self.multipliers["noise_multiplier"] * self.clip)
+        g_tilde = self.noisy_mean(clipped_sum, self.noise.noise_multiplier * self.clip)
         self.t += 1
         correction = 1 - self.beta1 ** self.t
         for p, m, g in zip(self.params, self.m, g_tilde):

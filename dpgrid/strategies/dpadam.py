@@ -44,7 +44,7 @@ class DPAdam(Strategy):
     @no_grad
     def step(self, grads) -> None:
         clipped_sum = grads.weighted_sum(self.clip_weights(grads.norms))
-        g_tilde = self.noisy_mean(clipped_sum, self.multipliers["noise_multiplier"] * self.clip)
+        g_tilde = self.noisy_mean(clipped_sum, self.noise.noise_multiplier * self.clip)
         self.t += 1
         first, second = 1 - self.beta1 ** self.t, 1 - self.beta2 ** self.t
         for p, m, v, g in zip(self.params, self.m, self.v, g_tilde):

@@ -47,10 +47,10 @@ class FixedQuantile(Strategy):
 
     def step(self, grads) -> None:
         clipped_sum = grads.weighted_sum(self.clip_weights(grads.norms))
-        g_tilde = self.noisy_mean(clipped_sum, self.multipliers["noise_multiplier_grad"] * self.clip)
+        g_tilde = self.noisy_mean(clipped_sum, self.noise.queries["noise_multiplier_grad"] * self.clip)
         below = (grads.norms <= self.per_run(self.clip, grads.norms)).to(self.clip.dtype)
         unclipped = ((below - 0.5) * grads.in_batch().to(below.dtype)).sum(-1)  # sum_i (1[n_i <= C_t] - 1/2)
-        b_tilde = self.noisy_mean([unclipped], self.multipliers["count_noise_std"])[0] + 0.5
+        b_tilde = self.noisy_mean([unclipped], self.noise.queries["count_noise_std"])[0] + 0.5
         self.descend(g_tilde, self.lr)
         self.clip = self.clip * torch.exp(-self.clip_lr * (b_tilde - self.quantile))
 

@@ -14,6 +14,6 @@ class FixedThreshold(Strategy):
 
     def step(self, grads) -> None:
         clipped_sum = grads.weighted_sum(self.clip_weights(grads.norms))
-        g_tilde = self.noisy_mean(clipped_sum, self.multipliers["noise_multiplier"] * self.clip)
+        g_tilde = self.noisy_mean(clipped_sum, self.noise.noise_multiplier * self.clip)
         self.descend(g_tilde, self.lr)
 

@@ -53,7 +53,7 @@ class NoisyGD(Strategy):
 
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
-        p = self.p = self.multipliers  # the plan's problem constants travel with its multipliers
+        p = self.p = self.noise.problem  # the plan's public problem constants (L, M, eta, the rho budget, ...)
         self.eta = float(p["eta"])  # exact; self.lr (a float32 tensor) is what curves record
         self.lr.fill_(self.eta)
         self.clip.fill_(p["feature_bound"])
@@ -84,4 +84,4 @@ class NoisyGD(Strategy):
         spent (for the oracle: what it would have spent were the gradient norm free). Both are evaluations on the
         training data for the paper's Figure 1; no epsilon covers them."""
         return {"grad_norm": float(self.grad_norm),
-                "epsilon": zcdp.epsilon(self.rho, self.p["delta"], self.p["accountant"])}
+                "epsilon": zcdp.epsilon(self.rho, self.noise.delta, self.noise.accountant)}

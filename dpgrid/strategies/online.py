@@ -57,7 +57,7 @@ class Online(Strategy):
         # two sums over disjoint samples, which the engine computes for the price of one.
         unclipped_sum, q_sum = grads.weighted_sums(unclipped, q_weights)
         clipped_sum = [u.addcmul_(q, self.per_run(clip, q)) for u, q in zip(unclipped_sum, q_sum)]  # u is ours
-        g_flat, g_tilde = self.noisy_mean_flat(clipped_sum, self.multipliers["noise_multiplier_g"] * clip)
+        g_flat, g_tilde = self.noisy_mean_flat(clipped_sum, self.noise.queries["noise_multiplier_g"] * clip)
         self.descend(g_tilde, self.lr)
         if self.prev_g is not None:  # sign(0) = 0 at t = 1: C and rho stay
             self.clip = clip * torch.exp(self.clip_lr * torch.sign(self.q_alignment(g_flat)))
@@ -69,5 +69,5 @@ class Online(Strategy):
         (Eq. 17 with the noise projected on g_tilde_t; see the class docstring). Flat vectors."""
         g_norm = torch.linalg.vector_norm(g_tilde, dim=-1)
         xi = self.normal((), g_norm)
-        return (self.dot(g_tilde, self.prev_q_sum) + self.multipliers["noise_multiplier_q"] * g_norm * xi) / self.batch_size
+        return (self.dot(g_tilde, self.prev_q_sum) + self.noise.queries["noise_multiplier_q"] * g_norm * xi) / self.batch_size
 

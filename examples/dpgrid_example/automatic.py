@@ -28,5 +28,5 @@ class AutomaticClipping(Strategy):
     @torch.no_grad()
     def step(self, grads) -> None:
         weights = 1.0 / (grads.norms + self.gamma)
-        g_tilde = self.noisy_mean(grads.weighted_sum(weights), self.multipliers["noise_multiplier"])
+        g_tilde = self.noisy_mean(grads.weighted_sum(weights), self.noise.noise_multiplier)
         self.descend(g_tilde, self.lr)

@@ -27,5 +27,5 @@ class PerLayerClipping(Strategy):
         layer_clip = self.clip / math.sqrt(norms.shape[1])        # C_l = C / sqrt(L)
         weights = torch.clamp(layer_clip / norms.clamp_min(1e-12), max=1.0)
         clipped_sum = grads.group_weighted_sum(weights)            # sum_i w_{i,l} g_{i,l}, per parameter
-        g_tilde = self.noisy_mean(clipped_sum, self.multipliers["noise_multiplier"] * self.clip)
+        g_tilde = self.noisy_mean(clipped_sum, self.noise.noise_multiplier * self.clip)
         self.descend(g_tilde, self.lr)

@@ -2,6 +2,7 @@
 loaders go through here exactly like a user's (their own package, their own config folder on Hydra's
 search path). Failures are one line naming the config option and the target."""
 
+import logging
 from dataclasses import dataclass
 from types import MappingProxyType
 from typing import Mapping
@@ -36,11 +37,15 @@ def target_name(node, where: str) -> str:
 def resolve(node, where: str, kind: str = "callable"):
     """The class (kind="class") or callable that node._target_ names."""
     target = target_name(node, where)
+    hydra_log = logging.getLogger("hydra.utils")  # it logs the failure in three lines before raising it
+    quiet, hydra_log.disabled = hydra_log.disabled, True
     try:
         return get_class(target) if kind == "class" else get_method(target)
     except Exception as e:  # Hydra wraps import errors of every kind
         reason = str(e).strip().splitlines()[-1] if str(e).strip() else type(e).__name__
         raise DpgridError(f"{where}: cannot import _target_ {target} ({reason})") from None
+    finally:
+        hydra_log.disabled = quiet
 
 
 def arguments(node) -> dict:

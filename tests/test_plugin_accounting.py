@@ -74,3 +74,18 @@ def test_the_older_spellings_set_the_same_keys():
                              "privacy.selection.stopping_mean=4"]))
     assert older.config_hash == newer.config_hash and older.plan == newer.plan
     assert newer.plan.record.stopping["rule"] == "poisson" and newer.plan.record.stopping["mean"] == 4
+
+
+@pytest.mark.parametrize("overrides, message", [
+    (["privacy.selection="], "no privacy.selection named ''; available: composition, random_stopping, subsample_tuning"),
+    (["privacy.selection=[1,2]"], "privacy.selection takes one name"),
+    (["privacy.selection._target_=nope.Class"], "privacy.selection=composition: cannot import _target_ nope.Class"),
+    (["strategy._target_=nope.Class"], "strategy=online: cannot import _target_ nope.Class"),
+    (["privacy.selection._target_=dpgrid.strategies.Online"], "is not a subclass of dpgrid.privacy.AccountingMethod"),
+    (["privacy.selection.name=x"], "privacy.selection.name=x is not the name of its _target_"),
+])
+def test_a_broken_selection_is_one_line(overrides, message):
+    from .command import dpgrid as run, one_line
+
+    r = run("plan", *overrides)
+    assert r.returncode == 2 and one_line(r.stderr) and message in r.stderr, r.stderr

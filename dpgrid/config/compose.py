@@ -169,7 +169,7 @@ def readable(message: str, overrides: list) -> str:
     if plugin:  # dpgrid's launcher configs stand on Hydra's launcher plugins
         return (f"{first} Hydra's {plugin.group(1)} launcher is not installed: pip install 'dpgrid[cluster]' (or "
                 f"{LAUNCHER_PLUGINS[plugin.group(1)]})")
-    missing = re.search(r"Could not find '(privacy/selection|[^/']+)/([^']+)'", first)
+    missing = re.search(r"Could not find '(privacy/selection|[^/']+)/([^']*)'", first)
     if missing:
         group, name = missing.groups()
         group = group.replace("/", ".")  # privacy/selection, as it is set: privacy.selection=NAME

@@ -25,6 +25,9 @@ def selection_of(node) -> tuple:
     cls = resolve(node, where, kind="class")
     if not (isinstance(cls, type) and issubclass(cls, AccountingMethod)):
         raise DpgridError(f"{where}: _target_ {node._target_} is not a subclass of dpgrid.privacy.AccountingMethod")
+    if str(node.name) != cls.name:  # the name plan.json and the hashes record: its class's
+        raise DpgridError(f"privacy.selection.name={node.name} is not the name of its _target_ {node._target_} "
+                          f"({cls.name}); choose another selection with privacy.selection={node.name}")
     given = OmegaConf.to_container(node, resolve=True)
     head = {"_target_": given.pop("_target_"), "name": given.pop("name")}
     known = [f.name for f in dataclasses.fields(cls.Options)]
@@ -49,6 +52,10 @@ def selection_overrides(overrides) -> list:
     for text in overrides:
         key, equals, value = text.partition("=")
         if equals and key == "privacy.selection":
+            if value.strip().startswith(("[", "{")):
+                raise DpgridError(f"privacy.selection takes one name (composition, random_stopping, subsample_tuning "
+                                  f"or a config of your own), got {value}; a sweep lists several: -m "
+                                  "privacy.selection=composition,random_stopping")
             text = f"privacy/selection={value}"
         elif equals and key.startswith("privacy.") and key.count(".") == 1 and key[8:] in selection_keys():
             text = f"privacy.selection.{key[8:]}={value}"

@@ -195,7 +195,7 @@ def paper_cells(dataset: str, ks: list, extra: list, only_strategies=None, only_
 
 def matching_config(configs: list, paper_row):
     """The id of the configuration whose axes the paper's row names (its printed, rounded values)."""
-    from dpgrid.reproduction.paper import same_value
+    from dpgrid.reporting.comparison import same_value
 
     for config in configs:
         axes = [a for a in ("lr", "clip", "quantile") if a in config]

@@ -194,7 +194,7 @@ def test_the_papers_claim_is_tested_per_epsilon_with_the_metrics_direction(tree)
 
 
 def test_a_claim_on_one_seed_is_undecided_whatever_the_difference():
-    from dpgrid.reproduction.paper import ONE_SEED, claims
+    from dpgrid.reporting.comparison import ONE_SEED, claims
 
     comp = pd.DataFrame(dict(epsilon=3.0, strategy=["online", "fixed_threshold", "fixed_quantile"],
                              value=[90.0, 80.0, 85.0], std=[0.0, 0.0, 0.5], n_seeds=[1, 1, 2],

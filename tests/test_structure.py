@@ -186,7 +186,7 @@ FORBIDDEN_IMPORTS = {
                 "dpgrid.reproduction", "dpgrid.runner"),
     "reporting": ("dpgrid.config.compile", "dpgrid.runner"),
     "config": ("dpgrid.results", "dpgrid.reporting", "dpgrid.reproduction", "dpgrid.runner"),
-    "reproduction": ("dpgrid.runner",),
+    "reproduction": ("dpgrid.runner", "dpgrid.reporting"),
 }
 ENTRY_POINTS = ("dpgrid.cli", "dpgrid.api", "dpgrid.jobs", "dpgrid.launchers")
 

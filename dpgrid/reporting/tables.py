@@ -24,8 +24,8 @@ from dpgrid.config.grid import AXIS_SYMBOL
 from dpgrid.reporting.cells import (NOT_RUN, Column, Table, budget_note, fmt_hp, fmt_value, private_strategies,
                                     to_csv_frame, to_latex, to_markdown)
 from dpgrid.reporting.grids import NOT_DP, SELECTION, collect
-from dpgrid.reproduction.paper import (claims, claims_markdown, comparison, comparison_markdown, hyperparameters_only,
-                                       paper_results)
+from dpgrid.reporting.comparison import claims, claims_markdown, comparison, comparison_markdown
+from dpgrid.reproduction.paper import hyperparameters_only, paper_results
 from dpgrid.results.files import check_writable, environment, write_atomic, write_csv
 
 SEEDS_NOTE = ("ε seeds: what this table publishes costs more than ε, which accounts one run per configuration "

@@ -75,9 +75,8 @@ def run_command(args: list) -> None:
     from dpgrid.api import check_sweep
     from dpgrid.jobs import launch
     from dpgrid.config import register
+    from dpgrid.config.selection import selection_overrides
     from dpgrid.results.files import directory_setting, outermost_missing
-
-    from dpgrid.config.compose import selection_overrides
 
     args = selection_overrides(args)  # privacy.selection=NAME, as written before it was a config option
     if {"-m", "--multirun"} & set(args):

@@ -40,28 +40,28 @@ def load(dataset, root, device="cpu") -> Data:
     """Call the dataset's loader (`dataset.load._target_`, with root and the node's other keys), check
     what it returns, and put it on `device` with the dataset's task and normalisation. `dataset`: its DatasetSpec,
     or its config node."""
-    dataset_cfg = dataset_spec(dataset)
-    data = call(dataset_cfg.load, f"dataset={dataset_cfg.name}: load", root=str(root))
+    dataset = dataset_spec(dataset)
+    data = call(dataset.load, f"dataset={dataset.name}: load", root=str(root))
     if not isinstance(data, Data):
-        raise DpgridError(f"dataset={dataset_cfg.name}: load._target_ returned {type(data).__name__}, "
+        raise DpgridError(f"dataset={dataset.name}: load._target_ returned {type(data).__name__}, "
                           "not a dpgrid.Data")
     x_tr, y_tr, x_te, y_te = data.x_train, data.y_train, data.x_test, data.y_test
-    check_loaded(dataset_cfg, root, x_tr, y_tr, x_te, y_te)
+    check_loaded(dataset, root, x_tr, y_tr, x_te, y_te)
     x_tr, y_tr, x_te, y_te = (t.to(device) for t in (x_tr, y_tr, x_te, y_te))
-    if tasks.get(dataset_cfg.task).targets_are_inputs:
+    if tasks.get(dataset.task).targets_are_inputs:
         y_tr, y_te = x_tr, x_te  # the targets stay in [0, 1] (the autoencoder ends in a sigmoid)
-    if dataset_cfg.normalize == "standardize":
+    if dataset.normalize == "standardize":
         # Published constants, never statistics computed here from the private training set.
-        mean, std = float(dataset_cfg.mean), float(dataset_cfg.std)
+        mean, std = float(dataset.mean), float(dataset.std)
         x_tr, x_te = (x_tr - mean) / std, (x_te - mean) / std
-    return Data(x_tr, y_tr, x_te, y_te, dataset_cfg.task, data.files)
+    return Data(x_tr, y_tr, x_te, y_te, dataset.task, data.files)
 
 
-def check_loaded(dataset_cfg, root, x_tr, y_tr, x_te, y_te) -> None:
+def check_loaded(dataset, root, x_tr, y_tr, x_te, y_te) -> None:
     """Whatever the loader: non-empty splits, as many targets as inputs, and class labels in
     0..classes-1 (a label outside would crash training midway, or count silently as a miss)."""
-    name, classes, features = dataset_cfg.name, dataset_cfg.classes, dataset_cfg.features
-    task = tasks.get(dataset_cfg.task)
+    name, classes, features = dataset.name, dataset.classes, dataset.features
+    task = tasks.get(dataset.task)
     for what, tensors, needed, fix in (("features", (x_tr, x_te), task.features_dtype, "x.float()" if
                                         task.features_dtype == "float32" else "x.double()"),
                                        ("labels", (y_tr, y_te), task.labels_dtype, "y.long()" if
@@ -83,7 +83,7 @@ def check_loaded(dataset_cfg, root, x_tr, y_tr, x_te, y_te) -> None:
                 raise DpgridError(f"{where}: example {i} has {what} that are NaN or infinite")
         if len(x) != len(y):
             raise DpgridError(f"{where}: {len(x)} inputs but {len(y)} labels")
-        if tasks.get(dataset_cfg.task).has_classes and classes is not None:
+        if tasks.get(dataset.task).has_classes and classes is not None:
             bad = ((y < 0) | (y >= int(classes))).nonzero()
             if len(bad):
                 i = int(bad[0][0])

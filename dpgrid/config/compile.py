@@ -132,7 +132,7 @@ def compile(cfg, n_train: int = None, run_dir=None, plan: bool = True) -> GridSp
                        threads=str(cfg.train.threads), parallel_runs=str(cfg.train.parallel_runs),
                        save_models=str(cfg.train.save_models), conv_method=str(cfg.train.conv_method)),
         dataset=dataset, model=target_of(read_only(cfg.model), "model"),
-        data_root=str(cfg.data.root), task=task, normalize=str(cfg.dataset.get("normalize", "unit")),
+        data_root=str(cfg.data.root), task=task, normalize=dataset.normalize,
         protocol=str(cfg.protocol), overwrite=bool(cfg.overwrite), stopping_seed=int(privacy["stopping_seed"]),
         privacy=MappingProxyType(privacy), settings=MappingProxyType(plain),
         config_hash=config_hash(plain, strategy_cls.private),

@@ -65,13 +65,20 @@ def selection_overrides(overrides) -> list:
 
 def selection_keys() -> set:
     """The keys of the built-in selections' options (privacy.selection.KEY)."""
-    from dpgrid.privacy import ACCOUNTING
-
-    return {field.name for method in ACCOUNTING.values() for field in dataclasses.fields(method.Options)}
+    return set(key_owners())
 
 
 def selection_owners(key: str) -> list:
     """The built-in selections whose options have `key`."""
+    return key_owners().get(key, [])
+
+
+def key_owners() -> dict:
+    """{a key of a built-in selection's options: the selections that have it}."""
     from dpgrid.privacy import ACCOUNTING
 
-    return [method.name for method in ACCOUNTING.values() if key in {f.name for f in dataclasses.fields(method.Options)}]
+    owners = {}
+    for method in ACCOUNTING.values():
+        for field in dataclasses.fields(method.Options):
+            owners.setdefault(field.name, []).append(method.name)
+    return owners

@@ -22,9 +22,8 @@ from dataclasses import asdict, dataclass, field, replace
 
 from dpgrid import DpgridError
 from dpgrid.privacy.accountants import ACCOUNTANTS, calibrate, epsilon_of, pld_epsilon, prv_epsilon, rdp_epsilon, smallest_noise
-from dpgrid.privacy.composition import Composition
+from dpgrid.privacy.composition import Composition, liu_talwar_parameters
 from dpgrid.privacy.noise_schedule import NoiseSchedule
-from dpgrid.privacy.composition import liu_talwar_parameters
 from dpgrid.privacy.random_stopping import RandomStopping
 from dpgrid.privacy.subsample_tuning import SubsampleTuning
 
@@ -106,15 +105,14 @@ class Plan:
     def to_dict(self) -> dict:
         """plan.json: the common figures and its method's record among them, in the order plan.json has always had
         (the built-in methods' records filled in with their defaults where another method planned the grid)."""
-        d = asdict(self)
-        record = d.pop("record") or {}
-        d = {key: record.get(key, copy.deepcopy(RECORDED.get(key))) if key in RECORDED else d[key] for key in PLAN_JSON
-             if key in d or key in RECORDED} | {key: value for key, value in record.items() if key not in RECORDED}
+        fields = asdict(self)
+        record = fields.pop("record") or {}
+        d = {key: record.get(key, copy.deepcopy(RECORDED[key])) if key in RECORDED else fields[key] for key in PLAN_JSON}
+        d |= {key: value for key, value in record.items() if key not in RECORDED}  # a plugin method's own
         if not d["tuning"]:  # only a tuning on a subsample records it (the plans of other grids stay as they were)
             del d["tuning"]
         d.update(d.pop("per_query"))
         d.update(d.pop("problem"))  # plan.json has always held both among its top-level keys
-        del d["method"]  # plan.json names it through its fields (selection, schedule, budget)
         return d
 
     def accounting(self):
@@ -122,13 +120,14 @@ class Plan:
         return self.method()
 
 
-# plan.json's keys in their order, and the built-in methods' records' keys with what a plan that does not have them
-# records (every plan.json holds them: they were once fields of every plan)
+# plan.json's keys in their order (the method is named through its fields: selection, schedule, budget), and the
+# built-in methods' records' keys with what a plan that does not have them records (every plan.json holds them:
+# they were once fields of every plan)
 PLAN_JSON = ("dataset", "strategy", "k", "n_configs", "n_train", "batch_size", "epochs", "steps", "sample_rate", "epsilon",
              "delta", "seeds", "account_seeds", "composed_runs", "noise_multiplier", "budget", "sampling", "accountant",
              "per_query", "problem", "epsilon_spent", "epsilon_grid", "epsilon_per_run", "epsilon_with_seeds", "liu_talwar",
              "selection", "stopping", "selection_accountant", "epsilon_by_analysis", "schedule", "tuning",
-             "model_parameters", "label", "private", "adapts", "axes", "dataset_epsilons", "configurations", "method")
+             "model_parameters", "label", "private", "adapts", "axes", "dataset_epsilons", "configurations")
 RECORDED = {"liu_talwar": {}, "stopping": {}, "selection_accountant": None, "epsilon_by_analysis": {}, "schedule": {},
             "tuning": {}}
 

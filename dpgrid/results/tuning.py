@@ -4,9 +4,12 @@ procedure releases), and how a table reads the grid back, vouched for by its row
 
 import json
 
+import pandas as pd
+
 from dpgrid import DpgridError
-from dpgrid.results.files import read_json
-from dpgrid.results.runs import REPAIR, same
+from dpgrid.results.files import read_frame, read_json, write_json
+from dpgrid.results.runs import REPAIR, same, summarize
+from dpgrid.results.selection import candidate_summary
 
 TUNING_SET = "tuning_set.json"
 COVERED = ("only selection.json and model/ are covered by (epsilon, delta): runs.csv, curves.csv, summary.csv, "
@@ -26,7 +29,6 @@ def tuning_set(out, spec, n_train: int):
     import torch
 
     from dpgrid.privacy.randomness import SecureRandom, derive_seed
-    from dpgrid.results.files import write_json
 
     rate, path = spec.plan.record.tuning["rate"], out / TUNING_SET
     if path.exists():
@@ -56,11 +58,6 @@ def tuning_set(out, spec, n_train: int):
 
 def tuning_summary(runs, search: str, axes: list, task: str):
     """summary.csv: the tuning phase per candidate (random stopping) or per configuration, the chosen one best."""
-    import pandas as pd
-
-    from dpgrid.results.runs import summarize
-    from dpgrid.results.selection import candidate_summary
-
     tuning = None if runs is None or "phase" not in runs else runs[runs.phase == "tuning"]
     if tuning is None or not len(tuning):
         return pd.DataFrame()
@@ -69,8 +66,6 @@ def tuning_summary(runs, search: str, axes: list, task: str):
 
 def chosen_configuration(out, spec, selected: list, draw):
     """The configuration the tuning phase chose (its rows in runs.csv), or None."""
-    from dpgrid.results.files import read_frame
-
     runs = read_frame(out / "runs.csv") if (out / "runs.csv").exists() else None
     if runs is not None and draw is not None and "draw" in runs:
         runs = runs[runs.draw.astype(str) == draw]

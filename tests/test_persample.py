@@ -33,12 +33,17 @@ def wide_convs():  # layers wide enough to be unfolded (8 x 8 channels), a non-s
                          nn.Linear(11 * 10, 3))
 
 
+def same_padding():  # padding="same" with an even kernel: Conv2d pads the odd one on the right and bottom
+    return nn.Sequential(nn.Conv2d(2, 3, (4, 3), padding="same"), nn.Tanh(), nn.Flatten(), nn.Linear(3 * 9 * 9, 3))
+
+
 CASES = {
     "cnn": (small_cnn, (6, 1, 9, 9), "classification"),
     "bag_of_words": (lambda: bag_of_words(2, 50), (6, 100), "classification"),
     "autoencoder": (small_autoencoder, (6, 1, 8, 8), "reconstruction"),
     "strided_conv": (strided_conv, (6, 2, 9, 9), "classification"),
     "wide_convs": (wide_convs, (6, 2, 9, 9), "classification"),
+    "same_padding": (same_padding, (6, 2, 9, 9), "classification"),
 }
 
 
@@ -223,6 +228,24 @@ def test_the_grouped_convolution_in_chunks_is_the_whole_one(module):
     assert torch.allclose(grouped_in_chunks(4)(module, a, g), whole, rtol=1e-12, atol=1e-12)
 
 
+@pytest.mark.parametrize("module", [nn.Conv2d(3, 5, 3, stride=2, padding=1, dilation=2), nn.Conv2d(3, 5, 4),
+                                    nn.Conv2d(3, 5, 3, padding="same"), nn.ConvTranspose2d(3, 5, 3)],
+                         ids=["strided", "plain", "same", "transposed"])
+def test_the_backward_weight_kernel_over_groups_gives_each_samples_gradient(module):
+    """The b-group weight gradient, in chunks that split the batch unevenly, is each sample's own gradient
+    (float64, against autograd on each sample alone)."""
+    from dpgrid.training.layers import backward_weights
+
+    torch.manual_seed(4)
+    module = module.double()
+    a = torch.randn(10, 3, 11, 11, dtype=torch.float64)
+    g = torch.randn_like(module(a))
+    own = torch.stack([torch.autograd.grad((module(a[i:i + 1]) * g[i:i + 1]).sum(), module.weight)[0]
+                       for i in range(len(a))])
+    for chunk in (4, 16):
+        assert torch.allclose(backward_weights(chunk)(module, a, g), own, rtol=1e-12, atol=1e-12)
+
+
 def test_the_method_choice_times_the_applicable_methods_once_per_shape_and_keeps_the_fastest(monkeypatch):
     from dpgrid.training import layers
 
@@ -239,13 +262,15 @@ def test_the_method_choice_times_the_applicable_methods_once_per_shape_and_keeps
     engine(x, y).norms
     assert len(calls) == 4 * len(CONV_METHODS)  # measured once per shape
     assert engine.methods.summary() == "unfold16,unfold16,unfold16,unfold16"
-    assert all("unfold16 (unfold16 1000.0 ms, grouped64 2000.0 ms, unfold64 2000.0 ms, grouped 3000.0 ms" in line
+    assert all("unfold16 (unfold16 1000.0 ms, grouped64 2000.0 ms, backward32 2000.0 ms, backward128 2000.0 ms, "
+               "unfold64 2000.0 ms, grouped 3000.0 ms" in line
                for line in engine.methods.describe())
 
 
 def test_a_strided_convolution_is_given_only_the_methods_that_compute_it():
-    assert applicable(nn.Conv2d(2, 3, 3, stride=2)) == ["grouped", "grouped64"]
-    assert applicable(nn.Conv2d(2, 3, 3, padding="same")) == ["grouped", "grouped64"]
+    assert applicable(nn.Conv2d(2, 3, 3, stride=2)) == ["grouped", "grouped64", "backward32", "backward128"]
+    assert applicable(nn.Conv2d(2, 3, 3, dilation=2)) == ["grouped", "grouped64", "backward32", "backward128"]
+    assert applicable(nn.Conv2d(2, 3, 3, padding="same")) == list(CONV_METHODS)
     assert applicable(nn.Conv2d(2, 3, 3, padding=1)) == list(CONV_METHODS)
     assert MethodChoice("unfold64").choose(nn.Conv2d(2, 3, 3, stride=2), None, None)[0] == "grouped"
 
@@ -256,7 +281,7 @@ def test_the_config_offers_the_methods_the_engine_has():
     assert set(offered) == set(CONV_METHODS)
 
 
-@pytest.mark.parametrize("case", ["cnn", "autoencoder", "strided_conv", "wide_convs"])
+@pytest.mark.parametrize("case", ["cnn", "autoencoder", "strided_conv", "wide_convs", "same_padding"])
 def test_a_weighted_sum_asked_before_any_norm_is_exact_without_per_sample_gradients(case):
     """The non-private baseline's mean: the convolutions' ordinary weight gradients of the weighted output
     gradients, never their per-sample ones."""

@@ -10,8 +10,9 @@ How they are computed is this module's business: engines change without touching
     Linear (2-D input):  ||g_i||^2 = ||G_i||^2 ||a_i||^2 (+ ||G_i||^2 for the bias), never materialised;
                          sum_i w_i g_i = (w * G)^T A, one matmul.
     Conv2d:              g_i = a_i correlated with G_i, materialised per sample (out x in x k x k
-                         numbers: small for convolutions), by the faster of a grouped convolution over the
-                         batch and unfolding in chunks, measured per layer shape (layers.MethodChoice).
+                         numbers: small for convolutions), by the fastest of the weight-gradient kernel with the
+                         batch as groups, a grouped convolution and unfolding in chunks, measured per layer shape
+                         (layers.MethodChoice).
     ConvTranspose2d:     g_i = G_i correlated with a_i (stride 1, no padding), likewise.
 - `FuncEngine`: torch.func vmap(grad), materialises all b x P numbers; the reference, and the
   fallback for models with other parametrised layers.

@@ -32,7 +32,7 @@ from dpgrid.results.runs import claim, commit_run, write_header
 from dpgrid.strategies.base import Noise, Progress
 from dpgrid.training import threads
 from dpgrid.training.stacked import StackedEngine, StackedModel, group_size
-from dpgrid.training.train import train_group, train_run
+from dpgrid.training.train import train_runs
 
 
 def planned_runs(out: Path, spec, selected: list) -> tuple:
@@ -61,18 +61,29 @@ def sources(spec, config: dict, seed: int, device) -> tuple:
     return torch.Generator().manual_seed(derive_seed(*names, "sampling")), noise
 
 
-def run_one(spec, data, config: dict, seed: int, progress: bool, methods: MethodChoice = None, phase: Phase = None):
-    """One run; `methods`: the grid's choice of each convolution's per-sample method (measured once); `data` the
-    phase's training data."""
-    plan, train, device = spec.plan, spec.train, data.x_train.device
-    model = initial_model(spec, seed, device)
-    sampler, noise = sources(spec, config, seed, device)
-    steps = plan.accounting().run_steps(plan, config["config_id"])
-    strategy = build_strategy(spec, model.parameters(), config, noise, steps, phase)
-    engine = make_engine(model, data.task, train.engine, methods)
-    result = train_run(model, engine, strategy, data, steps, plan.sample_rate, train.eval_every, sampler, progress,
-                       sampling=train.sampling)
-    return keeping_weights(spec, [result], [model])[0]
+def train_together(spec, data, runs: list, progress: bool = False, methods: MethodChoice = None, phase: Phase = None
+                   ) -> list:
+    """The results of `runs` ((configuration, seed) pairs), all trained by one loop: one run alone, or several as
+    one stacked model (the same numbers as alone, within float rounding: dpgrid.training.stacked). `methods`: the
+    grid's choice of each convolution's per-sample method (measured once); `data` the phase's training data."""
+    device = data.x_train.device
+    models = [initial_model(spec, seed, device) for _, seed in runs]
+    samplers, noises = zip(*(sources(spec, config, seed, device) for config, seed in runs))
+    configs = [config for config, _ in runs]
+    steps = {spec.plan.accounting().run_steps(spec.plan, c["config_id"]) for c in configs}
+    if len(steps) > 1:  # only the noise schedules' T differ by configuration, and their strategies do not stack
+        raise RuntimeError(f"runs of {len(steps)} lengths cannot train stacked")
+    if len(runs) == 1:
+        params, hp, noise = models[0].parameters(), configs[0], noises[0]
+        engine = make_engine(models[0], data.task, spec.train.engine, methods)
+    else:
+        stack = StackedModel(models)
+        params, noise, engine = stack.params, list(noises), StackedEngine(stack, data.task)
+        hp = {k: tuple(c[k] for c in configs) for k in configs[0] if k != "config_id"}
+    strategy = build_strategy(spec, params, hp, noise, *steps, phase)
+    results = train_runs(models, engine, strategy, data, *steps, spec.plan.sample_rate, spec.train.eval_every,
+                         list(samplers), spec.train.sampling, progress)
+    return keeping_weights(spec, results, models)
 
 
 def keeping_weights(spec, results: list, models: list) -> list:
@@ -81,22 +92,6 @@ def keeping_weights(spec, results: list, models: list) -> list:
         for result, model in zip(results, models):
             result.weights = None if result.diverged else final_weights(model)
     return results
-
-
-def run_group(spec, data, runs: list, progress: bool = False, phase: Phase = None) -> list:
-    """The results of `runs` ((configuration, seed) pairs) trained stacked: the same numbers as run_one's,
-    within float rounding (dpgrid.training.stacked)."""
-    device = data.x_train.device
-    models = [initial_model(spec, seed, device) for _, seed in runs]
-    stack = StackedModel(models)
-    pairs = [sources(spec, config, seed, device) for config, seed in runs]
-    configs = [config for config, _ in runs]
-    hp = {k: tuple(c[k] for c in configs) for k in configs[0] if k != "config_id"}
-    strategy = build_strategy(spec, stack.params, hp, [noise for _, noise in pairs], phase=phase)
-    results = train_group(models, StackedEngine(stack, data.task), strategy, data, spec.plan.steps,
-                          spec.plan.sample_rate, spec.train.eval_every, [sampler for sampler, _ in pairs],
-                          spec.train.sampling, progress)
-    return keeping_weights(spec, results, models)
 
 
 def build_strategy(spec, params, hp: dict, generator, steps: int = None, phase: Phase = None):
@@ -257,8 +252,7 @@ def train_phase(spec, out: Path, data, phase: Phase, done: set, progress: bool, 
         left = [(c, s) for c, s in group if (c["config_id"], s) not in done]
         if not left:
             continue
-        results = run_group(spec, data, group, progress and not quiet, phase) if size > 1 else \
-            [run_one(spec, data, *group[0], progress and not quiet, methods, phase)]
+        results = train_together(spec, data, group, progress and not quiet, methods, phase)
         if not quiet:  # the convolutions' per-sample methods, once measured (a selection's stay in its rows)
             said = say_methods(methods, said)
         for (config, seed), result in zip(group, results):  # each run committed on its own, as when trained alone

@@ -146,7 +146,7 @@ def sampled_step(model_name, mode, engine_name):
 
     def step():
         idx = poisson_batch(n, BATCH / n, sampler)
-        if DEVICE.type == "cuda":  # as train_run copies it: pinned, non-blocking
+        if DEVICE.type == "cuda":  # as the training loop copies it: pinned, non-blocking
             idx = idx.pin_memory().to(DEVICE, non_blocking=True)
         s.step(engine(x[idx], y[idx]))
     return step
@@ -250,7 +250,7 @@ def grid_job(model_name, mode, setting="auto"):
     from dpgrid.config import check_loaded
     from dpgrid.data import Data, load
     from dpgrid.models import build_model
-    from dpgrid.runner import run_group, run_one
+    from dpgrid.runner import train_together
     from dpgrid.training.stacked import group_size
 
     dataset, k, steps, n = GRIDS[model_name]
@@ -273,8 +273,7 @@ def grid_job(model_name, mode, setting="auto"):
 
     def job():
         for start in range(0, len(runs), size):
-            group = runs[start:start + size]
-            run_group(spec, data, group) if size > 1 else run_one(spec, data, *group[0], progress=False)
+            train_together(spec, data, runs[start:start + size])
     job.runs, job.size, job.model, job.batch_size = len(runs), size, model, spec.plan.batch_size
     return job
 

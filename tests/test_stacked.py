@@ -7,7 +7,7 @@ import torch
 
 from dpgrid.config import check_loaded, compile
 from dpgrid.data import load
-from dpgrid.runner import build_strategy, run_group, run_one, sources
+from dpgrid.runner import build_strategy, sources, train_together
 from dpgrid.training.stacked import StackedModel, group_size, why_not_stacked
 
 from .conftest import load_cfg, strategy_class
@@ -33,8 +33,8 @@ def test_a_group_matches_each_run_trained_alone(strategy):
     that stacks. Runs of different configurations and seeds share the group."""
     spec, data = small_grid(strategy)
     runs = [(c, s) for c in spec.plan.configurations for s in range(2)]
-    alone = [run_one(spec, data, c, s, progress=False) for c, s in runs]
-    stacked = run_group(spec, data, runs)
+    alone = [train_together(spec, data, [run])[0] for run in runs]
+    stacked = train_together(spec, data, runs)
     for a, b in zip(alone, stacked):
         assert (a.steps, a.best_step, a.diverged) == (b.steps, b.best_step, b.diverged)
         assert len(a.curve) == len(b.curve) > 2
@@ -47,8 +47,8 @@ def test_a_diverged_run_ends_alone_and_the_others_go_on():
     spec, data = small_grid("fixed_threshold")
     config = dict(spec.plan.configurations[0])
     wild = {**config, "config_id": "wild", "lr": 1e300, "clip": 1e300}  # overflows to inf at its first step
-    alone = run_one(spec, data, config, 0, progress=False)
-    calm, diverged = run_group(spec, data, [(config, 0), (wild, 0)])
+    (alone,) = train_together(spec, data, [(config, 0)])
+    calm, diverged = train_together(spec, data, [(config, 0), (wild, 0)])
     assert diverged.diverged and math.isnan(diverged.best_value) and diverged.steps < spec.plan.steps
     assert not calm.diverged and calm.steps == spec.plan.steps
     assert calm.best_value == pytest.approx(alone.best_value, rel=1e-9)

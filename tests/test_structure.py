@@ -294,3 +294,21 @@ def test_no_strategy_branches_on_whether_it_is_stacked():
     found = [f"{path.relative_to(ROOT)}:{node.lineno}" for path in modules for node in ast.walk(ast.parse(path.read_text()))
              if isinstance(node, ast.Attribute) and node.attr == "stacked"]
     assert len(modules) > 8 and not found, found
+
+
+def test_one_training_loop():
+    """Every run, alone or stacked, is trained by one loop (dpgrid.training.train.train_runs): it is the only
+    function in dpgrid that takes a strategy's step. The stacked engine's norms and sums are the fast engine's
+    LinearFactors with a leading run dimension, not maths of its own."""
+    steps = []
+    for path in sorted(PACKAGE.rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.FunctionDef) and any(
+                    isinstance(c, ast.Call) and isinstance(c.func, ast.Attribute) and c.func.attr == "step"
+                    and isinstance(c.func.value, ast.Name) and c.func.value.id == "strategy" for c in ast.walk(node)):
+                steps.append(f"{path.relative_to(ROOT)}:{node.name}")
+    assert steps == ["dpgrid/training/train.py:train_runs"], steps
+    tree = ast.parse((PACKAGE / "training" / "stacked.py").read_text())
+    engine = next(n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == "StackedEngine")
+    called = {ast.unparse(c.func) for c in ast.walk(engine) if isinstance(c, ast.Call)}
+    assert "LinearFactors" in called and not called & {"torch.einsum", "torch.bmm", "torch.matmul"}, called

@@ -18,18 +18,13 @@ BASE = ["strategy=fixed_threshold", "grid.k=2", "train.epochs=2", "train.seeds=2
 def spy(monkeypatch) -> list:
     """Every run's training set size, expected batch and noise multiplier, as the training loop is given them."""
     seen = []
-    one, group = runner.train_run, runner.train_group
+    loop = runner.train_runs
 
-    def train_run(model, engine, strategy, data, *args, **kwargs):
-        seen.append((data.n_train, strategy.batch_size, strategy.multipliers["noise_multiplier"], 1))
-        return one(model, engine, strategy, data, *args, **kwargs)
-
-    def train_group(models, engine, strategy, data, *args, **kwargs):
+    def train_runs(models, engine, strategy, data, *args, **kwargs):
         seen.append((data.n_train, strategy.batch_size, strategy.multipliers["noise_multiplier"], len(models)))
-        return group(models, engine, strategy, data, *args, **kwargs)
+        return loop(models, engine, strategy, data, *args, **kwargs)
 
-    monkeypatch.setattr(runner, "train_run", train_run)
-    monkeypatch.setattr(runner, "train_group", train_group)
+    monkeypatch.setattr(runner, "train_runs", train_runs)
     return seen
 
 

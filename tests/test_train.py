@@ -8,7 +8,7 @@ from torch import nn
 from dpgrid.data import Data
 from dpgrid.training.persample import make_engine
 from dpgrid.strategies.fixed_threshold import FixedThreshold
-from dpgrid.training.train import train_run
+from dpgrid.training.train import train_runs
 
 from .conftest import load_cfg
 
@@ -25,8 +25,8 @@ def run(data, noise=0.5, lr=0.1, steps=6, engine=make_engine):
     model = nn.Sequential(nn.Linear(5, 2))
     strategy = FixedThreshold(model.parameters(), hp={"lr": lr, "clip": 1.0}, multipliers={"noise_multiplier": noise},
                               batch_size=16, options={}, generator=torch.Generator().manual_seed(1))
-    result = train_run(model, engine(model, "classification"), strategy, data, steps, 0.25, 3,
-                       torch.Generator().manual_seed(2), progress=False)
+    (result,) = train_runs([model], engine(model, "classification"), strategy, data, steps, 0.25, 3,
+                           [torch.Generator().manual_seed(2)], progress=False)
     return model, result
 
 
@@ -44,14 +44,14 @@ def test_divergence_is_decided_from_released_quantities_only():
     released says so. Parameters that overflow are divergence."""
     data = small_data()
 
-    def nan_loss_engine(model, task):
-        engine = make_engine(model, task)
+    class nan_loss_engine:
+        def __init__(self, model, task):
+            self.engine = make_engine(model, task)
 
-        def call(x, y):
-            grads = engine(x, y)
+        def gradients(self, data, indices):
+            grads = self.engine.gradients(data, indices)
             grads.loss = torch.tensor(math.nan)
             return grads
-        return call
 
     _, result = run(data, engine=nan_loss_engine)
     assert not result.diverged and math.isfinite(result.best_value)

@@ -131,6 +131,13 @@ class Strategy:
         value = torch.tensor(value, device=p.device, dtype=p.dtype)
         return value.expand(len(self.generator)).clone() if self.stacked and not value.dim() else value
 
+    def run_state(self, run: int = 0) -> tuple:
+        """(parameters, clip, lr) of run `run` of a stacked strategy, of the one run otherwise: what a validation
+        reads."""
+        if not self.stacked:
+            return self.params, self.clip, self.lr
+        return [p[run] for p in self.params], self.clip[run], self.lr[run]
+
     @staticmethod
     def per_run(value, like):
         """`value` (a number, a () or (G,) tensor) shaped to broadcast against `like` ((G, ...) when stacked)."""

@@ -184,18 +184,26 @@ def timed(method, module, a, g) -> float:
 
 
 class LinearFactors:
-    """g_i = G_i^T a_i for a Linear layer: norms and sums from the factors, never the b x out x in tensor."""
+    """g_i = G_i^T a_i for a Linear layer: norms and sums from the factors, never the b x out x in tensor. The factors
+    are (b, in) and (b, out) for one run, or (G, b, in) and (G, b, out) for G stacked runs (dpgrid.training.stacked),
+    each run's norms and sums its own."""
 
     def __init__(self, a, g, has_bias):
         self.a, self.g, self.has_bias, self.dtype = a, g, has_bias, g.dtype
 
     def sq_norms(self):
+        if self.a.dim() == 3:  # stacked: the float rounding stacked grids have always had (their recorded numbers)
+            return self.g.pow(2).sum(-1) * (self.a.pow(2).sum(-1) + self.has_bias)
         # vector_norm reduces without a (b, in) temporary: large fresh buffers page-fault on every step
         g2 = torch.linalg.vector_norm(self.g, dim=1).square_()
         return g2 * torch.linalg.vector_norm(self.a, dim=1).square_() + (g2 if self.has_bias else 0)
 
     def weighted_sum(self, w, subsets=None):
-        """w: (m, b) -> (m, out, in): sum_m = (w_m * G)^T A."""
+        """w: (m, b) -> (m, out, in): sum_m = (w_m * G)^T A, and the bias's (m, out); stacked, w: (m, G, b) ->
+        (m, G, out, in) and (m, G, out)."""
+        if self.a.dim() == 3:
+            wg = w.unsqueeze(-1) * self.g  # (m, G, b, out)
+            return torch.einsum("mgbo,gbi->mgoi", wg, self.a), (wg.sum(2) if self.has_bias else None)
         m, (b, out), n_in = len(w), self.g.shape, self.a.shape[1]
         bias = w @ self.g if self.has_bias else None
         # For wide inputs BLAS is faster computing the transpose A^T (w G), (in, out): 750 -> 128

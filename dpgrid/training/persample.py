@@ -110,7 +110,18 @@ def per_sample_losses(out: torch.Tensor, y: torch.Tensor, task: str) -> torch.Te
     return tasks.get(task).loss(out, y)
 
 
-class FuncEngine:
+class OneRunEngine:
+    """An engine of one run: the training loop hands it one batch per run, here one (a stacked group's engine takes
+    G, dpgrid.training.stacked)."""
+
+    def gradients(self, data, indices: list) -> PerSampleGrads:
+        (idx,) = indices
+        if data.x_train.is_cuda:  # pinned + non_blocking: the copy does not wait for the GPU's queue
+            idx = idx.pin_memory().to(data.x_train.device, non_blocking=True)
+        return self(data.x_train[idx], data.y_train[idx])
+
+
+class FuncEngine(OneRunEngine):
     """Per-sample gradients with torch.func (vmap over grad): exact, materialises b x P numbers."""
 
     def __init__(self, model: nn.Module, task: str):
@@ -161,7 +172,7 @@ def unsupported_layers(model: nn.Module) -> dict:
     return {type(m).__name__: why for m in parametrised_layers(model) if (why := unsupported_layer(m))}
 
 
-class FastEngine:
+class FastEngine(OneRunEngine):
     """Book-keeping per-sample norms and weighted sums (see the module docstring)."""
 
     def __init__(self, model: nn.Module, task: str, methods: MethodChoice = None):

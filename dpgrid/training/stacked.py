@@ -12,7 +12,8 @@ numbers match the one-at-a-time run within float rounding. A padded row is given
 infinite norm, so it is in no weighted sum and in no count (clip weights min(1, C/inf) = 0; 1[inf <= C] = 0);
 a sum over the batch that counts every sample weighs them by `grads.in_batch()` (the mask).
 
-Per-sample gradients of a Linear layer with 2-D input are never materialised (ghost norms, as the fast engine):
+Per-sample gradients of a Linear layer with 2-D input are never materialised (ghost norms, the fast engine's
+LinearFactors with a leading run dimension):
   ||g_i||^2 = ||G_i||^2 ||a_i||^2 (+ ||G_i||^2 for the bias),   sum_i w_i g_i = (w * G)^T A   per run.
 Only Sequential models of Linear layers and parameter-free modules stack; others train one run at a time.
 """
@@ -22,6 +23,7 @@ import os
 import torch
 from torch import nn
 
+from dpgrid.training.layers import LinearFactors
 from dpgrid.training.persample import PerSampleGrads, check_model, per_sample_losses
 
 STATE_COPIES = 8  # tensors as large as the parameters a stacked step holds (weights, noise, sums, moments, ...)
@@ -117,6 +119,10 @@ class StackedEngine:
     def __init__(self, stack: StackedModel, task: str):
         self.stack, self.task = stack, task
 
+    def gradients(self, data, indices: list) -> PerSampleGrads:
+        """The G runs' batches (`indices`: one index tensor per run), padded to the largest."""
+        return self(*padded_batch(data, indices))
+
     def __call__(self, x: torch.Tensor, y: torch.Tensor, mask: torch.Tensor) -> PerSampleGrads:
         """x (G, b, ...), y (G, b, ...), mask (G, b): 1 for a run's sampled rows, 0 for padding."""
         runs, b = mask.shape
@@ -124,20 +130,17 @@ class StackedEngine:
         losses = per_sample_losses(out.flatten(0, 1), y.flatten(0, 1), self.task).view(runs, b)
         # gradients of sum_i loss_i w.r.t. each layer's output: G_i of every sample (0 for padding)
         out_grads = torch.autograd.grad((losses * mask.to(losses.dtype)).sum(), [r[1] for r in records])
-        factors = [(a, g, has_bias) for (a, _, has_bias), g in zip(records, out_grads)]
+        factors = [LinearFactors(a, g, has_bias) for (a, _, has_bias), g in zip(records, out_grads)]
         padding = mask == 0
 
         def norms():
-            sq = sum(g.pow(2).sum(-1) * (a.pow(2).sum(-1) + has_bias) for a, g, has_bias in factors)
-            return sq.sqrt().masked_fill(padding, float("inf"))
+            return torch.sqrt(sum(f.sq_norms() for f in factors)).masked_fill(padding, float("inf"))
 
         def weighted_sums(w):  # w (m, G, b) -> per parameter (m, G, *shape)
             sums = []
-            for a, g, has_bias in factors:
-                wg = w.to(g.dtype).unsqueeze(-1) * g  # (m, G, b, out)
-                sums.append(torch.einsum("mgbo,gbi->mgoi", wg, a))
-                if has_bias:
-                    sums.append(wg.sum(2))
+            for f in factors:
+                weight, bias = f.weighted_sum(w.to(f.dtype))
+                sums += [weight] if bias is None else [weight, bias]
             return sums
 
         return PerSampleGrads(b, norms, weighted_sums, device=x.device, mask=mask)

@@ -66,47 +66,54 @@ def evaluate(model, x, y, task: str, batch_size: int = 512) -> tuple:
     return (task.scale * value if task.scale != 1.0 else value), loss
 
 
-def train_run(model, engine, strategy, data, steps: int, sample_rate: float, eval_every: int,
-              sample_generator, progress: bool = True, sampling: str = "poisson") -> RunResult:
-    """At most `steps` steps; a strategy that sets `finished` (its budget would be exceeded) ends the run
-    before the step it refused. Validation every `eval_every` steps and after the last step taken."""
-    result = RunResult()
+def train_runs(models: list, engine, strategy, data, steps: int, sample_rate: float, eval_every: int,
+               sample_generators: list, sampling: str = "poisson", progress: bool = True) -> list:
+    """The training loop of every run: G runs, each on its own batches from its own generator, one step for all
+    (G = 1, or a stacked group, dpgrid.training.stacked; `engine.gradients` takes one batch per run). At most `steps`
+    steps; a strategy that sets `finished` (its budget would be exceeded) ends the runs before the step it refused.
+    Each run is validated every `eval_every` steps and after the last step it took; a diverged run is finished and
+    left out of validation (stacked, its slice goes on computing, nothing crosses between runs, until the group
+    ends). Each run's seconds are its share of the group's time."""
+    results = [RunResult() for _ in models]
     start = time.perf_counter()
-    device = data.x_train.device
-    sampler = batches(data.n_train, sample_rate, strategy.batch_size, sampling, sample_generator)
-    for step in tqdm(range(1, steps + 1), desc="steps", leave=False, disable=None if progress else True):
-        idx = next(sampler)
-        if device.type == "cuda":  # pinned + non_blocking: the copy does not wait for the GPU's queue
-            idx = idx.pin_memory().to(device, non_blocking=True)
-        grads = engine(data.x_train[idx], data.y_train[idx])
+    samplers = [batches(data.n_train, sample_rate, strategy.batch_size, sampling, g) for g in sample_generators]
+    training = list(range(len(models)))
+    bar = tqdm(range(1, steps + 1), desc="steps" if len(models) == 1 else f"steps ({len(models)} runs together)",
+               leave=False, disable=None if progress else True)
+    for step in bar:
+        grads = engine.gradients(data, [next(s) for s in samplers])
         strategy.progress.step = step
         strategy.step(grads)
         if strategy.finished:
             break
-        result.steps = step
+        for run in training:
+            results[run].steps = step
         if step % eval_every and step != steps:
             continue  # everything above stays on the device: no host synchronisation per step
-        if not validate(model, strategy, data, step, result):
+        training = [run for run in training if validate(models[run], strategy, data, step, results[run], run)]
+        if not training:
             break
-    if not result.diverged and (not result.curve or result.curve[-1]["step"] != result.steps):
-        validate(model, strategy, data, result.steps, result)  # a strategy that stopped itself (at step 0: theta_0)
-    if result.diverged:
-        result.best_value, result.best_step = math.nan, -1
-    result.seconds = time.perf_counter() - start
-    return result
+    for run in training:  # a strategy that stopped itself: validated where it stopped (at step 0: theta_0)
+        if not results[run].curve or results[run].curve[-1]["step"] != results[run].steps:
+            validate(models[run], strategy, data, results[run].steps, results[run], run)
+    seconds = (time.perf_counter() - start) / len(models)
+    for result in results:
+        if result.diverged:
+            result.best_value, result.best_step = math.nan, -1
+        result.seconds = seconds
+    return results
 
 
-def validate(model, strategy, data, step: int, result: RunResult, run: int = None) -> bool:
-    """One validation into result's curve; False when the run has diverged. `run`: its index in a stacked
-    strategy (the run's parameters, clip and lr are its slices)."""
-    params = strategy.params if run is None else [p[run] for p in strategy.params]
+def validate(model, strategy, data, step: int, result: RunResult, run: int = 0) -> bool:
+    """One validation of run `run` (its index in a stacked strategy) into result's curve; False when the run has
+    diverged."""
+    params, clip, lr = strategy.run_state(run)
     if params[0].is_cuda:  # the training queued before it is the steps' time, not the validation's
         torch.cuda.synchronize(params[0].device)
     eval_start = time.perf_counter()
     finite = bool(torch.stack([torch.isfinite(p).all() for p in params]).all())  # one wait for every parameter
     value, test_loss = evaluate(model, data.x_test, data.y_test, data.task) if finite else (math.nan, math.nan)
-    clip, lr = (float(strategy.clip), float(strategy.lr)) if run is None else \
-        (float(strategy.clip[run]), float(strategy.lr[run]))
+    clip, lr = float(clip), float(lr)
     extra = strategy.curve_values()
     result.curve.append(dict(step=step, value=value, clip=clip, lr=lr, test_loss=test_loss, **extra))
     result.eval_seconds += time.perf_counter() - eval_start
@@ -117,36 +124,3 @@ def validate(model, strategy, data, step: int, result: RunResult, run: int = Non
         result.best_value, result.best_step = value, step
     result.final_clip, result.final_lr = clip, lr
     return True
-
-
-def train_group(models: list, engine, strategy, data, steps: int, sample_rate: float, eval_every: int,
-                sample_generators: list, sampling: str = "poisson", progress: bool = True) -> list:
-    """G runs stacked (dpgrid.training.stacked): each run's batch from its own generator, one step for all,
-    each run validated as train_run validates it. A diverged run is finished and left out of validation; its
-    slice goes on computing (nothing crosses between runs) until the group ends. Each run's seconds are its
-    share of the group's time."""
-    from dpgrid.training.stacked import padded_batch
-
-    results = [RunResult() for _ in models]
-    start = time.perf_counter()
-    samplers = [batches(data.n_train, sample_rate, strategy.batch_size, sampling, g) for g in sample_generators]
-    training = list(range(len(models)))
-    bar = tqdm(range(1, steps + 1), desc=f"steps ({len(models)} runs together)", leave=False,
-               disable=None if progress else True)
-    for step in bar:
-        grads = engine(*padded_batch(data, [next(s) for s in samplers]))
-        strategy.progress.step = step
-        strategy.step(grads)
-        for run in training:
-            results[run].steps = step
-        if step % eval_every and step != steps:
-            continue
-        training = [run for run in training if validate(models[run], strategy, data, step, results[run], run)]
-        if not training:
-            break
-    seconds = (time.perf_counter() - start) / len(models)
-    for result in results:
-        if result.diverged:
-            result.best_value, result.best_step = math.nan, -1
-        result.seconds = seconds
-    return results

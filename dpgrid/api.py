@@ -29,15 +29,15 @@ def check_sweep(overrides: list) -> dict:
     of different configs that would write into one directory are refused, naming their overrides.
     Returns {each job's directory: the config hash checked for it}."""
     from dpgrid.config import compile
-    from dpgrid.results.files import check_writable
+    from dpgrid.results.claim import check_run
 
     by_dir, checked = {}, set()
     for number, job in enumerate(sweep_jobs(overrides)):
         try:
             cfg = compose(job, with_hydra=True)
             out = (Path(str(cfg.hydra.sweep.dir)) / str(cfg.hydra.sweep.subdir)).absolute()
-            spec = compile(cfg, run_dir=out, plan=False)  # every check short of the plan, before torch
-            check_writable(out)
+            spec = compile(cfg, plan=False)  # every check short of the plan, before torch
+            check_run(spec, out)
         except DpgridError as e:
             raise type(e)(f"sweep job {' '.join(job)}: {e}") from None
         if not number:  # one launcher for the whole sweep

@@ -93,12 +93,11 @@ def run_command(args: list) -> None:
     cfg = compose(args, with_hydra=True)  # bad names and syntax refused here; bad values by compile, before torch
     from dpgrid.config import compile
 
-    # compiled once, before Hydra writes anything, the job trains this spec; a run directory holding another
-    # config's results is refused before torch is loaded
-    spec = compile(cfg, run_dir=cfg.hydra.run.dir).announce()
-    from dpgrid.runner import check_run
+    from dpgrid.results.claim import check_run
 
-    check_run(spec, cfg.hydra.run.dir)
+    # compiled once, before Hydra writes anything, the job trains this spec; a run directory holding another
+    # config's results is refused before the plan, and torch, are made
+    spec = compile(cfg, before_plan=lambda unplanned: check_run(unplanned, cfg.hydra.run.dir)).announce()
     out = Path(cfg.hydra.run.dir).absolute()
     launch(cfg, grid_job({out: outermost_missing(out)}, spec))
 

@@ -28,7 +28,8 @@ from dpgrid.privacy.randomness import SecureRandom, derive_seed
 from dpgrid.results import ledger
 from dpgrid.results.models import final_weights, keep_weights, release_when_finished
 from dpgrid.reporting.console import SELECTION_QUIET, report_run, say_methods
-from dpgrid.results.runs import claim, commit_run, write_header
+from dpgrid.results.claim import claim
+from dpgrid.results.runs import commit_run, write_header
 from dpgrid.strategies.base import Noise, Progress
 from dpgrid.training import threads
 from dpgrid.training.stacked import StackedEngine, StackedModel, group_size
@@ -164,15 +165,6 @@ def check_fit(spec, data) -> None:
         raise DpgridError(f"model ({spec.settings['model'].get('_target_')}) does not fit dataset={spec.plan.dataset}: "
                           f"{reason} (inputs {tuple(data.x_train.shape[1:])}); choose a model for this data "
                           "(model=...)") from None
-
-
-def check_run(spec, out_dir) -> None:
-    """Everything about a run directory that can be refused before any file is written."""
-    out = Path(out_dir)
-    check_writable(out)
-    if out.is_dir():
-        with locked(out):
-            claim(out, spec, None)  # the data's files: compared once it is loaded
 
 
 def run_grid(spec, out_dir, progress: bool = True, on_lock=None, created="unknown", parallel_jobs: int = 1

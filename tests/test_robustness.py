@@ -223,3 +223,21 @@ def test_secure_mode_draws_the_batches_too_so_even_nodp_runs_differ(tmp_path):
         curves[name] = pd.read_csv(tmp_path / name / "curves.csv")
     assert not curves["secure_a"].equals(curves["secure_b"])
     pd.testing.assert_frame_equal(curves["seeded_a"], curves["seeded_b"])
+
+
+def test_checking_a_directory_before_a_run_deletes_nothing_even_with_overwrite(tmp_path):
+    """`dpgrid run` and a sweep check each run directory before the plan (a sweep before any job is queued): another
+    config's results are refused there, and with overwrite=true left in place until the grid trains, so a sweep
+    refused at a later job has deleted nothing."""
+    from dpgrid import DpgridError
+    from dpgrid.api import compose
+    from dpgrid.results.claim import check_run
+
+    out = tmp_path / "grid"
+    (out / "model").mkdir(parents=True)
+    for name, text in (("runs.csv", "config_id,seed\n"), ("summary.csv", "x\n"), ("plan.json", '{"config_hash": "0"}')):
+        (out / name).write_text(text)
+    with pytest.raises(DpgridError, match="holds results of a different config"):
+        check_run(compile(compose(["strategy=nodp"]), plan=False), out)
+    check_run(compile(compose(["strategy=nodp", "overwrite=true"]), plan=False), out)
+    assert sorted(p.name for p in out.iterdir() if p.name != ".lock") == ["model", "plan.json", "runs.csv", "summary.csv"]

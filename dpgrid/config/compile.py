@@ -12,14 +12,13 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, replace
-from pathlib import Path
 from types import MappingProxyType
 from typing import Any, Mapping, Optional
 
 from omegaconf import OmegaConf
 
 from dpgrid import DpgridError
-from dpgrid.config.identity import config_hash, flat_privacy, refuse_other_config
+from dpgrid.config.identity import config_hash, flat_privacy
 from dpgrid.config.selection import selection_of
 from dpgrid.plugins import target_of
 from dpgrid.specs import dataset_spec
@@ -81,12 +80,13 @@ class GridSpec:
         return (*key, "selection", self.stopping_seed) if p.method.seeds_beyond_plan else key
 
 
-def compile(cfg, n_train: int = None, run_dir=None, plan: bool = True) -> GridSpec:
+def compile(cfg, n_train: int = None, plan: bool = True, before_plan=None) -> GridSpec:
     """The frozen, validated grid of a composed config, for N = n_train (None: the config's dataset.n_train,
-    else the loaded data's). DpgridError (one line naming the key) for anything that cannot run, and, given the
-    directory the grid will run in, for one that holds another config's results. Everything up to that is
-    checked before torch is loaded (strategies load it at first use), so a refusal is as fast as Python starts;
-    plan=False stops there (the spec has no plan, its device is as configured): a sweep's jobs are all checked so."""
+    else the loaded data's). DpgridError (one line naming the key) for anything that cannot run. Everything up to
+    the plan is checked before torch is loaded (strategies load it at first use), so a refusal is as fast as Python
+    starts; `before_plan(spec)` is then asked what else may refuse the grid (`dpgrid run`: its run directory,
+    dpgrid.results.claim); plan=False stops there (the spec has no plan, its device is as configured): a sweep's
+    jobs are all checked so. Reads no file but what N needs (the data, where the config does not state N)."""
     from dpgrid.config.checks import Reader, check_config
 
     selection_cls, selection = selection_of(cfg.privacy.selection)  # its keys typed: a misspelt one is refused first
@@ -137,8 +137,8 @@ def compile(cfg, n_train: int = None, run_dir=None, plan: bool = True) -> GridSp
         privacy=MappingProxyType(privacy), settings=MappingProxyType(plain),
         config_hash=config_hash(plain, strategy_cls.private),
         warnings=tuple(warnings))
-    if run_dir is not None:
-        refuse_other_config(Path(run_dir), spec)
+    if before_plan is not None:
+        before_plan(spec)
     if not plan:
         return spec
     device = resolve_device(spec.train.device)  # torch from here on

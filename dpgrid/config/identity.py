@@ -1,6 +1,6 @@
 """What identifies a grid's results: the hash of the settings that change what its runs compute, and the settings a
-run directory records beside it. `compile` refuses a directory holding another config's results before anything is
-planned; dpgrid.results.runs.claim judges again once the data is loaded (a damaged plan.json, changed data files)."""
+run directory records beside it, and the words of a refusal when they differ (dpgrid.results.claim judges a run
+directory with them)."""
 
 import copy
 import hashlib
@@ -128,20 +128,3 @@ def other_setting(out: Path, recorded: dict, spec) -> str:
 def device_type(device: str) -> str:
     """cpu or cuda (cuda:1 is a cuda): what a run's streams depend on."""
     return str(device).split(":")[0]
-
-
-def refuse_other_config(out: Path, spec) -> None:
-    """Refuse, before the plan is made, a run directory holding a different config's results (plan.json names
-    their config hash). What needs the plan or the data (a damaged plan.json, changed data files) is judged by
-    dpgrid.results.runs.claim once they are known."""
-    try:  # an unreadable directory is said in one line by the run directory's own checks
-        if spec.overwrite or not (out / "runs.csv").exists():
-            return
-        plan = json.loads((out / "plan.json").read_text())
-        recorded = plan.get("config_hash")
-    except (OSError, ValueError, AttributeError):
-        return
-    if recorded and recorded != spec.config_hash:
-        raise DpgridError(other_config(out, dict(spec.settings), spec.strategy_cls.private, recorded, spec.config_hash))
-    if recorded and other_setting(out, plan, spec):
-        raise DpgridError(other_setting(out, plan, spec))

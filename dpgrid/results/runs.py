@@ -14,9 +14,8 @@ import pandas as pd
 from omegaconf import OmegaConf
 
 from dpgrid import DpgridError, tasks
-from dpgrid.config.identity import other_config, other_setting
 from dpgrid.results.curves import read_curves, whole_curve
-from dpgrid.results.files import (delete_release, environment, read_frame, read_json, read_rows, write_atomic, write_csv,
+from dpgrid.results.files import (environment, read_frame, read_rows, write_atomic, write_csv,
                                   write_json)
 
 RERUN = "fix or delete that line; the same command then trains that run again"
@@ -30,46 +29,6 @@ OPTIONAL = ("best_value", "final_clip", "final_lr", "epsilon_spent", "epsilon_gr
 
 class Lost(DpgridError):
     """A secure grid's committed runs are not all there (dpgrid.results.ledger)."""
-
-
-def claim(out: Path, spec, data_files: dict) -> None:
-    """Refuse to mix results of different configs or data in one directory (overwrite=true starts afresh).
-
-    A damaged plan.json (or one without a config hash) is judged by the runs themselves: when runs.csv
-    was made with this plan's noise, steps and configurations, the grid resumes and plan.json is rewritten."""
-    if not (out / "runs.csv").exists():
-        return
-    plan, digest = spec.plan, spec.config_hash
-    try:
-        previous = read_json(out / "plan.json", "")
-    except DpgridError:
-        previous = {}
-    recorded, recorded_files = previous.get("config_hash"), previous.get("data_files", {})
-    if recorded == digest and other_setting(out, previous, spec):
-        problem = other_setting(out, previous, spec)
-    elif recorded == digest:
-        if data_files is None:  # not loaded yet: compared again once it is
-            return
-        changed = sorted(n for n in set(data_files) | set(recorded_files) if data_files.get(n) != recorded_files.get(n))
-        if not changed:
-            return
-        problem = (f"{out} was run on other data: {changed[0]} is not the file its results were made with (size "
-                   "or checksum differ); restore that file, or pass overwrite=true to delete the results")
-    elif recorded:
-        problem = other_config(out, spec.settings, plan.private, recorded, digest)
-    else:
-        why = "has no config hash" if previous else "is damaged or missing"
-        mismatch = runs_disagree(out / "runs.csv", plan)
-        if not mismatch:
-            if data_files is not None:  # said once, by the claim made with the data loaded
-                warnings.warn(f"{out / 'plan.json'} {why}; runs.csv matches this config's plan, so the grid "
-                              "resumes and plan.json is rewritten")
-            return
-        problem = (f"{out / 'plan.json'} {why}, and runs.csv was not made by this config ({mismatch}); choose "
-                   "another hydra.run.dir, or pass overwrite=true to delete the results")
-    if not spec.overwrite:
-        raise DpgridError(problem)
-    delete_release(out)
 
 
 def runs_disagree(runs_path: Path, plan) -> str:

@@ -141,7 +141,7 @@ def grid_job(created: dict, spec=None, checked: dict = None):
                 remove_created(out, created.get(out))
             name, code = stopped(e)
             fail(f"{name}: the grid in {out} is incomplete; the same command resumes it", code)
-        print(describe_best(summary, grid.task))
+        print(describe_best(summary, grid.dataset.task))
         if edge_warning(summary, grid.plan):
             print(f"dpgrid: warning: {edge_warning(summary, grid.plan)}", file=sys.stderr)
         if summary.attrs.get("release"):

@@ -129,7 +129,7 @@ def default_dtype(dtype):
 
 def run_row(spec, config, seed, result, draw=None, n_threads=None, conv_methods: str = "", phase: Phase = None) -> dict:
     plan, method, phase = spec.plan, spec.plan.accounting(), phase or Phase([])
-    row = dict(dataset=plan.dataset, strategy=plan.strategy, metric=tasks.get(spec.task).metric,
+    row = dict(dataset=plan.dataset, strategy=plan.strategy, metric=tasks.get(spec.dataset.task).metric,
                epsilon=plan.epsilon, delta=plan.delta, k=plan.k, config_id=config["config_id"])
     row.update({k: v for k, v in config.items() if k != "config_id"})
     row.update(method.run_fields(plan, seed, draw))
@@ -140,7 +140,7 @@ def run_row(spec, config, seed, result, draw=None, n_threads=None, conv_methods:
                epsilon_grid=plan.epsilon_grid, epsilon_with_seeds=plan.epsilon_with_seeds, private=plan.private,
                seeds_accounted=plan.account_seeds,
                protocol=spec.protocol, momentum=spec.train.momentum, sampling=plan.sampling,
-               normalize=spec.normalize, steps=plan.steps,
+               normalize=spec.dataset.normalize, steps=plan.steps,
                best_value=result.best_value, best_step=result.best_step)
     row.update(method.spent_fields(plan, config["config_id"], result))
     if "clip" in plan.adapts:
@@ -159,7 +159,7 @@ def check_fit(spec, data) -> None:
     model = initial_model(spec, 0, data.x_train.device)
     try:
         with torch.no_grad():
-            tasks.get(spec.task).loss(model(data.x_train[:2]), data.y_train[:2])
+            tasks.get(spec.dataset.task).loss(model(data.x_train[:2]), data.y_train[:2])
     except Exception as e:  # whatever the model raises on data it cannot take
         reason = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
         raise DpgridError(f"model ({spec.settings['model'].get('_target_')}) does not fit dataset={spec.plan.dataset}: "

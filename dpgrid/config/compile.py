@@ -55,8 +55,6 @@ class GridSpec:
     dataset: Any                # dpgrid.specs.DatasetSpec: its loader and the public constants a run reads
     model: Any                  # dpgrid.plugins.Target: the model's builder and arguments; its size is plan.model_parameters
     data_root: str
-    task: str
-    normalize: str
     protocol: str
     overwrite: bool
     stopping_seed: int
@@ -132,8 +130,7 @@ def compile(cfg, n_train: int = None, plan: bool = True, before_plan=None) -> Gr
                        threads=str(cfg.train.threads), parallel_runs=str(cfg.train.parallel_runs),
                        save_models=str(cfg.train.save_models), conv_method=str(cfg.train.conv_method)),
         dataset=dataset, model=target_of(read_only(cfg.model), "model"),
-        data_root=str(cfg.data.root), task=task, normalize=dataset.normalize,
-        protocol=str(cfg.protocol), overwrite=bool(cfg.overwrite), stopping_seed=int(privacy["stopping_seed"]),
+        data_root=str(cfg.data.root), protocol=str(cfg.protocol), overwrite=bool(cfg.overwrite), stopping_seed=int(privacy["stopping_seed"]),
         privacy=MappingProxyType(privacy), settings=MappingProxyType(plain),
         config_hash=config_hash(plain, strategy_cls.private),
         warnings=tuple(warnings))

@@ -69,9 +69,9 @@ def statement(spec, data_files: dict, configuration: dict, chosen_by: str) -> di
                     "seeds": plan.seeds, "sampling": plan.sampling} if plan.private else None,
         "randomness": SECURE if spec.train.secure_rng else SEEDED,
         "strategy": plan.strategy, "dataset": plan.dataset, "n_train": plan.n_train, "data_files": data_files,
-        "inputs": {"normalize": spec.normalize,
+        "inputs": {"normalize": spec.dataset.normalize,
                    **({"mean": spec.dataset.mean, "std": spec.dataset.std}
-                      if spec.normalize == "standardize" else {})},
+                      if spec.dataset.normalize == "standardize" else {})},
         "configuration": configuration,
         "model": dict(spec.settings["model"]),
         "config_hash": spec.config_hash, "dpgrid": __version__,

@@ -69,7 +69,7 @@ def chosen_configuration(out, spec, selected: list, draw):
     runs = read_frame(out / "runs.csv") if (out / "runs.csv").exists() else None
     if runs is not None and draw is not None and "draw" in runs:
         runs = runs[runs.draw.astype(str) == draw]
-    summary = tuning_summary(runs, spec.plan.record.tuning["search"], spec.plan.axes, spec.task)
+    summary = tuning_summary(runs, spec.plan.record.tuning["search"], spec.plan.axes, spec.dataset.task)
     if not len(summary) or not summary.best.any():
         return None
     chosen = summary[summary.best].iloc[0].config_id

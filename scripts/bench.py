@@ -2,8 +2,9 @@
 
 For each paper model at batch 512: the non-private SGD step; each strategy's step exactly as
 `dpgrid run` executes it (engine + strategy.step); and Opacus's GradSampleModule (hooks) with its
-DPOptimizer (per-sample clipping and noise) as the outside baseline. Median of --steps timed
-steps after warm-up; peak memory of each step in a fresh subprocess (ru_maxrss above the set-up).
+DPOptimizer (per-sample clipping and noise) as the outside baseline, timed after the others, alone (its B x P
+per-sample gradients, 230 MB to 1.1 GB at B = 512, would evict the data of whatever step ran next). Median of
+--steps timed steps after warm-up; peak memory of each step in a fresh subprocess (ru_maxrss above the set-up).
 
     python scripts/bench.py [--steps 7] [--models cnn autoencoder bag_of_words] [--engine fast] [--json]
     python scripts/bench.py --secure --no-opacus --strategies fixed_threshold   # the cost of secure mode
@@ -378,6 +379,26 @@ def profile(model_name: str, strategy: str, engine_name: str, steps: int = 5) ->
     print(f"{'total':<42} {sum(totals['nonprivate'].values()):>11.1f} {sum(totals[strategy].values()):>16.1f}")
 
 
+def warm(steps, count: int) -> None:
+    for step in steps:
+        for _ in range(count):
+            step()
+    synchronize()
+
+
+def interleaved(steps: dict, repeats: int) -> dict:
+    """The median seconds of each step, timed round-robin `repeats` times: machine noise hits every step alike."""
+    times = {m: [] for m in steps}
+    for _ in range(repeats):
+        for m, step in steps.items():
+            synchronize()
+            start = time.perf_counter()
+            step()
+            synchronize()
+            times[m].append(time.perf_counter() - start)
+    return {m: statistics.median(t) for m, t in times.items()}
+
+
 def main():
     if "--searchpath" in sys.argv:  # before the strategies are listed: its folder adds to them
         os.environ["DPGRID_BENCH_SEARCHPATH"] = sys.argv[sys.argv.index("--searchpath") + 1]
@@ -461,29 +482,23 @@ def main():
                           "allocator": ALLOCATOR, "batch_size": BATCH, "engine": args.engine},
               "nonprivate": [], "results": [], "opacus": []}
     for model_name in args.models:
-        methods = (["nonprivate", *args.strategies] + ([] if args.no_opacus else ["opacus"])
-                   + (list(SECURE_MODES) if args.secure else []))
+        methods = ["nonprivate", *args.strategies] + (list(SECURE_MODES) if args.secure else [])
         steps = {m: make_step(model_name, m, args.engine) for m in methods}
-        for step in steps.values():
-            for _ in range(args.warmup):
-                step()
-        synchronize()
+        warm(steps.values(), args.warmup)
         start = time.perf_counter()
         steps["nonprivate"]()
         synchronize()
         repeats = max(args.steps, int(args.seconds / (time.perf_counter() - start)))
-        times = {m: [] for m in methods}
-        for _ in range(repeats):  # interleaved: machine noise hits every method alike
-            for m in methods:
-                synchronize()
-                start = time.perf_counter()
-                steps[m]()
-                synchronize()
-                times[m].append(time.perf_counter() - start)
-        base = statistics.median(times["nonprivate"])
+        seconds = interleaved(steps, repeats)
+        ratios = {m: seconds[m] / seconds["nonprivate"] for m in methods}
+        if not args.no_opacus:  # timed after, alone: its per-sample gradients (B x P numbers) evict the others' data
+            rival = {"opacus": make_step(model_name, "opacus", args.engine)}
+            warm(rival.values(), args.warmup)
+            methods.append("opacus")
+            seconds["opacus"] = interleaved(rival, repeats)["opacus"]
+            ratios["opacus"] = seconds["opacus"] / seconds["nonprivate"]
         for m in methods:
-            row = {"model": model_name, "seconds": statistics.median(times[m]), "repeats": repeats,
-                   "ratio_to_nonprivate": statistics.median(times[m]) / base}
+            row = {"model": model_name, "seconds": seconds[m], "repeats": repeats, "ratio_to_nonprivate": ratios[m]}
             if not args.no_memory:
                 row["peak_mb"] = peak_memory_mb(model_name, m, args.engine)
             if m == "nonprivate":

@@ -212,38 +212,29 @@ def test_unfolded_correlation_is_the_grouped_one_across_chunks():
         assert torch.allclose(correlate_by_unfolding(x, kernels, padding, chunk=4), grouped, rtol=1e-12, atol=1e-12)
 
 
-@pytest.mark.parametrize("module", [nn.Conv2d(3, 5, 3, stride=2, padding=1, dilation=2), nn.Conv2d(3, 5, 4),
-                                    nn.ConvTranspose2d(3, 5, 3)], ids=["strided", "plain", "transposed"])
-def test_the_grouped_convolution_in_chunks_is_the_whole_one(module):
-    """Chunks that split the batch unevenly (10 samples in chunks of 4) give the whole batch's per-sample
-    gradients (float64): the engine's tests run on batches smaller than grouped64's chunk."""
-    from dpgrid.training.layers import grouped, grouped_in_chunks
-
-    torch.manual_seed(3)
-    module = module.double()
-    a = torch.randn(10, 3, 11, 11, dtype=torch.float64)
-    g = torch.randn_like(module(a))
-    whole = grouped(module, a, g)
-    assert whole.shape == (10, *module.weight.shape)
-    assert torch.allclose(grouped_in_chunks(4)(module, a, g), whole, rtol=1e-12, atol=1e-12)
+LAYERS = {"strided": lambda c: nn.Conv2d(c, 5, 3, stride=2, padding=1, dilation=2), "plain": lambda c: nn.Conv2d(c, 5, 4),
+          "same": lambda c: nn.Conv2d(c, 5, 3, padding="same"), "transposed": lambda c: nn.ConvTranspose2d(c, 5, 3),
+          "transposed_to_one": lambda c: nn.ConvTranspose2d(c, 1, 3)}
 
 
-@pytest.mark.parametrize("module", [nn.Conv2d(3, 5, 3, stride=2, padding=1, dilation=2), nn.Conv2d(3, 5, 4),
-                                    nn.Conv2d(3, 5, 3, padding="same"), nn.ConvTranspose2d(3, 5, 3)],
-                         ids=["strided", "plain", "same", "transposed"])
-def test_the_backward_weight_kernel_over_groups_gives_each_samples_gradient(module):
-    """The b-group weight gradient, in chunks that split the batch unevenly, is each sample's own gradient
-    (float64, against autograd on each sample alone)."""
-    from dpgrid.training.layers import backward_weights
+@pytest.mark.parametrize("channels", [1, 3])
+@pytest.mark.parametrize("layer", LAYERS)
+@pytest.mark.parametrize("method", ["grouped", "depthwise", "backward_weight_kernel"])
+def test_each_method_in_chunks_gives_each_samples_own_gradient(method, layer, channels):
+    """Each way of computing a convolution's per-sample gradients, whole and in chunks that split the batch unevenly
+    (10 samples in chunks of 4: the engine's tests run on batches smaller than the built-in chunks), is each sample's
+    own gradient (float64, against autograd on each sample alone), with one input channel and with three."""
+    from dpgrid.training import layers
 
     torch.manual_seed(4)
-    module = module.double()
-    a = torch.randn(10, 3, 11, 11, dtype=torch.float64)
+    module = LAYERS[layer](channels).double()
+    a = torch.randn(10, channels, 11, 11, dtype=torch.float64)
     g = torch.randn_like(module(a))
     own = torch.stack([torch.autograd.grad((module(a[i:i + 1]) * g[i:i + 1]).sum(), module.weight)[0]
                        for i in range(len(a))])
-    for chunk in (4, 16):
-        assert torch.allclose(backward_weights(chunk)(module, a, g), own, rtol=1e-12, atol=1e-12)
+    per_sample = getattr(layers, method)
+    for computed in (per_sample(module, a, g), layers.in_chunks(per_sample, 4)(module, a, g)):
+        assert computed.shape == own.shape and torch.allclose(computed, own, rtol=1e-12, atol=1e-12)
 
 
 def test_the_method_choice_times_the_applicable_methods_once_per_shape_and_keeps_the_fastest(monkeypatch):
@@ -258,20 +249,26 @@ def test_the_method_choice_times_the_applicable_methods_once_per_shape_and_keeps
     engine(x, y).weighted_sum(torch.ones(6, dtype=torch.float64))
     assert calls == []  # a sum asked before any norm needs no per-sample gradient
     engine(x, y).norms
-    assert len(calls) == 4 * len(CONV_METHODS)  # four layer shapes, every method each
+    offered = 4 * (len(CONV_METHODS) - 1) + 1  # four layer shapes, every method each (depthwise: the 8 -> 1 layer's)
+    assert len(calls) == offered
     engine(x, y).norms
-    assert len(calls) == 4 * len(CONV_METHODS)  # measured once per shape
+    assert len(calls) == offered  # measured once per shape
     assert engine.methods.summary() == "unfold16,unfold16,unfold16,unfold16"
-    assert all("unfold16 (unfold16 1000.0 ms, grouped64 2000.0 ms, backward32 2000.0 ms, backward128 2000.0 ms, "
-               "unfold64 2000.0 ms, grouped 3000.0 ms" in line
+    assert all(line.count(" ms") == len(CONV_METHODS) - 1 + ("ConvTranspose2d 8->1" in line)
+               and "unfold16 (unfold16 1000.0 ms, grouped64 2000.0 ms" in line and "grouped 3000.0 ms" in line
                for line in engine.methods.describe())
 
 
 def test_a_strided_convolution_is_given_only_the_methods_that_compute_it():
     assert applicable(nn.Conv2d(2, 3, 3, stride=2)) == ["grouped", "grouped64", "backward32", "backward128"]
     assert applicable(nn.Conv2d(2, 3, 3, dilation=2)) == ["grouped", "grouped64", "backward32", "backward128"]
-    assert applicable(nn.Conv2d(2, 3, 3, padding="same")) == list(CONV_METHODS)
-    assert applicable(nn.Conv2d(2, 3, 3, padding=1)) == list(CONV_METHODS)
+    assert applicable(nn.Conv2d(1, 3, 3, stride=2)) == ["grouped", "grouped64", "depthwise64", "backward32",
+                                                        "backward128"]
+    everything_but_depthwise = [name for name in CONV_METHODS if name != "depthwise64"]
+    assert applicable(nn.Conv2d(2, 3, 3, padding="same")) == everything_but_depthwise
+    assert applicable(nn.Conv2d(2, 3, 3, padding=1)) == everything_but_depthwise
+    assert applicable(nn.Conv2d(1, 3, 3, padding=1)) == applicable(nn.ConvTranspose2d(3, 1, 3)) == list(CONV_METHODS)
+    assert applicable(nn.ConvTranspose2d(1, 3, 3)) == everything_but_depthwise
     assert MethodChoice("unfold64").choose(nn.Conv2d(2, 3, 3, stride=2), None, None)[0] == "grouped"
 
 

@@ -57,6 +57,16 @@ def correlate_per_sample(x, kernels, padding=0, stride=1, dilation=1):
     return out.view(c, b, o, *out.shape[2:])
 
 
+def correlate_depthwise(x, kernels, padding=0, stride=1, dilation=1):
+    """correlate_per_sample as a depthwise convolution, one group per (sample, kernel): each sample's x copied O
+    times, so that the backend's depthwise kernels serve (fast where x has one channel: the copy is then O images)."""
+    b, c, o = len(x), x.shape[1], kernels.shape[1]
+    copies = x.transpose(0, 1)[:, :, None].expand(c, b, o, *x.shape[2:]).reshape(c, b * o, *x.shape[2:])
+    out = nn.functional.conv2d(copies, kernels.reshape(b * o, 1, *kernels.shape[2:]), padding=padding, stride=stride,
+                               dilation=dilation, groups=b * o)
+    return out.view(c, b, o, *out.shape[2:])
+
+
 # --- a convolution's per-sample gradients: exact methods, and the choice among them by measurement ---------
 # Conv2d:           dW_i[o, c, u, v] = sum_{h,w} G_i[o, h, w] a_i[c, s h + d u - p, s w + d v - p]
 # ConvTranspose2d:  dW_i[c, o, u, v] = sum_p a_i[c, p] G_i[o, p + (u, v)]      (stride 1, no padding)
@@ -64,48 +74,48 @@ def correlate_per_sample(x, kernels, padding=0, stride=1, dilation=1):
 # MNIST CNN's 16 -> 32 layer 2.6x faster grouped than unfolded in chunks of 64 on a 2-core CPU, the
 # autoencoder's 32 -> 64 layers the other way round), so it is measured, not guessed by a rule.
 
-def grouped(module, a, g):
-    if isinstance(module, nn.Conv2d):
-        kh, kw = module.kernel_size
-        a, padding = padded_input(module, a)
-        out = correlate_per_sample(a, g, padding, stride=module.dilation, dilation=module.stride)
-        return out[..., :kh, :kw].permute(1, 2, 0, 3, 4)
-    return correlate_per_sample(g, a).permute(1, 2, 0, 3, 4)
-
-
-def grouped_in_chunks(chunk: int):
-    """The grouped convolution over `chunk` samples at a time: a group count the backend's kernels keep in cache
-    (the MNIST CNN's 16 -> 32 layer measured 37-40 ms in chunks of 32-128 against 45-48 ms whole, 2-core CPU)."""
-    def grouped_chunks(module, a, g):
-        if len(a) <= chunk:
-            return grouped(module, a, g)
-        return torch.cat([grouped(module, a[start:start + chunk], g[start:start + chunk])
-                          for start in range(0, len(a), chunk)])
-    return grouped_chunks
-
-
-def backward_weights(chunk: int):
-    """The layer's own weight-gradient kernel with the batch as groups, `chunk` samples at a time: input (1, b C, H, W)
-    and output gradient (1, b O, H', W') give the (b O, C, h, w) gradients of a b-group convolution, which are the b
-    per-sample gradients (any stride, padding and dilation). The MNIST CNN's 16 -> 32 layer at b = 512, 2-core CPU:
-    15-17 ms in chunks of 32-128, against 40 ms grouped (forward with G_i as the kernel) and 22 ms for the summed
-    weight gradient: the backend's backward-weight kernel keeps the small kernel in registers."""
+def by_correlation(correlate):
+    """A layer's per-sample gradients from a per-sample correlation (correlate_per_sample or correlate_depthwise):
+    a Conv2d's input with its output gradients as kernels (stride and dilation trade places), a ConvTranspose2d's
+    output gradients with its inputs."""
     def per_sample(module, a, g):
         if isinstance(module, nn.Conv2d):
-            x, padding = padded_input(module, a)
-            dy, options = g, (module.stride, padding, module.dilation)
-        else:  # ConvTranspose2d, stride 1 and no padding: a Conv2d weight gradient with the roles swapped
-            x, dy, options = g, a, ((1, 1), (0, 0), (1, 1))
-        shape = module.weight.shape
-        parts = []
-        for start in range(0, len(a), chunk):
-            xs, dys = x[start:start + chunk], dy[start:start + chunk]
-            n = len(xs)
-            grads = torch.nn.grad.conv2d_weight(xs.reshape(1, -1, *xs.shape[2:]), (n * shape[0], *shape[1:]),
-                                                dys.reshape(1, -1, *dys.shape[2:]), *options, groups=n)
-            parts.append(grads.view(n, *shape))
-        return parts[0] if len(parts) == 1 else torch.cat(parts)
+            kh, kw = module.kernel_size
+            a, padding = padded_input(module, a)
+            out = correlate(a, g, padding, stride=module.dilation, dilation=module.stride)
+            return out[..., :kh, :kw].permute(1, 2, 0, 3, 4)
+        return correlate(g, a).permute(1, 2, 0, 3, 4)
     return per_sample
+
+
+def backward_weight_kernel(module, a, g):
+    """The layer's own weight-gradient kernel with the batch as groups: input (1, b C, H, W) and output gradient
+    (1, b O, H', W') give the (b O, C, h, w) gradients of a b-group convolution, which are the b per-sample gradients
+    (any stride, padding and dilation). The MNIST CNN's 16 -> 32 layer at b = 512, 2-core CPU: 13-17 ms in chunks of
+    32-128, against 36-40 ms grouped (forward with G_i as the kernel) and 13-22 ms for the summed weight gradient."""
+    if isinstance(module, nn.Conv2d):
+        x, padding = padded_input(module, a)
+        dy, options = g, (module.stride, padding, module.dilation)
+    else:  # ConvTranspose2d, stride 1 and no padding: a Conv2d weight gradient with the roles swapped
+        x, dy, options = g, a, ((1, 1), (0, 0), (1, 1))
+    n, shape = len(x), module.weight.shape
+    grads = torch.nn.grad.conv2d_weight(x.reshape(1, -1, *x.shape[2:]), (n * shape[0], *shape[1:]),
+                                        dy.reshape(1, -1, *dy.shape[2:]), *options, groups=n)
+    return grads.view(n, *shape)
+
+
+def in_chunks(method, chunk: int):
+    """`method` over `chunk` samples at a time: a group count whose data the backend's kernels keep in cache (the
+    MNIST CNN's 16 -> 32 layer, grouped: 37-40 ms in chunks of 32-128 against 45-48 ms whole, 2-core CPU)."""
+    def chunked(module, a, g):
+        if len(a) <= chunk:
+            return method(module, a, g)
+        return torch.cat([method(module, a[start:start + chunk], g[start:start + chunk])
+                          for start in range(0, len(a), chunk)])
+    return chunked
+
+
+grouped, depthwise = by_correlation(correlate_per_sample), by_correlation(correlate_depthwise)
 
 
 def unfolding(chunk: int):
@@ -117,15 +127,21 @@ def unfolding(chunk: int):
     return unfolded
 
 
-CONV_METHODS = {"grouped": grouped, "grouped64": grouped_in_chunks(64), "backward32": backward_weights(32),
-                "backward128": backward_weights(128), "unfold16": unfolding(16), "unfold64": unfolding(64)}
+CONV_METHODS = {"grouped": grouped, "grouped64": in_chunks(grouped, 64), "depthwise64": in_chunks(depthwise, 64),
+                "backward32": in_chunks(backward_weight_kernel, 32), "backward128": in_chunks(backward_weight_kernel, 128),
+                "unfold16": unfolding(16), "unfold64": unfolding(64)}
 
 
 def applicable(module) -> list:
     """The methods of CONV_METHODS that compute this layer's per-sample gradients: unfolding takes stride and
-    dilation 1; the grouped convolution and the backward-weight kernel take any."""
+    dilation 1; the grouped convolution and the backward-weight kernel take any. The depthwise correlation copies
+    each sample's correlated input once per kernel, and is offered only where that input has one channel (a Conv2d
+    from one channel, a ConvTranspose2d to one): there it measured 2x faster than the others (the MNIST CNN's
+    1 -> 16 layer 4.0 ms against 7.8 ms), everywhere else 2-40x slower."""
     plain = module.stride == (1, 1) and module.dilation == (1, 1)
-    return [name for name in CONV_METHODS if not name.startswith("unfold") or plain]
+    single = (module.in_channels if isinstance(module, nn.Conv2d) else module.out_channels) == 1
+    return [name for name in CONV_METHODS if (plain or not name.startswith("unfold"))
+            and (single or not name.startswith("depthwise"))]
 
 
 class MethodChoice:

@@ -21,7 +21,7 @@ from dpgrid.results.curves import append_curves
 from dpgrid.results.files import (check_writable, environment, locked, outermost_missing, read_frame, remove_created,
                                   write_csv)
 from dpgrid.models import build_model
-from dpgrid.training.layers import MethodChoice
+from dpgrid.training.convolutions import MethodChoice
 from dpgrid.training.persample import make_engine
 from dpgrid.privacy.method import Phase
 from dpgrid.privacy.randomness import SecureRandom, derive_seed

@@ -35,7 +35,7 @@ import dpgrid
 from dpgrid import strategies
 from dpgrid.config.compose import options
 from dpgrid.models import autoencoder, bag_of_words, cnn
-from dpgrid.training.layers import CONV_METHODS, MethodChoice
+from dpgrid.training.convolutions import CONV_METHODS, MethodChoice
 from dpgrid.training.persample import make_engine, per_sample_losses
 from dpgrid.runner import build_strategy
 from dpgrid.training.threads import keep_freed_memory

@@ -7,7 +7,7 @@ from torch import nn
 
 from dpgrid.models import autoencoder, bag_of_words, cnn
 from dpgrid import DpgridError
-from dpgrid.training.layers import CONV_METHODS, MethodChoice, applicable
+from dpgrid.training.convolutions import CONV_METHODS, MethodChoice, applicable
 from dpgrid.training.persample import FastEngine, FuncEngine, make_engine
 
 
@@ -203,7 +203,7 @@ def test_weighted_sums_of_disjoint_and_overlapping_weights(engine, clip_at):
 
 def test_unfolded_correlation_is_the_grouped_one_across_chunks():
     """The two ways of computing per-sample correlations agree (float64), with chunks that split the batch."""
-    from dpgrid.training.layers import correlate_by_unfolding, correlate_per_sample
+    from dpgrid.training.convolutions import correlate_by_unfolding, correlate_per_sample
 
     torch.manual_seed(2)
     x, kernels = torch.randn(10, 3, 9, 8, dtype=torch.float64), torch.randn(10, 5, 7, 7, dtype=torch.float64)
@@ -224,7 +224,7 @@ def test_each_method_in_chunks_gives_each_samples_own_gradient(method, layer, ch
     """Each way of computing a convolution's per-sample gradients, whole and in chunks that split the batch unevenly
     (10 samples in chunks of 4: the engine's tests run on batches smaller than the built-in chunks), is each sample's
     own gradient (float64, against autograd on each sample alone), with one input channel and with three."""
-    from dpgrid.training import layers
+    from dpgrid.training import convolutions
 
     torch.manual_seed(4)
     module = LAYERS[layer](channels).double()
@@ -232,17 +232,17 @@ def test_each_method_in_chunks_gives_each_samples_own_gradient(method, layer, ch
     g = torch.randn_like(module(a))
     own = torch.stack([torch.autograd.grad((module(a[i:i + 1]) * g[i:i + 1]).sum(), module.weight)[0]
                        for i in range(len(a))])
-    per_sample = getattr(layers, method)
-    for computed in (per_sample(module, a, g), layers.in_chunks(per_sample, 4)(module, a, g)):
+    per_sample = getattr(convolutions, method)
+    for computed in (per_sample(module, a, g), convolutions.in_chunks(per_sample, 4)(module, a, g)):
         assert computed.shape == own.shape and torch.allclose(computed, own, rtol=1e-12, atol=1e-12)
 
 
 def test_the_method_choice_times_the_applicable_methods_once_per_shape_and_keeps_the_fastest(monkeypatch):
-    from dpgrid.training import layers
+    from dpgrid.training import convolutions
 
     calls = []
-    monkeypatch.setattr(layers, "timed", lambda method, module, a, g: calls.append(method) or
-                        {layers.CONV_METHODS["grouped"]: 3.0, layers.CONV_METHODS["unfold16"]: 1.0}.get(method, 2.0))
+    monkeypatch.setattr(convolutions, "timed", lambda method, module, a, g: calls.append(method) or
+                        {convolutions.CONV_METHODS["grouped"]: 3.0, convolutions.CONV_METHODS["unfold16"]: 1.0}.get(method, 2.0))
     model = wide_convs().double()
     engine = FastEngine(model, "classification", MethodChoice("auto"))
     x, y = torch.rand(6, 2, 9, 9, dtype=torch.float64), torch.randint(0, 3, (6,))

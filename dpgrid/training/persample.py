@@ -12,7 +12,7 @@ How they are computed is this module's business: engines change without touching
     Conv2d:              g_i = a_i correlated with G_i, materialised per sample (out x in x k x k
                          numbers: small for convolutions), by the fastest of the weight-gradient kernel with the
                          batch as groups, a grouped convolution and unfolding in chunks, measured per layer shape
-                         (layers.MethodChoice).
+                         (dpgrid.training.convolutions).
     ConvTranspose2d:     g_i = G_i correlated with a_i (stride 1, no padding), likewise.
 - `FuncEngine`: torch.func vmap(grad), materialises all b x P numbers; the reference, and the
   fallback for models with other parametrised layers.
@@ -25,7 +25,8 @@ from torch import nn
 from torch.func import functional_call, grad, vmap
 
 from dpgrid import DpgridError, tasks
-from dpgrid.training.layers import MethodChoice, disjoint_subsets, layer_factors
+from dpgrid.training.convolutions import MethodChoice
+from dpgrid.training.layers import disjoint_subsets, layer_factors
 
 
 class PerSampleGrads:

@@ -28,31 +28,24 @@ def steps_without_a_host_wait(spec, group: bool) -> None:
     from dpgrid.privacy.randomness import poisson_batch
     from dpgrid.runner import build_strategy, initial_model, sources
     from dpgrid.training.persample import make_engine
-    from dpgrid.training.stacked import StackedEngine, StackedModel, padded_batch
+    from dpgrid.training.stacked import StackedEngine, StackedModel
 
     data = load(spec.dataset, spec.data_root, "cuda")
     config = spec.plan.configurations[0]
+    runs = [(config, s) for s in range(4 if group else 1)]
+    models = [initial_model(spec, s, "cuda") for _, s in runs]
+    samplers, noises = zip(*(sources(spec, c, s, "cuda") for c, s in runs))
     if group:
-        runs = [(config, s) for s in range(4)]
-        models = [initial_model(spec, s, "cuda") for _, s in runs]
         stack = StackedModel(models)
-        pairs = [sources(spec, c, s, "cuda") for c, s in runs]
         hp = {k: tuple(c[k] for c, _ in runs) for k in config if k != "config_id"}
-        strategy = build_strategy(spec, stack.params, hp, [noise for _, noise in pairs])
+        strategy = build_strategy(spec, stack.params, hp, list(noises))
         engine = StackedEngine(stack, data.task)
-
-        def step():
-            strategy.step(engine(*padded_batch(data, [poisson_batch(data.n_train, spec.plan.sample_rate, sampler)
-                                                      for sampler, _ in pairs])))
     else:
-        model = initial_model(spec, 0, "cuda")
-        sampler, noise = sources(spec, config, 0, "cuda")
-        strategy = build_strategy(spec, model.parameters(), config, noise)
-        engine = make_engine(model, data.task, spec.train.engine)
+        strategy = build_strategy(spec, models[0].parameters(), config, noises[0])
+        engine = make_engine(models[0], data.task, spec.train.engine)
 
-        def step():
-            idx = poisson_batch(data.n_train, spec.plan.sample_rate, sampler).pin_memory().to("cuda", non_blocking=True)
-            strategy.step(engine(data.x_train[idx], data.y_train[idx]))
+    def step():  # as the training loop takes it: one batch per run, handed to the engine
+        strategy.step(engine.gradients(data, [poisson_batch(data.n_train, spec.plan.sample_rate, s) for s in samplers]))
     step()
     torch.cuda.synchronize()
     torch.cuda.set_sync_debug_mode("error")

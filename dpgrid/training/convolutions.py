@@ -108,14 +108,21 @@ CONV_METHODS = {"grouped": grouped, "grouped64": in_chunks(grouped, 64), "depthw
                 "unfold16": unfolding(16), "unfold64": unfolding(64)}
 
 
-def applicable(module) -> list:
+DEPTHWISE_COPY_BYTES = 64 << 20  # the most a depthwise chunk may copy (64 samples' inputs, once per kernel)
+
+
+def applicable(module, a=None, g=None) -> list:
     """The methods of CONV_METHODS that compute this layer's per-sample gradients: unfolding takes stride and
     dilation 1; the grouped convolution and the backward-weight kernel take any. The depthwise correlation copies
     each sample's correlated input once per kernel, and is offered only where that input has one channel (a Conv2d
     from one channel, a ConvTranspose2d to one): there it measured 2x faster than the others (the MNIST CNN's
-    1 -> 16 layer 4.0 ms against 7.8 ms), everywhere else 2-40x slower."""
+    1 -> 16 layer 4.0 ms against 7.8 ms), everywhere else 2-40x slower. Given the batch's inputs a and output
+    gradients g, it is not offered where a chunk's copy would exceed DEPTHWISE_COPY_BYTES (large images)."""
     plain = module.stride == (1, 1) and module.dilation == (1, 1)
     single = (module.in_channels if isinstance(module, nn.Conv2d) else module.out_channels) == 1
+    if single and a is not None:
+        x, kernels = (a, g) if isinstance(module, nn.Conv2d) else (g, a)
+        single = 64 * kernels.shape[1] * x[0, 0].numel() * x.element_size() <= DEPTHWISE_COPY_BYTES
     return [name for name in CONV_METHODS if (plain or not name.startswith("unfold"))
             and (single or not name.startswith("depthwise"))]
 
@@ -137,7 +144,7 @@ class MethodChoice:
         return CONV_METHODS[self.chosen[key][0]](module, a, g)
 
     def choose(self, module, a, g) -> tuple:
-        names = applicable(module)
+        names = applicable(module, a, g)
         if self.setting != "auto":
             return (self.setting if self.setting in names else "grouped"), {}
         times = {name: timed(CONV_METHODS[name], module, a, g) for name in names}

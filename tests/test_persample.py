@@ -269,10 +269,13 @@ def test_a_strided_convolution_is_given_only_the_methods_that_compute_it():
     assert applicable(nn.Conv2d(2, 3, 3, padding=1)) == everything_but_depthwise
     assert applicable(nn.Conv2d(1, 3, 3, padding=1)) == applicable(nn.ConvTranspose2d(3, 1, 3)) == list(CONV_METHODS)
     assert applicable(nn.ConvTranspose2d(1, 3, 3)) == everything_but_depthwise
-    wide = nn.Conv2d(1, 64, 3)  # a chunk of 64 large single-channel images, copied once per kernel: 1 GiB
-    large, small = torch.empty(2, 1, 256, 256), torch.empty(2, 1, 28, 28)
-    assert applicable(wide, large, torch.empty(2, 64, 254, 254)) == everything_but_depthwise
-    assert applicable(wide, small, torch.empty(2, 64, 26, 26)) == list(CONV_METHODS)
+    wide = nn.Conv2d(1, 64, 3)  # 64 large single-channel images, copied once per kernel: 1 GiB; unfolded: 150 MiB
+    assert applicable(wide, torch.empty(2, 1, 256, 256), torch.empty(2, 64, 254, 254)) == [
+        "grouped", "grouped64", "backward32", "backward128", "unfold16", "unfold64"]
+    assert applicable(wide, torch.empty(2, 1, 28, 28), torch.empty(2, 64, 26, 26)) == list(CONV_METHODS)
+    deep = nn.Conv2d(64, 64, 3)  # unfolded in chunks of 16: 2.3 GiB; of 64: 9 GiB
+    assert applicable(deep, torch.empty(2, 64, 224, 224), torch.empty(2, 64, 222, 222)) == [
+        "grouped", "grouped64", "backward32", "backward128"]
     assert MethodChoice("unfold64").choose(nn.Conv2d(2, 3, 3, stride=2), None, None)[0] == "grouped"
 
 

@@ -6,6 +6,8 @@ Each method takes a layer, its inputs a (b, C, H, W) and output gradients g, and
     ConvTranspose2d:  dW_i[c, o, u, v] = sum_p a_i[c, p] G_i[o, p + (u, v)]      (stride 1, no padding)
 They differ in speed and float rounding only; which is fastest depends on the layer's shape and the device."""
 
+import math
+
 import torch
 from torch import nn
 
@@ -104,11 +106,23 @@ def unfolding(chunk: int):
 
 
 CONV_METHODS = {"grouped": grouped, "grouped64": in_chunks(grouped, 64), "depthwise64": in_chunks(depthwise, 64),
-                "backward32": in_chunks(backward_weight_kernel, 32), "backward128": in_chunks(backward_weight_kernel, 128),
+                "backward32": in_chunks(backward_weight_kernel, 32),
+                "backward128": in_chunks(backward_weight_kernel, 128),
                 "unfold16": unfolding(16), "unfold64": unfolding(64)}
 
 
-DEPTHWISE_COPY_BYTES = 64 << 20  # the most a depthwise chunk may copy (64 samples' inputs, once per kernel)
+def workspace(name: str, module, x, kernels) -> int:
+    """The elements of the large temporary a method makes from the layer's correlated pair (x, kernels), 0 for none:
+    depthwise copies each of its 64 samples' x once per kernel; unfolding lays out x's (C kh kw) x (positions)
+    columns for each sample of its chunk."""
+    if name == "depthwise64":
+        return 64 * kernels.shape[1] * x[0].numel()
+    if name.startswith("unfold"):
+        return int(name.removeprefix("unfold")) * x.shape[1] * math.prod(module.kernel_size) * kernels[0, 0].numel()
+    return 0
+
+
+WORKSPACE_BYTES = 256 << 20  # no method whose temporary is larger is measured (large images, wide layers)
 
 
 def applicable(module, a=None, g=None) -> list:
@@ -117,14 +131,16 @@ def applicable(module, a=None, g=None) -> list:
     each sample's correlated input once per kernel, and is offered only where that input has one channel (a Conv2d
     from one channel, a ConvTranspose2d to one): there it measured 2x faster than the others (the MNIST CNN's
     1 -> 16 layer 4.0 ms against 7.8 ms), everywhere else 2-40x slower. Given the batch's inputs a and output
-    gradients g, it is not offered where a chunk's copy would exceed DEPTHWISE_COPY_BYTES (large images)."""
+    gradients g, a method whose temporary would exceed WORKSPACE_BYTES is not offered either, so that measuring it on
+    the first batch cannot exhaust the memory (the MNIST CNN's and the autoencoder's layers: at most 35 MB)."""
     plain = module.stride == (1, 1) and module.dilation == (1, 1)
     single = (module.in_channels if isinstance(module, nn.Conv2d) else module.out_channels) == 1
-    if single and a is not None:
-        x, kernels = (a, g) if isinstance(module, nn.Conv2d) else (g, a)
-        single = 64 * kernels.shape[1] * x[0, 0].numel() * x.element_size() <= DEPTHWISE_COPY_BYTES
-    return [name for name in CONV_METHODS if (plain or not name.startswith("unfold"))
-            and (single or not name.startswith("depthwise"))]
+    names = [name for name in CONV_METHODS if (plain or not name.startswith("unfold"))
+             and (single or not name.startswith("depthwise"))]
+    if a is None:
+        return names
+    x, kernels = (a, g) if isinstance(module, nn.Conv2d) else (g, a)
+    return [name for name in names if workspace(name, module, x, kernels) * x.element_size() <= WORKSPACE_BYTES]
 
 
 class MethodChoice:

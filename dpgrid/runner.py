@@ -71,9 +71,10 @@ def train_together(spec, data, runs: list, progress: bool = False, methods: Meth
     models = [initial_model(spec, seed, device) for _, seed in runs]
     samplers, noises = zip(*(sources(spec, config, seed, device) for config, seed in runs))
     configs = [config for config, _ in runs]
-    steps = {spec.plan.accounting().run_steps(spec.plan, c["config_id"]) for c in configs}
-    if len(steps) > 1:  # only the noise schedules' T differ by configuration, and their strategies do not stack
-        raise RuntimeError(f"runs of {len(steps)} lengths cannot train stacked")
+    lengths = {spec.plan.accounting().run_steps(spec.plan, c["config_id"]) for c in configs}
+    if len(lengths) > 1:  # only the noise schedules' T differ by configuration, and their strategies do not stack
+        raise RuntimeError(f"runs of {len(lengths)} lengths cannot train stacked")
+    steps = lengths.pop()
     if len(runs) == 1:
         params, hp, noise = models[0].parameters(), configs[0], noises[0]
         engine = make_engine(models[0], data.task, spec.train.engine, methods)
@@ -81,8 +82,8 @@ def train_together(spec, data, runs: list, progress: bool = False, methods: Meth
         stack = StackedModel(models)
         params, noise, engine = stack.params, list(noises), StackedEngine(stack, data.task)
         hp = {k: tuple(c[k] for c in configs) for k in configs[0] if k != "config_id"}
-    strategy = build_strategy(spec, params, hp, noise, *steps, phase)
-    results = train_runs(models, engine, strategy, data, *steps, spec.plan.sample_rate, spec.train.eval_every,
+    strategy = build_strategy(spec, params, hp, noise, steps, phase)
+    results = train_runs(models, engine, strategy, data, steps, spec.plan.sample_rate, spec.train.eval_every,
                          list(samplers), spec.train.sampling, progress)
     return keeping_weights(spec, results, models)
 

@@ -294,15 +294,8 @@ def bench_grids(models: list, repeats: int, memory: bool, setting: str = "auto")
     rows = []
     for model_name in models:
         jobs = {mode: grid_job(model_name, mode, setting) for mode in ("sequential", "parallel")}
-        times = {mode: [] for mode in jobs}
-        for _ in range(repeats):
-            for mode, job in jobs.items():
-                synchronize()
-                start = time.perf_counter()
-                job()
-                synchronize()
-                times[mode].append(time.perf_counter() - start)
-        sequential, parallel = statistics.median(times["sequential"]), statistics.median(times["parallel"])
+        seconds = interleaved(jobs, repeats)
+        sequential, parallel = seconds["sequential"], seconds["parallel"]
         run_steps = jobs["parallel"].runs * GRIDS[model_name][2]
         floor = matmul_floor_s(jobs["sequential"].model, jobs["sequential"].batch_size)
         rows.append({"model": model_name, "runs": jobs["parallel"].runs, "group": jobs["parallel"].size,

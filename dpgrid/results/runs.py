@@ -15,8 +15,7 @@ from omegaconf import OmegaConf
 
 from dpgrid import DpgridError, tasks
 from dpgrid.results.curves import read_curves, whole_curve
-from dpgrid.results.files import (environment, read_frame, read_rows, write_atomic, write_csv,
-                                  write_json)
+from dpgrid.results.files import environment, read_frame, read_rows, write_atomic, write_csv, write_json
 
 RERUN = "fix or delete that line; the same command then trains that run again"
 # columns that must hold numbers (may be empty where a run has none, e.g. best_value of a diverged run)

@@ -52,17 +52,24 @@ def correlate_depthwise(x, kernels, padding=0, stride=1, dilation=1):
 # unfolded in chunks of 64, the autoencoder's 32 -> 64 layers the other way round, and the backward-weight kernel
 # faster than both on each; hence measured, not guessed by a rule) ---------------------------------------------
 
+def correlated(module, a, g) -> tuple:
+    """(x, kernels, padding): the pair whose correlation, sample by sample, is a layer's weight gradient, with
+    numeric padding. A Conv2d's input (padded as Conv2d pads it) with its output gradients as kernels; a
+    ConvTranspose2d's (stride 1, no padding) output gradients with its inputs: a Conv2d weight gradient with the roles
+    swapped. The layer's stride and dilation apply as they are (a ConvTranspose2d's are 1)."""
+    if isinstance(module, nn.Conv2d):
+        x, padding = padded_input(module, a)
+        return x, g, padding
+    return g, a, (0, 0)
+
+
 def by_correlation(correlate):
-    """A layer's per-sample gradients from a per-sample correlation (correlate_per_sample or correlate_depthwise):
-    a Conv2d's input with its output gradients as kernels (stride and dilation trade places), a ConvTranspose2d's
-    output gradients with its inputs."""
+    """A layer's per-sample gradients from a per-sample correlation (correlate_per_sample or correlate_depthwise) of
+    its correlated pair, stride and dilation trading places, cropped to the kernel (a ConvTranspose2d's is exact)."""
     def per_sample(module, a, g):
-        if isinstance(module, nn.Conv2d):
-            kh, kw = module.kernel_size
-            a, padding = padded_input(module, a)
-            out = correlate(a, g, padding, stride=module.dilation, dilation=module.stride)
-            return out[..., :kh, :kw].permute(1, 2, 0, 3, 4)
-        return correlate(g, a).permute(1, 2, 0, 3, 4)
+        x, kernels, padding = correlated(module, a, g)
+        out = correlate(x, kernels, padding, stride=module.dilation, dilation=module.stride)
+        return out[..., :module.kernel_size[0], :module.kernel_size[1]].permute(1, 2, 0, 3, 4)
     return per_sample
 
 
@@ -71,14 +78,11 @@ def backward_weight_kernel(module, a, g):
     (1, b O, H', W') give the (b O, C, h, w) gradients of a b-group convolution, which are the b per-sample gradients
     (any stride, padding and dilation). The MNIST CNN's 16 -> 32 layer at b = 512, 2-core CPU: 13-17 ms in chunks of
     32-128, against 36-40 ms grouped (forward with G_i as the kernel) and 13-22 ms for the summed weight gradient."""
-    if isinstance(module, nn.Conv2d):
-        x, padding = padded_input(module, a)
-        dy, options = g, (module.stride, padding, module.dilation)
-    else:  # ConvTranspose2d, stride 1 and no padding: a Conv2d weight gradient with the roles swapped
-        x, dy, options = g, a, ((1, 1), (0, 0), (1, 1))
+    x, dy, padding = correlated(module, a, g)
     n, shape = len(x), module.weight.shape
     grads = torch.nn.grad.conv2d_weight(x.reshape(1, -1, *x.shape[2:]), (n * shape[0], *shape[1:]),
-                                        dy.reshape(1, -1, *dy.shape[2:]), *options, groups=n)
+                                        dy.reshape(1, -1, *dy.shape[2:]), module.stride, padding, module.dilation,
+                                        groups=n)
     return grads.view(n, *shape)
 
 
@@ -98,10 +102,8 @@ grouped, depthwise = by_correlation(correlate_per_sample), by_correlation(correl
 
 def unfolding(chunk: int):
     def unfolded(module, a, g):
-        if isinstance(module, nn.Conv2d):
-            x, padding = padded_input(module, a)
-            return correlate_by_unfolding(x, g, padding, chunk=chunk)
-        return correlate_by_unfolding(g, a, chunk=chunk)
+        x, kernels, padding = correlated(module, a, g)
+        return correlate_by_unfolding(x, kernels, padding, chunk=chunk)
     return unfolded
 
 
@@ -139,7 +141,7 @@ def applicable(module, a=None, g=None) -> list:
              and (single or not name.startswith("depthwise"))]
     if a is None:
         return names
-    x, kernels = (a, g) if isinstance(module, nn.Conv2d) else (g, a)
+    x, kernels, _ = correlated(module, a, g)
     return [name for name in names if workspace(name, module, x, kernels) * x.element_size() <= WORKSPACE_BYTES]
 
 
@@ -199,12 +201,10 @@ def timed(method, module, a, g) -> float:
 
 
 def summed_weight_grad(module, a, g):
-    """sum_i dW_i: the layer's ordinary weight gradient from inputs a and output gradients g (a ConvTranspose2d's,
-    stride 1 and no padding, is the correlation of g with a: a Conv2d weight gradient with the roles swapped)."""
-    if isinstance(module, nn.Conv2d):
-        a, padding = padded_input(module, a)
-        return torch.nn.grad.conv2d_weight(a, module.weight.shape, g, module.stride, padding, module.dilation)
-    return torch.nn.grad.conv2d_weight(g, module.weight.shape, a)
+    """sum_i dW_i: the layer's ordinary weight gradient from inputs a and output gradients g, the kernel's own on
+    the layer's correlated pair."""
+    x, dy, padding = correlated(module, a, g)
+    return torch.nn.grad.conv2d_weight(x, module.weight.shape, dy, module.stride, padding, module.dilation)
 
 
 def padded_input(module, a):

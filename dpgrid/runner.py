@@ -141,7 +141,8 @@ def run_row(spec, config, seed, result, draw=None, n_threads=None, conv_methods:
                epsilon_grid=plan.epsilon_grid, epsilon_with_seeds=plan.epsilon_with_seeds, private=plan.private,
                seeds_accounted=plan.account_seeds,
                protocol=spec.protocol, momentum=spec.train.momentum, sampling=plan.sampling,
-               normalize=spec.dataset.normalize, steps=plan.steps,
+               normalize=spec.dataset.normalize, steps=plan.steps, epochs=plan.epochs, batch_size=plan.batch_size,
+               n_train=plan.n_train, eval_every=spec.train.eval_every,
                best_value=result.best_value, best_step=result.best_step)
     row.update(method.spent_fields(plan, config["config_id"], result))
     if "clip" in plan.adapts:

@@ -1,5 +1,7 @@
 """The Python API a notebook uses: the same calls as the command line, DpgridError instead of exits."""
 
+from pathlib import Path
+
 import pytest
 
 import dpgrid
@@ -48,6 +50,16 @@ def test_run_help_names_dpgrid_and_describes_every_setting(capsys):
     assert "protocol: literal, paper" in out and any(line.startswith("  protocol = paper: ") for line in settings)
     assert "  train.momentum = 0.9 under protocol=paper, 0.0 under protocol=literal: heavy ball on the sanitised update" \
         in out.splitlines()  # set by the protocol group, not conf/config.yaml: listed all the same
+    # every config group of conf/ with options is listed, privacy/selection with its options' own keys
+    from dpgrid.config.compose import config_dir
+
+    groups = {str(p.parent.relative_to(config_dir())) for p in Path(config_dir()).rglob("*.yaml")
+              if p.parent != Path(config_dir()) and "hydra" not in p.parts}
+    for group in groups:
+        assert any(line.startswith(f"{group.replace('/', '.')}: ") for line in out.splitlines()), group
+    assert any(line.startswith("  privacy.selection = composition: ") for line in settings)
+    assert any(line.startswith("  privacy.selection.stopping = ") for line in settings)
+    assert any(line.startswith("  privacy.selection.tuning_rate = ") for line in settings)
 
 
 def test_protocol_sets_momentum_and_an_unknown_one_lists_the_available():

@@ -1,6 +1,7 @@
 """`dpgrid tables` on a synthetic results tree whose values are known."""
 
 import json
+import re
 
 import pandas as pd
 import pytest
@@ -16,7 +17,7 @@ LABELS = {"online": "Online", "fixed_threshold": "Fixed Threshold", "fixed_quant
 
 
 def make_grid(root, dataset, strategy, epsilon, k, configs, metric="accuracy", n_configs=None, budget="per_grid",
-              sampling="poisson", protocol="paper", folder=None):
+              sampling="poisson", protocol="paper", folder=None, settings=None):
     """configs: list of (config_id, {hp}, [values per seed], n_diverged). Files as a grid writes them: plan.json,
     runs.csv with every column a table reads, summary.csv, curves.csv."""
     folder = folder or root / dataset / strategy / f"eps={epsilon}" / budget / f"k={k}"
@@ -26,9 +27,12 @@ def make_grid(root, dataset, strategy, epsilon, k, configs, metric="accuracy", n
                    epsilon_grid=None if nodp else epsilon * (0.999 if budget == "per_grid" else 7.5),
                    budget="non-private" if nodp else budget, sampling=sampling, accountant=None if nodp else "rdp")
     seeds = max(len(values) + diverged for *_, values, diverged in configs)
+    settings = dict(settings or {})  # how it was trained (eval_every, epochs, batch_size, n_train, delta), as recorded
+    delta = settings.pop("delta", 1e-5)
     with_seeds = None if nodp else privacy["epsilon_grid"] * (2.3 if seeds > 1 else 1)
     folder.joinpath("plan.json").write_text(json.dumps(dict(
-        dataset=dataset, strategy=strategy, k=k, epsilon=None if nodp else epsilon, delta=None if nodp else 1e-5,
+        dataset=dataset, strategy=strategy, k=k, epsilon=None if nodp else epsilon, delta=None if nodp else delta,
+        **settings,
         **privacy, n_configs=n_configs or len(configs), seeds=seeds, steps=100, epsilon_with_seeds=with_seeds,
         label=LABELS[strategy], private=not nodp, axes=list(configs[0][1]),
         dataset_epsilons=[1, 2, 3, 4] if dataset == "fashion_mnist" else [3, 5, 7, 9],
@@ -37,7 +41,7 @@ def make_grid(root, dataset, strategy, epsilon, k, configs, metric="accuracy", n
     for config_id, hp, values, diverged in configs:
         for seed, v in enumerate(values + [float("nan")] * diverged):
             runs.append(dict(dataset=dataset, strategy=strategy, epsilon=None if nodp else epsilon,
-                             delta=None if nodp else 1e-5, k=k, metric=metric, config_id=config_id, seed=seed,
+                             delta=None if nodp else delta, k=k, metric=metric, config_id=config_id, seed=seed, **settings,
                              best_value=v, diverged=seed >= len(values), **hp, **privacy, epsilon_with_seeds=with_seeds,
                              private=not nodp, protocol=protocol, steps=100))
         ok = pd.Series(values, dtype=float)
@@ -93,15 +97,18 @@ def test_paper_layout_cells(tree):
     md = (tree / "tables" / "mnist_k9.md").read_text()
     assert "| 3 | – | – | – | – | 0.316 | 91.69 ± 0.53 | 6.89 |" in md  # mean ± std in one cell, the same decimals
     assert "| 5 | – | – | – | – | 1 | 91.62 ± 0.10 | 11.49 |" in md
-    assert "–: all seeds diverged: Fixed Threshold ε=3" in md and "–: grid not run: Fixed Threshold ε=5" in md
-    assert "best NoDP (non-private, no ε): ρ = 0.00316, 98.10" in md
-    assert "partial grids (grid.only; best of the configurations run, whole grid's noise): Online ε=5 (1 of 9)" in md
+    assert "–: all seeds diverged: Fixed Threshold at ε = 3" in md and "–: grid not run: Fixed Threshold at ε = 5" in md
+    assert "Best NoDP (non-private, no ε): ρ = 0.00316, 98.10." in md
+    assert "Partial grids (the best of the configurations run, with the whole grid's noise): Online at ε = 5 (1 of 9 " \
+           "configurations)." in md
     tex = (tree / "tables" / "mnist_k9.tex").read_text()
-    for part in (r"\toprule", r"\bottomrule", r"\caption{mnist, k = 9:", r"\label{tab:mnist_k9}", r"91.69 $\pm$ 0.53",
-                 r"\multicolumn{3}{c}{Online}", r"\multicolumn{4}{c}{Fixed Threshold}", r"\cmidrule(lr){2-5}", r"$\rho$"):
+    for part in (r"\toprule", r"\bottomrule", r"\caption{mnist, k = 9:", r"\label{tab:outputs-",
+                 ":mnist_k9}", r"91.69\,$\pm$\,0.53", r"$\rho$", "Fixed Threshold & -- & -- & -- & --", "Online & 0.316 &  & 91.69",
+                 r"\textit{$\varepsilon$ = 3}"):
         assert part in tex, part
-    assert r"\begin{tabular}{lrrrrrrr}" in tex  # numbers right-aligned
+    assert r"\begin{tabular}{@{}lrrrr@{}}" in tex  # strategies as rows; numbers right-aligned
     assert not any(line.startswith("%") for line in tex.splitlines())  # footnotes that render, not comments
+    assert "privacy." not in tex and "_" not in tex.replace(r"\_", "").split(r"\label")[0]  # words, not config keys
 
 
 def test_the_best_value_of_each_row_is_marked(tree):
@@ -109,23 +116,65 @@ def test_the_best_value_of_each_row_is_marked(tree):
     write_tables(tree, figures=False)
     md = (tree / "tables" / "mnist_k9.md").read_text()
     assert "| 5 | 0.00316 | 3.16 | 91.50 ± 0.50 | 11.49 | 1 | **91.62 ± 0.10** | 11.49 |" in md
-    assert r"\textbf{91.62 $\pm$ 0.10}" in (tree / "tables" / "mnist_k9.tex").read_text()
+    assert r"\textbf{91.62\,$\pm$\,0.10}" in (tree / "tables" / "mnist_k9.tex").read_text()
     assert "**91.69" not in md  # a row with one strategy's value marks nothing
 
 
 @pytest.mark.skipif(not __import__("shutil").which("pdflatex"), reason="pdflatex is not installed (TeX Live)")
-def test_the_latex_table_compiles_as_it_is(tree, tmp_path):
+def test_the_latex_table_compiles_and_fits_a_column(tree, tmp_path):
+    """Every built-in strategy's block in one table, with per-run grids' extra column: it compiles, and fits one column
+    of a two-column paper (no overfull box), since strategies are rows; two trees' tables have different labels."""
     import subprocess
 
     make_grid(tree, "mnist", "fixed_threshold", 5, 9, [("lr0_clip5", {"lr": 0.003162, "clip": 3.162}, [91.0, 92.0], 0)])
+    make_grid(tree, "mnist", "fixed_quantile", 5, 9, [("lr0_q4", {"lr": 0.003162, "quantile": 0.9}, [91.0, 92.0], 0)])
+    for strategy in ("adamwosm", "dpadam", "per_layer"):
+        LABELS.setdefault(strategy, strategy.replace("_", " ").title())
+        make_grid(tree, "mnist", strategy, 5, 9, [("clip3", {"clip": 0.316}, [90.123, 99.876], 0)])
     write_tables(tree, figures=False)
+    other = tmp_path / "second" / "outputs"
+    make_grid(other, "mnist", "online", 3, 9, [("lr4", {"lr": 0.316228}, [91.16, 92.22], 0)])
+    write_tables(other, figures=False)
+    labels = [re.search(r"\\label\{(.*)\}", (t / "tables" / "mnist_k9.tex").read_text()).group(1) for t in (tree, other)]
+    assert labels[0] != labels[1]
     document = tmp_path / "paper.tex"
-    document.write_text("\\documentclass{article}\n\\usepackage{booktabs}\n\\begin{document}\n"
-                        f"\\input{{{tree / 'tables' / 'mnist_k9.tex'}}}\n\\end{{document}}\n")
+    tables = "".join(f"\\input{{{t / 'tables' / 'mnist_k9.tex'}}}\n" for t in (tree, other))
+    document.write_text("\\documentclass[twocolumn]{article}\n\\usepackage{booktabs}\n\\begin{document}\n"
+                        f"{tables}\\end{{document}}\n")
     r = subprocess.run(["pdflatex", "-interaction=nonstopmode", "-halt-on-error", document.name], cwd=tmp_path,
                        capture_output=True, text=True, timeout=120)
     assert r.returncode == 0, r.stdout[-2000:]
     assert (tmp_path / "paper.pdf").stat().st_size > 1000
+    log = (tmp_path / "paper.log").read_text(errors="replace")
+    assert "Overfull \\hbox" not in log and "multiply defined" not in log, log[-3000:]
+
+
+def test_delta_and_how_grids_were_trained_are_stated_and_never_compared_in_one_row(tmp_path):
+    """Two online grids at one epsilon that differ in their validation interval stand on two rows, each naming its
+    interval; what they share is said in the caption, delta included, and a weak delta is said to be weak."""
+    root = tmp_path / "outputs"
+    shared = dict(epochs=2, batch_size=128, n_train=1437, delta=0.01)
+    make_grid(root, "digits", "online", 3, 3, [("lr1", {"lr": 0.316}, [80.0, 81.0], 0)], settings={**shared, "eval_every": 5},
+              folder=root / "a")
+    make_grid(root, "digits", "online", 3, 3, [("lr1", {"lr": 0.316}, [70.0, 71.0], 0)], settings={**shared, "eval_every": 50},
+              folder=root / "b")
+    make_grid(root, "digits", "fixed_threshold", 3, 3, [("lr1_clip1", {"lr": 0.316, "clip": 1.0}, [75.0, 76.0], 0)],
+              settings={**shared, "eval_every": 50}, folder=root / "c")
+    written, lines = write(root)
+    assert lines == []
+    table = pd.read_csv(root / "tables" / "digits_k3.csv")
+    assert sorted(table["eval_every"].astype(int)) == [5, 50]
+    five, fifty = (table[table.eval_every.astype(int) == e].iloc[0] for e in (5, 50))
+    assert five["Online acc"] == pytest.approx(80.5) and pd.isna(five["Fixed Threshold acc"])
+    assert fifty["Online acc"] == pytest.approx(70.5) and fifty["Fixed Threshold acc"] == pytest.approx(75.5)
+    md = (root / "tables" / "digits_k3.md").read_text()
+    assert "All grids: 2 epochs, expected batch B = 128, T = 100 steps per run, protocol paper, δ = 0.01." in md
+    assert "never compared in one row: eval. every as the row says" in md
+    assert "δ = 0.01 is not below 1/N = 1/1,437: a weak guarantee" in md
+    assert "**80.50" not in md  # a row of one strategy marks nothing: the two intervals are not compared
+    results = pd.read_csv(root / "tables" / "results.csv")
+    assert set(results.delta) == {0.01} and results.weak_delta.all() and set(results.eval_every) == {5, 50}
+    assert set(results.selection) == {"composition"}
 
 
 def test_only_the_papers_own_k7_tables_drop_the_scores(tmp_path):
@@ -267,7 +316,7 @@ def test_tables_carry_the_budget_and_per_run_grids_their_true_epsilon(tmp_path):
     assert row3["Online ε grid"] == pytest.approx(22.5)  # the grid's cost beside the per-run ε
     for name in ("mnist_k9.md", "mnist_k9.tex"):
         text = (root / "tables" / name).read_text().replace("$\\varepsilon$", "ε").replace("\\_", "_")
-        assert "ε per run (privacy.budget=per_run)" in text
+        assert "ε per run: each run spends ε on its own" in text
     assert not (root / "tables" / "mnist_k9_vs_paper.csv").exists() or "per_run" not in \
         (root / "tables" / "mnist_k9_vs_paper.md").read_text()
 
@@ -281,7 +330,7 @@ def test_mixing_per_grid_and_per_run_grids_needs_asking(tree):
     threes = table[table["ε"] == 3]
     assert sorted(threes.budget) == ["per_grid", "per_run"]  # budgets that differ: a column
     assert sorted(threes["Online acc"]) == pytest.approx([91.5, 91.69])
-    assert "MIXED budgets" in (tree / "tables" / "mnist_k9.md").read_text()
+    assert "Budgets side by side: ε per grid" in (tree / "tables" / "mnist_k9.md").read_text()
 
 
 def test_shuffled_grids_claim_nothing_and_are_left_out(tmp_path):
@@ -290,7 +339,7 @@ def test_shuffled_grids_claim_nothing_and_are_left_out(tmp_path):
     write(root)
     table = pd.read_csv(root / "tables" / "mnist_k9.csv")
     assert len(table) == 0  # no epsilon with a DP grid: no row
-    assert "not shown, no DP guarantee (shuffled batches, or a schedule that reads the data): Online ε=3" in (root / "tables" / "mnist_k9.md").read_text()
+    assert "Not shown, no DP guarantee (shuffled batches, or a schedule that reads the data): Online at ε = 3 (shuffle (not DP))." in (root / "tables" / "mnist_k9.md").read_text()
     assert pd.read_csv(root / "tables" / "results.csv").status.tolist() == ["not DP (sampling=shuffle)"]
 
 
@@ -377,7 +426,7 @@ def test_every_table_states_what_its_seeds_cost(tree):
     table = pd.read_csv(tree / "tables" / "mnist_k9.csv")
     assert table[table["ε"] == 3].iloc[0]["Online ε seeds"] == pytest.approx(3 * 0.999 * 2.3)
     markdown = (tree / "tables" / "mnist_k9.md").read_text()
-    assert "what this table publishes costs more than ε" in markdown and "| 3 | – | – | – | – | 0.316 | 91.69 ± 0.53 | 6.89 |" in markdown
+    assert "each value is a mean over seeds, which costs more than ε" in markdown and "| 3 | – | – | – | – | 0.316 | 91.69 ± 0.53 | 6.89 |" in markdown
     assert "seeds not (what the means over seeds cost" in (tree / "tables" / "mnist_k9_vs_paper.md").read_text()
 
 

@@ -185,6 +185,11 @@ def readable(message: str, overrides: list) -> str:
                   f"; a plugin's {group} joins with hydra.searchpath=[pkg://its_package.conf] (its YAML files "
                   "installed as package data) or [file:///abs/path/to/its/conf]")
         return f"no {group} named {name!r}{hint}; available: {', '.join(options) or 'none'}{plugin}"
+    sweep = re.search(r"Ambiguous value for argument '([^=']+)=([^']*)'", first)
+    if sweep:  # a, b: Hydra's sweep syntax, which only multirun expands
+        key, values = sweep.groups()
+        return (f"{key}={values} gives several values, which only a sweep takes: dpgrid run -m {key}={values} ... "
+                f"runs one grid per value; dpgrid run and dpgrid plan take one value ({key}=...)")
     bad_key = re.search(r"Could not override '([\w.]+)'", first) or re.search(r"Key '(\w+)' is not in struct", message)
     if bad_key:
         key = bad_key.group(1)

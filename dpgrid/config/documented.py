@@ -22,8 +22,8 @@ def usage(args=()) -> str:
     """The usage, and the options of each config group: dpgrid's and those of the folders a
     hydra.searchpath=[...] among `args` adds."""
     searchpath = [a.partition("=")[2] for a in args if a.partition("=")[0].lstrip("+") == "hydra.searchpath"]
-    lines = [f"{group}: {', '.join(options(group, searchpath[-1] if searchpath else None))}"
-             for group in ("dataset", "strategy", "model", "protocol")]
+    lines = [f"{group.replace('/', '.')}: {', '.join(options(group, searchpath[-1] if searchpath else None))}"
+             for group in ("dataset", "strategy", "model", "protocol", "privacy/selection")]
     return USAGE + "\n" + "\n".join(lines)
 
 
@@ -31,10 +31,22 @@ def settings() -> str:
     """Every setting of conf/config.yaml with its default and its one-line comment, then those a protocol
     sets: the comments in conf/ are the documentation, read here rather than copied."""
     text = (Path(config_dir()) / "config.yaml").read_text()
-    groups = re.findall(r"^  - (\w+): (\w+)\s*#\s*(.*)$", text, re.M)  # the documented groups of the defaults list
-    lines = ["  {} = {}: {}".format(*group) for group in groups]
+    groups = re.findall(r"^  - ([\w/]+): (\w+)\s*#\s*(.*)$", text, re.M)  # the documented groups of the defaults list
+    lines = ["  {} = {}: {}".format(group.replace("/", "."), *rest) for group, *rest in groups]
     lines += [f"  {key} = {value}: {comment}" for key, value, comment in documented(text)]
-    return "\n".join(lines + protocol_settings(groups))
+    return "\n".join(lines + protocol_settings(groups) + selection_settings())
+
+
+def selection_settings() -> list:
+    """The keys of each privacy.selection option (privacy.selection.KEY), with their defaults and comments, under the
+    option that has them first."""
+    lines, seen = [], set()
+    for path in sorted((Path(config_dir()) / "privacy" / "selection").glob("*.yaml")):
+        keys = [(k, v, c) for k, v, c in documented(path.read_text()) if k not in ("_target_", "name") and k not in seen]
+        seen.update(k for k, _, _ in keys)
+        lines += [f"  privacy.selection.{key} = {value}: {comment} (privacy.selection={path.stem})"
+                  for key, value, comment in keys]
+    return lines
 
 
 def protocol_settings(groups: list) -> list:

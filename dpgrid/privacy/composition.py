@@ -21,6 +21,10 @@ class Composition(AccountingMethod):
 
     name = "composition"
     accountants = tuple(ACCOUNTANTS)
+    covers = ("every run of the grid together: each configuration's trained models, learning curves and scores "
+              "(runs.csv, curves.csv, summary.csv, model/); unless the seeds are accounted, one seed per configuration: "
+              "the means over seeds that tables publish, and the model chosen from them, are covered by the epsilon "
+              "with seeds")
 
     def unclaimed(self, record):
         return replace(record, liu_talwar={})

@@ -42,6 +42,9 @@ class AccountingMethod:
     seeds_beyond_plan = False  # True: its runs' seeds go past train.seeds (fresh runs per candidate)
     noise_per_run = False      # True: each run has its own noise and T (a schedule), not the plan's
     announcement = ""          # what a grid that releases its best only says when it starts ('': a selection's line)
+    # what its epsilon covers and what it does not, in the one wording model.json, selection.json, `dpgrid plan`,
+    # `dpgrid model`, the tables' captions and the README use
+    covers = ""
 
     @classmethod
     def check_options(cls, read) -> None:
@@ -103,11 +106,15 @@ class AccountingMethod:
         ok = ~runs.diverged.astype(bool)
         mine = runs[(runs.config_id == summary_row.config_id) & ok]
         seeds = [(int(s), int(s)) for s in sorted(mine.seed)]
-        why = ("the best configuration of a composition grid: choosing it read every seed's score of every "
-               + ("configuration, all of them accounted" if plan.account_seeds else
-                  f"configuration, so it is covered by the epsilon of all {plan.n_configs} x {plan.seeds} runs "
-                  f"(epsilon_with_seeds), not by the per-grid epsilon {plan.epsilon_spent:.4g} alone")
-               if plan.epsilon_spent is not None else "the best configuration of the grid")
+        if plan.epsilon_spent is None:
+            return seeds, "the best configuration of the grid"
+        costlier = plan.epsilon_with_seeds > plan.epsilon_spent * (1 + 1e-9)
+        why = ("the best configuration of a composition grid, chosen from every seed's score of every configuration: "
+               + (f"all {plan.n_configs} x {plan.seeds} runs with the grid's noise are what covers it, epsilon = "
+                  f"{plan.epsilon_with_seeds:.4g} (the epsilon with seeds), more than the budget's epsilon "
+                  f"{plan.epsilon_spent:.4g}, which accounts "
+                  + ("one seed per configuration" if plan.budget == "per_grid" else "one configuration") if costlier else
+                  "every run it read is accounted, so the grid's epsilon covers it"))
         return seeds, why
 
     describes_configurations = False  # True: its `describe` lists the configurations (with what it planned for each)

@@ -72,6 +72,8 @@ class NoiseSchedule(AccountingMethod):
 
     name = "noise_schedule"
     accountants = CONVERSIONS
+    covers = ("each run's output (its trained model, learning curve and score) by that run's own epsilon (plan.json's "
+              "schedule); the grid's runs together, and the best constant chosen in hindsight, cost more")
     noise_per_run = True
     describes_configurations = True
 

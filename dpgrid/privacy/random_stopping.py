@@ -166,6 +166,9 @@ class RandomStopping(AccountingMethod):
 
     name = "random_stopping"
     accountants = ("rdp", "pld")
+    covers = ("the chosen candidate's output: its configuration and score (selection.json) and its trained models and "
+              "learning curves (model/); not the other candidates nor how many there were (runs.csv, curves.csv, "
+              "summary.csv, candidates.json, ledger.json and cli.log are the experimenter's private log)")
     releases_best_only = True
     seeds_beyond_plan = True
 
@@ -211,8 +214,8 @@ class RandomStopping(AccountingMethod):
         ok = ~runs.diverged.astype(bool)
         mine = runs[(runs.candidate == int(summary_row.candidate)) & ok]
         seeds = [(int(s), int(s) % plan.seeds) for s in sorted(mine.seed)]
-        why = ("the chosen candidate of a random-stopping selection: its output (the trained models and its score) is "
-               f"covered by the selection's epsilon ({plan.record.selection_accountant} analysis)")
+        why = ("the chosen candidate of a random-stopping selection, covered by the selection's epsilon "
+               f"({plan.record.selection_accountant} analysis), which covers {self.covers}")
         return seeds, why
 
     def table_release(self, folder, runs, plan: dict, axes: list, task: str):
@@ -237,8 +240,8 @@ class RandomStopping(AccountingMethod):
                            if name != plan.record.selection_accountant)
         return [f"  random-stopping selection, {stop['rule']} ({shape[stop['rule']]}): {stop['mean']:g} candidates "
                 f"expected, each a configuration drawn from the grid and trained {plan.seeds} times",
-                f"  budget (eps, delta) = ({plan.epsilon:g}, {plan.delta:g}) for the selection: ONLY the chosen "
-                f"configuration and its score (selection.json) are covered; runs.csv is a private log",
+                f"  budget (eps, delta) = ({plan.epsilon:g}, {plan.delta:g}) for the whole selection; it covers "
+                f"{self.covers}",
                 f"  noise multiplier nu = {plan.noise_multiplier:.5g}; eps spent = {plan.epsilon_spent:.5g}; one "
                 f"candidate's eps = {plan.epsilon_per_run:.5g}",
                 f"  analysis: {plan.record.selection_accountant} (privacy.selection.selection_accountant)"

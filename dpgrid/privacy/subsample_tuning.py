@@ -42,6 +42,10 @@ class SubsampleTuning(AccountingMethod):
 
     name = "subsample_tuning"
     accountants = ("rdp", "pld")
+    covers = ("the chosen configuration and its tuning score, and the final runs' output: their trained models, "
+              "learning curves and scores (selection.json, model/); not the tuning set, the other candidates nor how "
+              "many there were (tuning_set.json, candidates.json, runs.csv, curves.csv, summary.csv, ledger.json and "
+              "cli.log are the experimenter's private log)")
     releases_best_only = True
     seeds_beyond_plan = True
     announcement = ("tuning on a subsample: training the candidates on the tuning set, then the chosen one on the "
@@ -112,7 +116,7 @@ class SubsampleTuning(AccountingMethod):
         seeds = [(int(s), int(s) % plan.seeds) for s in sorted(mine.seed)]
         why = ("the final model of a tuning on a subsample: the configuration chosen on the tuning set, trained on "
                f"{'the full data' if plan.record.tuning['final_data'] == 'full' else 'the data outside the tuning set'}; "
-               f"both phases are covered by the procedure's epsilon ({plan.record.selection_accountant} analysis)")
+               f"covered by the procedure's epsilon ({plan.record.selection_accountant} analysis), which covers {self.covers}")
         return seeds, why
 
     def table_runs(self, folder, runs, plan: dict):
@@ -138,8 +142,8 @@ class SubsampleTuning(AccountingMethod):
                            if name != plan.record.selection_accountant)
         return [f"  tuning on a subsample: each example joins the tuning set with probability q1 = {t['rate']:g} "
                 f"(about {t['rate'] * plan.n_train:,.0f} of {plan.n_train:,})",
-                f"  budget (eps, delta) = ({plan.epsilon:g}, {plan.delta:g}) for the whole procedure: ONLY the chosen "
-                "configuration (selection.json) and the final model (model/) are covered; runs.csv is a private log",
+                f"  budget (eps, delta) = ({plan.epsilon:g}, {plan.delta:g}) for the whole procedure; it covers "
+                f"{self.covers}",
                 f"  {split}; eps spent = {plan.epsilon_spent:.5g} ({plan.record.selection_accountant} analysis"
                 + (f"; the same noise spends {others}" if others else "") + ")",
                 f"    tuning phase: {search}, each trained {plan.seeds} times on the tuning set: nu_1 = "

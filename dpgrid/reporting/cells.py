@@ -7,6 +7,8 @@ from dataclasses import dataclass, field
 import pandas as pd
 
 from dpgrid import tasks
+from dpgrid.config.grid import AXIS_SYMBOL
+from dpgrid.privacy import ACCOUNTING
 
 MISSING = "–"
 NOT_RUN = "grid not run"  # why a cell is missing
@@ -26,19 +28,25 @@ def label_of(grids: pd.DataFrame, strategy: str) -> str:
     return found.iloc[0] if len(found) else strategy
 
 
+ACCOUNTANT_NAMES = {"rdp": "Rényi DP accountant", "pld": "privacy-loss-distribution accountant",
+                    "prv": "PRV accountant", "zcdp": "zCDP conversion"}
+BUDGET_WORDS = {"per_grid": "ε per grid: all runs of a grid together spend ε (honest tuning)",
+                "per_run": "ε per run: each run spends ε on its own; the whole grid's ε is the 'ε grid' column"}
+
+
 def budget_note(grids: pd.DataFrame) -> str:
-    """The budget the grids of one table were run under, in words (tables and figure captions)."""
-    budgets = set(grids[grids.private.astype(bool)].budget.dropna())
-    if budgets == {"per_run"}:
-        return "ε per run (privacy.budget=per_run): each run spends ε; the whole grid's true ε is the 'ε grid' column"
-    if budgets == {"per_grid"} or not budgets:
-        return "ε per grid: all runs of a grid together spend ε (honest tuning)"
-    if budgets == {"selection"}:
-        return ("ε per selection (privacy.selection=random_stopping or subsample_tuning): ε covers ONLY the selected "
-                "configuration and its score (selection.json) and, after tuning on a subsample, the final model whose "
-                "score the table shows; the candidates' runs are the experimenter's private log")
-    return ("MIXED budgets side by side (--mix-budgets): per_grid = all runs spend ε; per_run = each run does (see "
-            "ε grid); selection = only the selected configuration and its score are covered")
+    """The budget the grids of one table were run under, in words (tables and figure captions): a selection's in
+    the one wording of what its epsilon covers (its accounting method's `covers`)."""
+    private = grids[grids.private.astype(bool)]
+    notes = [BUDGET_WORDS[b] for b in ("per_grid", "per_run") if (private.budget == b).any()]
+    selections = private[private.budget == "selection"]
+    for name in sorted(set(selections.selection.dropna().astype(str)) if "selection" in selections else ()):
+        method = ACCOUNTING.get(name)
+        covers = method.covers if method is not None and method.covers else f"what its method {name} states"
+        notes.append(f"ε per selection ({name.replace('_', ' ')}): ε covers {covers}")
+    if not notes:
+        return BUDGET_WORDS["per_grid"]
+    return ("Budgets side by side: " if len(notes) > 1 else "") + "; ".join(notes)
 
 
 # --- formatting -------------------------------------------------------------------------------------
@@ -129,22 +137,29 @@ def to_markdown(table: Table) -> str:
 
 
 def to_latex(table: Table) -> str:
-    """A booktabs table a paper prints as it is: caption and label, numbers right-aligned, a header per strategy
-    block, the best value of each row in bold, footnotes below (they render). Needs \\usepackage{booktabs}."""
-    keys = len(table.keys)
-    spec = "l" * keys + "".join("r" * len(columns) for _, columns in table.blocks)
-    groups, rules, start = [""] * keys, [], keys + 1
-    for block, columns in table.blocks:
-        groups.append(rf"\multicolumn{{{len(columns)}}}{{c}}{{{tex(block)}}}")
-        rules.append(rf"\cmidrule(lr){{{start}-{start + len(columns) - 1}}}")
-        start += len(columns)
-    lines = [r"\begin{table}[t]", r"\centering", rf"\caption{{{tex(table.caption)}}}", rf"\label{{{table.label}}}",
-             rf"\begin{{tabular}}{{{spec}}}", r"\toprule", " & ".join(groups) + r" \\", " ".join(rules),
-             " & ".join(f"${c.name}$" if len(c.name) == 1 and c.name.isascii() else tex(c.name)  # C, a symbol
-                        for c in table.columns()) + r" \\", r"\midrule"]
+    """A booktabs table a paper prints as it is: caption and label, a row per privacy level and strategy (strategies as
+    rows: the table grows down, not across, so it fits a column however many strategies it holds), numbers
+    right-aligned, the best value of each level in bold, footnotes below (they render). A hyperparameter that is not
+    one of a strategy's axes is left blank; a missing cell is "–" with its footnote. Needs \\usepackage{booktabs}."""
+    names = list(dict.fromkeys(c.name for _, columns in table.blocks for c in columns))
+    kinds = {c.name: c.kind for _, columns in table.blocks for c in columns}
+    axes = list(AXIS_SYMBOL.values())  # the built-in axes in their order (rho, C, gamma), then a strategy's own
+    names.sort(key=lambda n: (("hp", "value", "epsilon").index(kinds[n]), axes.index(n) if n in axes else len(axes)))
+    spec = "@{}l" + "r" * len(names) + "@{}"  # no padding outside the first and last columns (booktabs' style)
+    lines = [r"\begin{table}[t]", r"\centering", r"\footnotesize", rf"\caption{{{tex(table.caption)}}}",
+             rf"\label{{{table.label}}}", r"\setlength{\tabcolsep}{3pt}", rf"\begin{{tabular}}{{{spec}}}", r"\toprule",
+             " & ".join(["Strategy"] + [header_tex(n) for n in names]) + r" \\"]
     for i in range(len(table.rows)):
-        lines.append(" & ".join(bold(tex(table.text(i, c)), (i, c.csv) in table.best, r"\textbf{", "}")
-                                for c in table.columns()) + r" \\")
+        # each privacy level (and setting) heads its strategies' rows: a column the width of "epsilon = 3" saved
+        level = ", ".join(f"{c.name} = {table.text(i, c)}" if c.kind == "key" and c.name == "ε" else
+                          f"{c.name} {table.text(i, c)}" for c in table.keys)
+        lines += [r"\midrule", rf"\multicolumn{{{1 + len(names)}}}{{l}}{{\textit{{{tex(level)}}}}} \\"]
+        for block, columns in table.blocks:
+            by_name = {c.name: c for c in columns}
+            cells = [tex(block)]
+            cells += [bold(tex(table.text(i, by_name[n])).replace(r" $\pm$ ", r"\,$\pm$\,"),  # thin spaces: narrower
+                           (i, by_name[n].csv) in table.best, r"\textbf{", "}") if n in by_name else "" for n in names]
+            lines.append(" & ".join(cells) + r" \\")
     lines += [r"\bottomrule", r"\end{tabular}"]
     if table.notes:
         lines += [r"\par\smallskip", r"\begin{minipage}{\linewidth}\footnotesize"]
@@ -152,6 +167,11 @@ def to_latex(table: Table) -> str:
         lines.append(r"\end{minipage}")
     lines.append(r"\end{table}")
     return "\n".join(lines) + "\n"
+
+
+def header_tex(name: str) -> str:
+    """A column's header: a one-letter symbol in math (C), anything else as text with its symbols."""
+    return f"${name}$" if len(name) == 1 and name.isascii() else tex(name)
 
 
 def labelled(table: Table) -> list:

@@ -24,10 +24,14 @@ PLAN_KEYS = ("dataset", "strategy", "k", "epsilon", "n_configs", "configurations
 RUN_COLUMNS = ("dataset", "strategy", "metric", "epsilon", "k", "config_id", "seed", "noise_multiplier", "budget",
                "accountant", "epsilon_spent", "epsilon_grid", "sampling", "protocol", "steps", "best_value", "diverged")
 PRIVACY_FIGURES = ("noise_multiplier", "epsilon_spent", "epsilon_grid", "budget", "sampling", "accountant")
-COLUMNS = ["dataset", "strategy", "k", "epsilon", "budget", "protocol", "epsilon_spent", "epsilon_grid",
-           "epsilon_with_seeds", "accountant", "sampling", "metric", "lr", "clip", "quantile", "config_id", "value", "std",
-           "n_seeds", "status", "edge", "noise_multiplier", "n_configs", "configs_run", "runs_done", "runs_planned", "label",
-           "private", "axes", "adapts", "dataset_epsilons", "path"]
+# what makes two grids' values comparable, beside the budget: a table shows grids that differ in one of these on
+# separate rows, naming it (tables.SETTINGS says how)
+SETTINGS = ("protocol", "delta", "epochs", "batch_size", "steps", "eval_every")
+COLUMNS = ["dataset", "strategy", "k", "epsilon", "delta", "weak_delta", "budget", "selection", "protocol", "epochs",
+           "batch_size", "steps", "eval_every", "n_train", "epsilon_spent", "epsilon_grid", "epsilon_with_seeds",
+           "accountant", "sampling", "metric", "lr", "clip", "quantile", "config_id", "value", "std", "n_seeds", "status",
+           "edge", "noise_multiplier", "n_configs", "configs_run", "runs_done", "runs_planned", "label", "private", "axes",
+           "adapts", "dataset_epsilons", "path"]
 
 
 def grid_folders(results_dir: Path, out: Path = None) -> list:
@@ -75,13 +79,15 @@ def grid_row(folder: Path) -> dict:
     axes = plan.get("axes") or [a for a in plan.get("configurations", [{}])[0] if a != "config_id"]
     check_axes(folder, runs, plan, axes)
     metric = runs.metric.iloc[0]
+    trained = training_settings(folder, runs, plan, private, method)
     summary = summarize(runs, axes, tasks.get(metric).name)
     planned = len(plan.get("grid_only") or plan["configurations"]) * int(plan.get("seeds", 1))
     protocols = set(runs.protocol.dropna().astype(str))
     row = dict(dataset=plan["dataset"], strategy=plan["strategy"], k=plan["k"], epsilon=plan["epsilon"],
                metric=metric, **privacy, n_configs=plan["n_configs"], configs_run=len(summary), path=str(folder),
                runs_done=len(runs), runs_planned=planned, protocol=",".join(sorted(protocols)),
-               label=plan.get("label") or plan["strategy"], private=private,
+               label=plan.get("label") or plan["strategy"], private=private, **trained,
+               selection=plan.get("selection") or "composition",
                axes=",".join(axes), adapts=",".join(plan.get("adapts", [])),
                dataset_epsilons=",".join(f"{e:g}" for e in plan.get("dataset_epsilons", [])),
                epsilon_with_seeds=epsilon_with_seeds(folder, plan, runs, privacy, method))
@@ -100,6 +106,29 @@ def grid_row(folder: Path) -> dict:
     else:
         row.update(status=DIVERGED, value=math.nan, std=math.nan)
     return row
+
+
+def training_settings(folder: Path, runs: pd.DataFrame, plan: dict, private: bool, method) -> dict:
+    """What a table says of how the grid was trained (SETTINGS) and its delta, each checked against the rows where they
+    record it (rows of an older dpgrid lack epochs, batch_size and eval_every: plan.json's, then config.yaml's), and
+    whether delta is weak (not below 1/N)."""
+    def checked(key, fallback=None):
+        if key in runs:
+            return recorded(folder, runs, plan, key)
+        return plan.get(key, fallback)
+
+    eval_every = plan.get("eval_every")
+    if eval_every is None and (folder / "config.yaml").exists():  # plan.json before it recorded it
+        from omegaconf import OmegaConf
+
+        eval_every = OmegaConf.select(OmegaConf.load(folder / "config.yaml"), "train.eval_every")
+    settings = dict(delta=checked("delta") if private else None, n_train=checked("n_train"), epochs=checked("epochs"),
+                    batch_size=checked("batch_size"), eval_every=checked("eval_every", eval_every),
+                    # a noise schedule's runs each stop where their own budget ends
+                    steps=plan.get("steps") if method.noise_per_run else checked("steps"))
+    n = settings["n_train"]
+    settings["weak_delta"] = bool(settings["delta"] is not None and n and settings["delta"] >= 1 / float(n))
+    return settings
 
 
 def vouched_runs(folder: Path, plan: dict) -> pd.DataFrame:
@@ -184,13 +213,14 @@ def released_row(row: dict, released: dict, plan: dict, axes: list) -> dict:
             "edge": "; ".join(edges({a: chosen[a] for a in axes}, plan["configurations"], axes))}
 
 
-CELL = ["dataset", "k", "strategy", "epsilon", "budget"]  # what places a grid in a table
+CELL = ["dataset", "k", "strategy", "epsilon", "budget"]  # what places a grid in a table (with its SETTINGS)
 
 
 def collect(results_dir: Path, out: Path = None) -> tuple:
     """(one row per readable grid under results_dir, [one line per grid skipped and why]). Two private grids for one
-    cell (dataset, k, strategy, epsilon, budget) stand side by side when their protocols differ (the tables then show
-    a protocol column) and are both skipped, naming both, when nothing a table shows tells them apart."""
+    cell (dataset, k, strategy, epsilon, budget) stand on separate rows when they were trained differently (SETTINGS:
+    the tables then show a column for what differs) and are both skipped, naming both, when nothing a table shows
+    tells them apart."""
     rows, skipped = [], []
     for folder in grid_folders(Path(results_dir), out):
         try:
@@ -200,8 +230,10 @@ def collect(results_dir: Path, out: Path = None) -> tuple:
     grids = pd.DataFrame(rows)
     if len(grids):
         private = grids[grids.private.astype(bool)]
-        twins = private[private.assign(epsilon=private.epsilon.astype(float)).duplicated(CELL + ["protocol"], keep=False)]
-        for _, pair in twins.groupby(CELL + ["protocol"], dropna=False):
+        keys = CELL + list(SETTINGS)
+        twins = private[private.assign(epsilon=private.epsilon.astype(float)).astype({s: str for s in SETTINGS})
+                        .duplicated(keys, keep=False)]
+        for _, pair in twins.astype({s: str for s in SETTINGS}).groupby(keys, dropna=False):
             differ = [c for c in ("accountant", "sampling", "epsilon_spent", "noise_multiplier", "n_configs", "metric")
                       if pair[c].astype(str).nunique() > 1]
             skipped.append(f"skipped the grids in {' and '.join(pair.path)}: two grids for one cell ({pair.strategy.iloc[0]} "

@@ -14,6 +14,7 @@ RESULTS_DIR/tables/). Every grid is read and vouched for first (dpgrid.reporting
 Missing cells are "–" with the reason in a footnote, never zero.
 """
 
+import re
 from pathlib import Path
 
 import numpy as np
@@ -21,38 +22,41 @@ import pandas as pd
 
 from dpgrid import DpgridError, tasks
 from dpgrid.config.grid import AXIS_SYMBOL
-from dpgrid.reporting.cells import (NOT_RUN, Column, Table, budget_note, fmt_hp, fmt_value, private_strategies,
-                                    to_csv_frame, to_latex, to_markdown)
-from dpgrid.reporting.grids import NOT_DP, SELECTION, collect
+from dpgrid.reporting.cells import (ACCOUNTANT_NAMES, NOT_RUN, Column, Table, budget_note, fmt_hp, fmt_value,
+                                    private_strategies, to_csv_frame, to_latex, to_markdown)
+from dpgrid.reporting.grids import NOT_DP, SELECTION, SETTINGS, collect
 from dpgrid.reporting.comparison import claims, claims_markdown, comparison, comparison_markdown
 from dpgrid.reproduction.paper import hyperparameters_only, paper_results
 from dpgrid.results.files import check_writable, environment, write_atomic, write_csv
 
-SEEDS_NOTE = ("ε seeds: what this table publishes costs more than ε, which accounts one run per configuration "
-              "(privacy.account_seeds=false, as the paper); each value is the mean over seeds, and K × seeds runs with "
-              "the grid's noise spend ε seeds")
+SEEDS_NOTE = ("ε seeds: each value is a mean over seeds, which costs more than ε: ε accounts one run per configuration, "
+              "as the paper does, and the grid's K configurations × seeds runs with its noise spend ε seeds")
+# how a table names a setting that differs between its grids (grids.SETTINGS), in its key column and its caption
+SETTING_NAMES = {"protocol": "protocol", "delta": "δ", "epochs": "epochs", "batch_size": "B", "steps": "T",
+                 "eval_every": "eval. every"}
 
 
-def paper_table(grids: pd.DataFrame, dataset: str, k: int, with_values: bool) -> Table:
-    """One dataset and granularity in the paper's layout: a row per epsilon run (per budget and protocol where they
-    differ), a column block per private strategy. Grids with no DP guarantee are left out and named."""
+def paper_table(grids: pd.DataFrame, dataset: str, k: int, with_values: bool, tree: str = "") -> Table:
+    """One dataset and granularity in the paper's layout: a row per epsilon run (and per budget, and per training
+    setting where the grids differ in one: never compared in one row), a column block per private strategy. Grids
+    with no DP guarantee are left out and named. `tree`: the results tree's name, which makes the label unique."""
     metric = grids.metric.dropna().iloc[0] if len(grids.metric.dropna()) else "accuracy"
     task = tasks.get(metric)
     blocks = private_strategies(grids)  # a strategy with only non-DP grids still gets its (empty) columns
     not_dp = grids[grids.status == NOT_DP]
     grids = grids[grids.status != NOT_DP]
     private = grids[grids.private.astype(bool)]
-    varying = [c for c in ("budget", "protocol") if private[c].nunique() > 1]
-    row_keys = sorted({(float(r.epsilon), *(getattr(r, c) for c in varying)) for r in private.itertuples()})
+    varying = [c for c in ("budget",) + SETTINGS if private[c].astype(str).nunique() > 1]
+    row_keys = sorted({(float(r.epsilon), *(str(getattr(r, c)) for c in varying)) for r in private.itertuples()},
+                      key=lambda key: (key[0], *(natural(v) for v in key[1:])))
     costlier = private[private.epsilon_with_seeds.astype(float) > private.epsilon_grid.astype(float) * (1 + 1e-9)]
     per_run = (private.budget == "per_run").any()
-    seeds = sorted(set(private[private.status == "ok"].n_seeds.dropna().astype(int)))
-    over = f"{seeds[0]} seeds" if len(seeds) == 1 else "its converged seeds"
     caption = (f"{dataset}, k = {k}: each strategy's best configuration per privacy level ε"
-               + (f", with its test {task.unit} (mean ± std over {over}; the best of each row in bold)" if with_values
-                  else "") + f". {budget_note(grids)}.")
-    table = Table(title=f"{dataset}, k = {k}", caption=caption, label=f"tab:{dataset}_k{k}", metric=metric,
-                  keys=[Column("ε", "key", "ε")] + [Column(c, "key", c) for c in varying])
+               + (f", with its test {task.unit} ({over_seeds(private)}; the best of each row in bold)" if with_values
+                  else "") + f". {budget_note(grids)}. {settings_note(private, varying)}")
+    label = "tab:" + (f"{latex_name(tree)}:" if tree else "") + f"{dataset}_k{k}"
+    table = Table(title=f"{dataset}, k = {k}", caption=caption, label=label, metric=metric,
+                  keys=[Column("ε", "key", "ε")] + [Column(SETTING_NAMES.get(c, c), "key", c) for c in varying])
     table.rows = [{"ε": f"{key[0]:g}", **dict(zip(varying, key[1:]))} for key in row_keys]
     notes = {}
     for strategy, label, axes in blocks:
@@ -67,11 +71,12 @@ def paper_table(grids: pd.DataFrame, dataset: str, k: int, with_values: bool) ->
         for index, key in enumerate(row_keys):
             match = (grids.strategy == strategy) & np.isclose(grids.epsilon.astype(float), key[0])
             for column, value in zip(varying, key[1:]):
-                match &= grids[column] == value
+                match &= grids[column].astype(str) == value
             cell = grids[match]
             reason = NOT_RUN if cell.empty else (None if cell.status.iloc[0] == "ok" else cell.status.iloc[0])
             if reason:
-                notes.setdefault(reason, []).append(f"{label} ε={key[0]:g}")
+                notes.setdefault(reason, []).append(f"{label} at ε = {key[0]:g}" + "".join(
+                    f", {SETTING_NAMES.get(c, c)} {v}" for c, v in zip(varying, key[1:])))
                 continue
             c = cell.iloc[0]
             figures = {AXIS_SYMBOL.get(a, a): c[a] for a in axes}
@@ -81,6 +86,62 @@ def paper_table(grids: pd.DataFrame, dataset: str, k: int, with_values: bool) ->
         mark_best(table, task)
     table.notes = footnotes(grids, private, not_dp, costlier, notes, metric)
     return table
+
+
+def tree_name(results_dir: Path) -> str:
+    """A results tree's name in its tables' labels: the folder's name and a digest of where it lies, so that two trees
+    (two "outputs" folders) tabled for one paper never share a label."""
+    import hashlib
+
+    where = str(results_dir.absolute())
+    return f"{results_dir.absolute().name}-{hashlib.sha256(where.encode()).hexdigest()[:6]}"
+
+
+def natural(value: str):
+    """A key's sort order: numbers by value, words as words."""
+    try:
+        return (0, float(value), "")
+    except ValueError:
+        return (1, 0.0, value)
+
+
+def latex_name(text: str) -> str:
+    """A name as a LaTeX label may hold it."""
+    return re.sub(r"[^A-Za-z0-9_.-]+", "-", text).strip("-") or "results"
+
+
+def over_seeds(private: pd.DataFrame) -> str:
+    seeds = sorted(set(private[private.status == "ok"].n_seeds.dropna().astype(int)))
+    if len(seeds) == 1:
+        return f"mean ± std over {seeds[0]} seed{'s' if seeds[0] != 1 else ''}"
+    return "mean ± std over its converged seeds"
+
+
+def settings_note(private: pd.DataFrame, varying: list) -> str:
+    """How the table's grids were trained: what they share, and what differs (a key column each); a weak delta."""
+    said = []
+    for key, text in (("epochs", "{} epochs"), ("batch_size", "expected batch B = {}"), ("steps", "T = {} steps per run"),
+                      ("eval_every", "validation every {} steps"), ("protocol", "protocol {}"), ("delta", "δ = {}")):
+        values = private[key].dropna()
+        if key not in varying and len(values):
+            said.append(text.format(fmt_setting(values.iloc[0])))
+    text = ("All grids: " + ", ".join(said) + ".") if said else ""
+    if varying and set(varying) - {"budget"}:
+        text += (" Grids trained differently are never compared in one row: "
+                 + ", ".join(SETTING_NAMES.get(c, c) for c in varying if c != "budget") + " as the row says.")
+    weak = private[private.weak_delta.fillna(False).astype(bool)]
+    if len(weak):
+        n = weak.n_train.dropna()
+        text += (f" δ = {fmt_setting(weak.delta.iloc[0])} is not below 1/N" + (f" = 1/{int(n.iloc[0]):,}" if len(n) else "")
+                 + ": a weak guarantee (it allows revealing an example outright with probability δ).")
+    return text.strip()
+
+
+def fmt_setting(value) -> str:
+    """A setting as a caption says it: whole numbers whole, a small delta as 1e-5."""
+    if isinstance(value, float) and value.is_integer():
+        return f"{int(value)}"
+    return re.sub(r"e-0*(\d)", r"e-\1", f"{value:g}") if isinstance(value, float) else str(value)
 
 
 def mark_best(table: Table, task) -> None:
@@ -94,29 +155,36 @@ def mark_best(table: Table, task) -> None:
 
 
 def footnotes(grids, private, not_dp, costlier, missing: dict, metric: str) -> list:
-    notes = [f"–: {reason}: {', '.join(cells)}" for reason, cells in missing.items()]
+    notes = [f"–: {reason}: {'; '.join(cells)}" for reason, cells in missing.items()]
     if len(costlier):
-        notes.append(SEEDS_NOTE + " (" + ", ".join(sorted({r.accountant for r in costlier.itertuples()})) + ")")
+        notes.append(SEEDS_NOTE + " (" + ", ".join(sorted({ACCOUNTANT_NAMES.get(r.accountant, r.accountant)
+                                                           for r in costlier.itertuples()})) + ").")
     edge = private[(private.status == "ok") & private.edge.fillna("").astype(bool)]
     if len(edge):
-        notes.append("best configuration on the edge of its grid (a wider range may hold a better one: grid.lr_range, "
-                     "grid.clip_range): " + ", ".join(f"{r.label} ε={r.epsilon:g} ({r.edge})" for r in edge.itertuples()))
+        notes.append("Best configuration on the edge of its grid (a wider range of that hyperparameter may hold a better "
+                     "one): " + "; ".join(f"{r.label} at ε = {r.epsilon:g} ({r.edge})" for r in edge.itertuples()) + ".")
     incomplete = private[(private.runs_done < private.runs_planned) & (private.budget != SELECTION)]
     if len(incomplete):
-        notes.append("incomplete grids (still training, or stopped: the same command resumes them): " + ", ".join(
-            f"{r.label} ε={r.epsilon:g} ({r.runs_done:g} of {r.runs_planned:g} runs)" for r in incomplete.itertuples()))
+        notes.append("Incomplete grids (still training, or stopped; the same command resumes them): " + "; ".join(
+            f"{r.label} at ε = {r.epsilon:g} ({r.runs_done:g} of {r.runs_planned:g} runs)" for r in incomplete.itertuples())
+            + ".")
     partial = private[(private.configs_run < private.n_configs) & (private.budget != SELECTION)
                       & ~private.index.isin(incomplete.index)]
     if len(partial):  # grid.only: the best of a subset, still with the whole grid's noise
-        notes.append("partial grids (grid.only; best of the configurations run, whole grid's noise): " + ", ".join(
-            f"{r.label} ε={r.epsilon:g} ({r.configs_run} of {r.n_configs})" for r in partial.itertuples()))
+        notes.append("Partial grids (the best of the configurations run, with the whole grid's noise): " + "; ".join(
+            f"{r.label} at ε = {r.epsilon:g} ({r.configs_run} of {r.n_configs} configurations)"
+            for r in partial.itertuples()) + ".")
     if len(not_dp):
-        notes.append("not shown, no DP guarantee (shuffled batches, or a schedule that reads the data): " + ", ".join(
-            f"{r.label} ε={r.epsilon:g} ({r.sampling})" for r in not_dp.itertuples()))
+        notes.append("Not shown, no DP guarantee (shuffled batches, or a schedule that reads the data): " + "; ".join(
+            f"{r.label} at ε = {r.epsilon:g} ({r.sampling})" for r in not_dp.itertuples()) + ".")
     baseline = grids[~grids.private.astype(bool) & (grids.status == "ok")]
     if len(baseline):
         best = baseline.sort_values("value", ascending=not tasks.get(metric).higher_is_better).iloc[0]
-        notes.append(f"best {best.label} (non-private, no ε): ρ = {fmt_hp(best.lr)}, {fmt_value(best.value, metric)}")
+        differs = [f"{SETTING_NAMES[key]} {fmt_setting(best[key])}" for key in ("epochs", "batch_size", "eval_every")
+                   if key in best and not pd.isna(best[key]) and private[key].dropna().astype(str).nunique() == 1
+                   and str(best[key]) != str(private[key].dropna().iloc[0])]
+        notes.append(f"Best {best.label} (non-private, no ε): ρ = {fmt_hp(best.lr)}, {fmt_value(best.value, metric)}"
+                     + (f" (trained with {', '.join(differs)}, unlike the private grids)" if differs else "") + ".")
     if tasks.get(metric).disclosure:
         notes.append(tasks.get(metric).disclosure)
     return notes
@@ -152,13 +220,13 @@ def write_tables(results_dir, figures: bool = True, mix_budgets: bool = False, r
     write_csv(written[0], grids)
     paper = paper_results()
     for (dataset, k), g in grids.groupby(["dataset", "k"]):
-        written += write_one_table(g, dataset, k, out, paper, figures, report)
+        written += write_one_table(g, dataset, k, out, paper, figures, report, tree=tree_name(results_dir))
     return written
 
 
-def write_one_table(g, dataset, k, out: Path, paper, figures: bool, report=print) -> list:
+def write_one_table(g, dataset, k, out: Path, paper, figures: bool, report=print, tree: str = "") -> list:
     metric, with_values = g.metric.iloc[0], not hyperparameters_only(paper, dataset, k)
-    table = paper_table(g, dataset, k, with_values)
+    table = paper_table(g, dataset, k, with_values, tree)
     if not with_values:
         table.title += " (best hyperparameters, as the paper's table)"
         table.notes.append(f"k = {k} shows the best hyperparameters only, as the paper's table of {dataset} (Tables "

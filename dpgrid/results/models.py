@@ -198,6 +198,27 @@ def best_seed(entries: list, metric: str):
     return max(scored, key=lambda e: (sign * e["test_value"], -e["seed"]))["seed"]
 
 
+def released_folder(run_dir) -> Path:
+    """run_dir/model, where a grid's release lies; DpgridError in one line saying what `run_dir` is instead: missing,
+    the model/ folder itself, a tree of run directories, or a run directory that released nothing (yet)."""
+    run_dir = Path(run_dir)
+    folder = run_dir / MODEL
+    if (folder / STATEMENT).exists():
+        return folder
+    if not run_dir.is_dir():
+        raise DpgridError(f"no run directory {run_dir}: give the directory a grid ran in (its hydra.run.dir)")
+    if (run_dir / STATEMENT).exists():
+        raise DpgridError(f"{run_dir} is a release's {MODEL}/ folder: give the run directory that holds it, "
+                          f"{run_dir.absolute().parent}")
+    if not (run_dir / "plan.json").exists():
+        below = sorted(str(p.parent.parent) for p in run_dir.glob(f"**/{MODEL}/{STATEMENT}"))
+        found = f"; the run directories under it that released a model: {', '.join(below[:5])}" + (
+            f" and {len(below) - 5} more" if len(below) > 5 else "") if below else "; none under it released a model"
+        raise DpgridError(f"{run_dir} is not a run directory (it holds no plan.json){found}")
+    raise DpgridError(f"{folder / STATEMENT} does not exist: this run directory released no model (it is written "
+                      "once every run of the grid has finished, unless train.save_models=none)")
+
+
 def export(run_dir, seed: int, path) -> Path:
     """A copy of seed `seed`'s released weights at `path`, with the whole statement (model.json) in its metadata:
     one file that says what covers it wherever it goes."""
@@ -221,10 +242,7 @@ def load_model(run_dir, seed: int = None, device="cpu"):
 
     from dpgrid.models import build_model
 
-    folder = Path(run_dir) / MODEL
-    if not (folder / STATEMENT).exists():
-        raise DpgridError(f"{folder / STATEMENT} does not exist: this run directory released no model (it is written "
-                          "once every run of the grid has finished, unless train.save_models=none)")
+    folder = released_folder(run_dir)
     record = read_json(folder / STATEMENT, "run the grid's command again to write it anew")
     seed = record.get("default_seed") if seed is None else seed
     entry = next((e for e in record.get("models", []) if e.get("seed") == seed), None)

@@ -21,7 +21,7 @@ RERUN = "fix or delete that line; the same command then trains that run again"
 # columns that must hold numbers (may be empty where a run has none, e.g. best_value of a diverged run)
 NUMERIC = ("epsilon", "delta", "k", "candidate", "seed", "steps", "best_value", "best_step", "lr", "clip", "quantile",
            "final_clip", "final_lr", "epsilon_spent", "epsilon_grid", "epsilon_with_seeds", "momentum", "seconds",
-           "eval_seconds", "count_noise_std")
+           "eval_seconds", "count_noise_std", "epochs", "batch_size", "n_train", "eval_every")
 OPTIONAL = ("best_value", "final_clip", "final_lr", "epsilon_spent", "epsilon_grid", "noise_multiplier", "epsilon_zcdp",
             "epsilon_rdp", "epsilon_with_seeds", "epsilon", "delta")  # the last three: none for a non-private grid
 
@@ -196,7 +196,7 @@ def write_header(out: Path, spec, data_files: dict) -> None:
     only = list(spec.only) if spec.only is not None else None  # the configurations this command trains
     write_json(out / "plan.json", {**spec.plan.to_dict(), "config_hash": spec.config_hash, "data_files": data_files,
                                    "grid_only": only, "parallel_runs": spec.train.parallel_runs,
-                                   "device": spec.train.device})
+                                   "device": spec.train.device, "eval_every": spec.train.eval_every})
 
 
 REPAIR = "run the grid's command again to rewrite it (its results are kept)"  # a table's answer to a damaged file

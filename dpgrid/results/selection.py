@@ -179,10 +179,6 @@ def rows_problem(path, runs_path, runs, drawn: list, digest: str) -> str:
     return ""
 
 
-COVERED = ("only this file is covered by (epsilon, delta): runs.csv, curves.csv, summary.csv, candidates.json and "
-           "cli.log show every candidate and are the experimenter's private log")
-
-
 def summarize_selection(runs, plan, axes: list, task: str):
     """(summary, selection): one summary row per candidate (private), and what the mechanism releases: the
     best candidate's configuration, hyperparameters and score (the best mean over its seeds, as a grid's
@@ -190,7 +186,7 @@ def summarize_selection(runs, plan, axes: list, task: str):
     candidates were drawn or on any other candidate (Papernot & Steinke's theorems cover the best one alone)."""
     selection = {"selection": "random_stopping", "stopping": plan.record.stopping, "epsilon": plan.epsilon_spent,
                  "delta": plan.delta, "noise_multiplier": plan.noise_multiplier, "accountant": plan.accountant,
-                 "analysis": plan.record.selection_accountant or "rdp", "covered": COVERED}
+                 "analysis": plan.record.selection_accountant or "rdp", "covered": plan.method.covers}
     if runs is None or not len(runs):
         return pd.DataFrame(), {**selection, "chosen": None}
     summary = candidate_summary(runs, axes, task)

@@ -12,9 +12,6 @@ from dpgrid.results.runs import REPAIR, same, summarize
 from dpgrid.results.selection import candidate_summary
 
 TUNING_SET = "tuning_set.json"
-COVERED = ("only selection.json and model/ are covered by (epsilon, delta): runs.csv, curves.csv, summary.csv, "
-           "candidates.json, tuning_set.json and cli.log show the tuning set and every candidate and are the "
-           "experimenter's private log")
 
 
 def header(out) -> list:
@@ -84,7 +81,7 @@ def release_record(plan, summary, final) -> dict:
               "final_data": tuning["final_data"], "stopping": plan.record.stopping, "epsilon": plan.epsilon_spent,
               "delta": plan.delta, "noise_multiplier": {"tuning": tuning["tuning"]["noise_multiplier"],
                                                         "final": tuning["final"]["noise_multiplier"]},
-              "accountant": plan.accountant, "analysis": plan.record.selection_accountant, "covered": COVERED,
+              "accountant": plan.accountant, "analysis": plan.record.selection_accountant, "covered": plan.method.covers,
               "chosen": None, "final": None}
     if not len(summary) or not summary.best.any():
         return record

@@ -47,19 +47,26 @@ def test_every_figure_has_its_caption_beside_it(tree):
     assert "costs more than the target ε: Fixed Quantile at ε = 3: 6.89" in caption and "which no ε covers" in caption
     assert b"/Subject" in (tree / "tables" / "figures" / "mnist_k9.pdf").read_bytes()
     curve = (tree / "tables" / "figures" / "curves" / "mnist_online_eps3_per_grid_k9.txt").read_text()
-    assert "the mean over its 2 seed(s), the band one standard deviation over them" in curve and "C_t" in curve
+    assert "the mean over its 2 seeds, the band one standard deviation over them" in curve and "C_t" in curve
+    assert "δ = 1e-5" in curve and "(a mean over seeds) is covered by ε = 6.89" in curve
+    assert (tree / "tables" / "figures" / "curves" / "mnist_online_eps3_per_grid_k9.pdf").exists()  # vector beside PNG
 
 
 def test_points_at_one_epsilon_stand_apart_and_the_baseline_is_non_private(tree, monkeypatch):
     drawn = drawn_figures(monkeypatch)
     write_tables(tree)
-    ax = drawn["mnist_k9.png"].axes[0]
-    lines = [line for line in ax.get_lines() if line.get_marker() == "o"]
+    fig = drawn["mnist_k9.png"]
+    ax = fig.axes[0]
+    from dpgrid.reporting.figures import MARKERS
+
+    lines = [line for line in ax.get_lines() if line.get_marker() in MARKERS]  # the points, not the bars' caps
     at_three = [min(line.get_xdata()) for line in lines]
     assert len(at_three) == 3 and len(set(at_three)) == 3  # three strategies at epsilon = 3, side by side
-    labels = [t.get_text() for t in ax.get_legend().get_texts()]
+    assert len({line.get_marker() for line in lines}) == 3  # each its own marker: told apart in grayscale
+    labels = [t.get_text() for t in fig.legends[0].get_texts()]
     assert "NoDP (non-private)" in labels and not any("ε" in label for label in labels)
-    assert ax.get_title() == "mnist, k = 9"
+    assert ax.get_title() == "mnist, k = 9" and "δ = 1e-5" in ax.get_xlabel()
+    assert fig.get_size_inches()[0] <= 3.5  # one column of a paper: its text prints at its size
 
 
 @pytest.mark.parametrize("strategy, panels", [("online", ["accuracy %", "$C_t$", r"$\rho_t$"]),
@@ -73,8 +80,13 @@ def test_a_learning_curve_has_a_panel_for_what_its_strategy_adapts_and_a_band(tr
     fig = drawn[f"mnist_{strategy}_eps3_per_grid_k9.png"]
     assert [ax.get_ylabel() for ax in fig.axes] == panels
     assert all(any(isinstance(c, PolyCollection) for c in ax.collections) for ax in fig.axes)  # the band over seeds
+    assert fig.axes[0].get_title() == "mnist: " + {"online": "Online", "fixed_quantile": "Fixed Quantile",
+                                                    "fixed_threshold": "Fixed Threshold"}[strategy] + ", ε = 3 (ε per grid)"
+    assert all(ax.get_yscale() == "log" for ax in fig.axes[1:])  # C_t and rho_t on one scale in every figure
+    steps = fig.axes[-1].get_xticks()
+    assert all(float(t).is_integer() for t in steps)  # whole steps
     nodp = drawn["mnist_nodp_nonprivate_k9.png"]
-    assert nodp._suptitle.get_text() == "NoDP (non-private)"
+    assert nodp.axes[0].get_title() == "mnist: NoDP (non-private)"
 
 
 def test_a_non_private_plan_states_no_epsilon(tmp_path):
@@ -91,3 +103,23 @@ def test_a_non_private_plan_states_no_epsilon(tmp_path):
     assert plan["epsilon"] is None and plan["budget"] == "non-private" and plan["delta"] is None
     runs = pd.read_csv(tmp_path / "nodp" / "runs.csv")
     assert runs.epsilon.isna().all() and set(runs.budget) == {"non-private"}
+
+
+def test_mixed_budgets_are_drawn_as_their_caption_says(tmp_path, monkeypatch):
+    """--mix-budgets: a strategy's per-grid and per-run grids at one epsilon are two series, each with its own legend
+    entry and marker, shifted apart (never one line joining two budgets)."""
+    root = tmp_path / "outputs"
+    make_grid(root, "mnist", "online", 3, 9, [("c0", {"lr": 0.3}, [90.0, 91.0], 0)])
+    make_grid(root, "mnist", "online", 3, 9, [("c0", {"lr": 0.3}, [93.0, 94.0], 0)], budget="per_run")
+    drawn = drawn_figures(monkeypatch)
+    write_tables(root, mix_budgets=True)
+    from dpgrid.reporting.figures import MARKERS
+
+    fig = drawn["mnist_k9.png"]
+    lines = [line for line in fig.axes[0].get_lines() if line.get_marker() in MARKERS]
+    assert len(lines) == 2 and len({float(line.get_xdata()[0]) for line in lines}) == 2
+    assert len({line.get_marker() for line in lines}) == 2
+    labels = [t.get_text() for t in fig.legends[0].get_texts()]
+    assert labels == ["Online (ε per grid)", "Online (ε per run)"]
+    caption = (root / "tables" / "figures" / "mnist_k9.txt").read_text()
+    assert "one series per budget" in caption and "shifted apart" in caption

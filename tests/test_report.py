@@ -483,7 +483,7 @@ def test_the_k7_table_says_where_its_scores_are(tree):
 
 @pytest.mark.parametrize("adapts", ["clip,lr", ""])
 def test_the_curve_figures_title_fits_inside_the_figure(tmp_path, monkeypatch, adapts):
-    """A single-panel figure (a strategy that adapts nothing) is 5 inches wide: its title must not be cut."""
+    """A single-panel figure (a strategy that adapts nothing) is one column wide: its title must not be cut."""
     pytest.importorskip("matplotlib")
     from types import SimpleNamespace
 
@@ -498,6 +498,6 @@ def test_the_curve_figures_title_fits_inside_the_figure(tmp_path, monkeypatch, a
                           axes="lr,clip", lr=0.3, clip=0.1)
     figures.plot_learning_curve(row, tmp_path / "curve.png")
     fig = drawn[0]
-    title = fig._suptitle.get_window_extent()
+    title = fig.axes[0].title.get_window_extent()
     box = fig.bbox
     assert box.x0 <= title.x0 and title.x1 <= box.x1 and box.y0 <= title.y0 and title.y1 <= box.y1, (title, box)

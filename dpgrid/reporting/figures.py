@@ -8,19 +8,30 @@ and the PDF's Subject) a caption that says what the points and bars are and what
 Each is rendered in memory and written whole (write-then-rename)."""
 
 import io
+import math
+import re
 from pathlib import Path
 
+import pandas as pd
+
 from dpgrid import tasks
+from dpgrid.config.grid import AXIS_SYMBOL
 from dpgrid.reporting.cells import budget_note, fmt_epsilon, fmt_value, private_strategies
 from dpgrid.results.files import read_frame, write_atomic
 
 DODGE = 0.012  # the shift apart of points at one epsilon, as a fraction of the x axis's span
+WIDTH = 3.4     # inches: one column of a two-column paper, so that its 8-point text prints at 8 points
+DPI = 300       # the PNGs' resolution (the PDFs are vector)
+MARKERS = ("o", "s", "^", "D", "v", "P", "X", "*", "<", ">")  # one per series: told apart in grayscale too
+LINES = ("-", "--", "-.", ":")
+SCOPE = {"per_grid": "ε per grid", "per_run": "ε per run", "selection": "ε per selection"}
 
 
 def pyplot():
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    plt.rcParams.update({"font.size": 8, "axes.titlesize": 8, "legend.fontsize": 7, "pdf.fonttype": 42})
     return plt
 
 
@@ -33,6 +44,14 @@ def save(fig, path: Path, dpi: int, title: str = "", caption: str = "") -> list:
     return [path]
 
 
+def save_both(fig, base: Path, title: str, caption: str) -> list:
+    """PNG (DPI) and PDF (vector) of one figure, and its caption beside them."""
+    paths = []
+    for ext in ("png", "pdf"):
+        paths += save(fig, base.with_suffix(f".{ext}"), DPI, title, caption)
+    return paths + [caption_file(base, caption)]
+
+
 def caption_file(base: Path, caption: str) -> Path:
     path = base.with_suffix(".txt")
     write_atomic(path, caption + "\n")
@@ -43,52 +62,75 @@ def seeds_phrase(counts) -> str:
     counts = sorted({int(n) for n in counts if n == n})
     if not counts:
         return "their seeds"
-    return f"{counts[0]} seeds" if len(counts) == 1 else f"{counts[0]}–{counts[-1]} seeds"
+    if len(counts) == 1:
+        return f"{counts[0]} seed{'s' if counts[0] != 1 else ''}"
+    return f"{counts[0]}–{counts[-1]} seeds"
+
+
+def delta_phrase(grids) -> str:
+    """The delta of the grids' (epsilon, delta), and whether it is weak (not below 1/N)."""
+    deltas = sorted(set(grids.delta.dropna().astype(float))) if "delta" in grids else []
+    if not deltas:
+        return ""
+    text = "δ = " + ", ".join(re.sub(r"e-0*(\d)", r"e-\1", f"{d:g}") for d in deltas)
+    if "weak_delta" in grids and grids.weak_delta.fillna(False).astype(bool).any():
+        text += " (not below 1/N: a weak guarantee)"
+    return text
 
 
 def plot_metric_vs_epsilon(grids, dataset, k, metric, out_base: Path) -> list:
+    """The metric against epsilon: one series per strategy (and per budget, where budgets are mixed), each with its
+    own marker and line style, shifted apart at one epsilon; the best non-private configuration dashed."""
     plt = pyplot()
     task = tasks.get(metric)
-    fig, ax = plt.subplots(figsize=(5.5, 4.0))
-    strategies = private_strategies(grids)
     levels = sorted(grids[grids.private.astype(bool)].epsilon.dropna().astype(float).unique())
     span = (levels[-1] - levels[0]) if len(levels) > 1 else (levels[0] if levels else 1.0)
     shown = grids[grids.private.astype(bool) & (grids.status == "ok")]
-    for i, (strategy, label, _) in enumerate(strategies):
-        g = shown[shown.strategy == strategy].sort_values("epsilon")
-        if len(g):
-            shift = (i - (len(strategies) - 1) / 2) * DODGE * span
-            ax.errorbar(g["epsilon"].astype(float) + shift, g["value"] * task.table_scale,
-                        yerr=g["std"].fillna(0) * task.table_scale, marker="o", capsize=3, label=label)
+    budgets = sorted(set(shown.budget.dropna()))
+    series = [(strategy, label, budget) for strategy, label, _ in private_strategies(grids) for budget in budgets
+              if ((shown.strategy == strategy) & (shown.budget == budget)).any()]
     baseline = grids[~grids.private.astype(bool) & (grids.status == "ok")]
+    rows = math.ceil((len(series) + bool(len(baseline))) / 2)
+    fig, ax = plt.subplots(figsize=(WIDTH, 2.5 + 0.17 * rows), layout="constrained")
+    for i, (strategy, label, budget) in enumerate(series):
+        g = shown[(shown.strategy == strategy) & (shown.budget == budget)].sort_values("epsilon")
+        shift = (i - (len(series) - 1) / 2) * DODGE * span
+        ax.errorbar(g["epsilon"].astype(float) + shift, g["value"] * task.table_scale,
+                    yerr=g["std"].fillna(0) * task.table_scale, marker=MARKERS[i % len(MARKERS)],
+                    linestyle=LINES[i % len(LINES)], markersize=4, capsize=2, linewidth=1,
+                    label=label if len(budgets) == 1 else f"{label} ({SCOPE.get(budget, budget)})")
     if len(baseline):
         best = baseline.sort_values("value", ascending=not task.higher_is_better).iloc[0]
-        ax.axhline(best.value * task.table_scale, color="gray", linestyle="--",
+        ax.axhline(best.value * task.table_scale, color="gray", linestyle=(0, (4, 2)), linewidth=1,
                    label=f"{best.label} (non-private)")
     ax.margins(y=0.12)  # keep the baseline's line off the frame
     ax.set_xticks(levels)
+    ax.set_xticklabels([f"{e:g}" for e in levels])
     if len(levels) == 1:  # one level: the axis around it, not around the points' small shifts
         ax.set_xlim(levels[0] * 0.8, levels[0] * 1.2)
-    ax.set_xlabel("ε (the grid's target)")
+    delta = delta_phrase(shown)
+    ax.set_xlabel("ε, the grid's target" + (f" ({delta.split(' (')[0]})" if delta else ""))  # delta in the figure too
     unit = task.unit + (" × 10²" if task.table_scale == 100 and "%" not in task.unit else "")
-    ax.set_ylabel(f"{unit} ({'higher' if task.higher_is_better else 'lower'} is better)")
+    ax.set_ylabel(f"test {unit} ({'higher' if task.higher_is_better else 'lower'} is better)")
     title = f"{dataset}, k = {k}"
-    ax.set_title(title, fontsize=10)
+    ax.set_title(title)
     ax.grid(alpha=0.3)
-    ax.legend(fontsize=8)
-    fig.tight_layout()
-    caption = metric_caption(grids, shown, baseline, dataset, k, task)
-    paths = []
-    for ext in ("png", "pdf"):
-        paths += save(fig, out_base.with_suffix(f".{ext}"), 150, title, caption)
+    if rows:  # below the axes, two entries a row (the figure grows by them): never over a point
+        fig.legend(loc="outside lower center", ncol=2, frameon=False, handlelength=2.5)
+    caption = metric_caption(grids, shown, baseline, dataset, k, task, series, budgets)
+    paths = save_both(fig, out_base, title, caption)
     plt.close(fig)
-    return paths + [caption_file(out_base, caption)]
+    return paths
 
 
-def metric_caption(grids, shown, baseline, dataset, k, task) -> str:
+def metric_caption(grids, shown, baseline, dataset, k, task, series, budgets) -> str:
+    delta = delta_phrase(shown)
     text = (f"{dataset}, k = {k}: test {task.unit} of each strategy's best configuration against the target ε of its "
-            f"grid ({budget_note(grids)}). Points are means over {seeds_phrase(shown.n_seeds)}, bars one standard "
-            "deviation over those seeds (ddof 0); points at one ε are shifted apart to stay visible.")
+            f"grid{f', {delta}' if delta else ''} ({budget_note(grids)}). Points are means over "
+            f"{seeds_phrase(shown.n_seeds)}, bars one standard deviation over those seeds (ddof 0); each strategy has "
+            "its own marker and line style"
+            + (", one series per budget" if len(budgets) > 1 else "")
+            + ("; points at one ε are shifted apart to stay visible." if len(series) > 1 else "."))
     costlier = shown[shown.epsilon_with_seeds.astype(float) > shown.epsilon_grid.astype(float) * (1 + 1e-9)]
     if len(costlier):
         text += (" Each point is a mean over seeds, which costs more than the target ε: " + ", ".join(
@@ -102,8 +144,12 @@ def metric_caption(grids, shown, baseline, dataset, k, task) -> str:
 
 
 def plot_learning_curve(grid_row, out_path: Path) -> list:
-    """The learning curve of a grid's best (or a selection's chosen) configuration: its runs' mean and one std."""
+    """The learning curve of a grid's best (or a selection's chosen) configuration: its runs' mean and one std, a
+    panel below it for each quantity the strategy adapts (on a log axis, as their grids are: the same in every
+    figure), whole steps on the shared x axis from 0 to the last validation. PNG and PDF."""
     plt = pyplot()
+    from matplotlib.ticker import MaxNLocator
+
     from dpgrid import DpgridError
     from dpgrid.results.curves import read_curves
 
@@ -120,46 +166,76 @@ def plot_learning_curve(grid_row, out_path: Path) -> list:
     stats = mine.groupby("step")[["value", "clip", "lr"]].agg(["mean", "std"])
     adapts = [a for a in str(grid_row.adapts).split(",") if a in ("clip", "lr")]  # a panel per adapted quantity
     panels = [("value", tasks.get(grid_row.metric).unit)] + [(a, {"clip": "$C_t$", "lr": r"$\rho_t$"}[a]) for a in adapts]
-    fig, axes = plt.subplots(1, len(panels), figsize=(4.2 * len(panels) + 0.6, 3.4), squeeze=False)
+    fig, axes = plt.subplots(len(panels), 1, figsize=(WIDTH, 1.45 * len(panels) + 0.55), sharex=True, squeeze=False)
     n_seeds = mine.seed.nunique()
-    for ax, (column, label), color in zip(axes[0], panels, ("C0", "C1", "C2")):
+    last = int(stats.index.max())
+    for ax, (column, label), color in zip(axes[:, 0], panels, ("C0", "C1", "C2")):
         mean, std = stats[column]["mean"], stats[column]["std"].fillna(0)
         if len(mean) > 1:
-            ax.plot(mean.index, mean, color=color, marker=".")
+            ax.plot(mean.index, mean, color=color, marker=".", markersize=3, linewidth=1)
             if n_seeds > 1:
                 ax.fill_between(mean.index, mean - std, mean + std, color=color, alpha=0.2, linewidth=0)
         else:  # one validation (T < train.eval_every): a point with its spread
-            ax.errorbar(mean.index, mean, yerr=std if n_seeds > 1 else None, color=color, marker="o", capsize=3)
+            ax.errorbar(mean.index, mean, yerr=std if n_seeds > 1 else None, color=color, marker="o", markersize=3,
+                        capsize=2)
         ax.set_ylabel(label)
-        ax.set_xlabel("step")
         ax.grid(alpha=0.3)
         if column != "value":
-            ax.ticklabel_format(axis="y", useOffset=False, style="plain")
-            if (mean - std).min() > 0 and mean.max() > 10 * mean.min():  # log scale only for wide ranges
-                ax.set_yscale("log")
-    if grid_row.private:
-        scope = {"per_run": "ε per run", "selection": "ε per selection"}.get(grid_row.budget, "ε per grid")
-        title = f"{grid_row.label}, ε = {grid_row.epsilon:g} ({scope})"
-    else:
-        title = f"{grid_row.label} (non-private)"
-    fig.suptitle(title, fontsize=10)
+            log_axis(ax)
+    axes[-1, 0].set_xlabel("step")
+    axes[-1, 0].set_xlim(0, last * 1.04 + 0.5)
+    axes[-1, 0].xaxis.set_major_locator(MaxNLocator(integer=True))
+    scope = SCOPE.get(grid_row.budget, "ε per grid")
+    title = (f"{grid_row.dataset}: {grid_row.label}, ε = {grid_row.epsilon:g} ({scope})" if grid_row.private
+             else f"{grid_row.dataset}: {grid_row.label} (non-private)")
+    axes[0, 0].set_title(title)
     fig.tight_layout()
-    caption = curve_caption(grid_row, n_seeds, adapts, selection)
-    written = save(fig, out_path, 120, title, caption)
+    fig.align_ylabels(axes[:, 0])
+    caption = curve_caption(grid_row, n_seeds, adapts, selection, len(stats))
+    written = save_both(fig, out_path.with_suffix(""), title, caption)
     plt.close(fig)
-    return written + [caption_file(out_path, caption)]
+    return written
 
 
-def curve_caption(grid_row, n_seeds: int, adapts: list, selection: bool) -> str:
+def log_axis(ax) -> None:
+    """A log y axis (C and rho live on log-spaced grids and adapt multiplicatively: the same scale in every figure),
+    its ticks plain numbers: powers of ten over a decade or more, a few round values within less."""
+    from matplotlib.ticker import FuncFormatter, MaxNLocator, NullFormatter, NullLocator, ScalarFormatter
+
+    ax.set_yscale("log")
+    low, high = ax.get_ylim()
+    if high / low < 10:  # as many digits as tell the ticks apart
+        ax.yaxis.set_major_locator(MaxNLocator(4))
+        ax.yaxis.set_minor_locator(NullLocator())
+        ax.yaxis.set_major_formatter(ScalarFormatter(useOffset=False))
+    else:
+        ax.yaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:g}"))
+    ax.yaxis.set_minor_formatter(NullFormatter())
+
+
+def curve_caption(grid_row, n_seeds: int, adapts: list, selection: bool, validations: int) -> str:
     which = "the configuration a random-stopping selection released" if selection else "the best configuration"
-    hps = ", ".join(f"{a} = {getattr(grid_row, a):.3g}" for a in str(grid_row.axes).split(",") if a)
-    budget = (f"the grid's target ε = {grid_row.epsilon:g}, {grid_row.budget}" if grid_row.private else "non-private")
+    hps = ", ".join(f"{AXIS_SYMBOL.get(a, a)} = {getattr(grid_row, a):.3g}" for a in str(grid_row.axes).split(",") if a)
+    if grid_row.private:
+        delta = delta_phrase(pd.DataFrame([{"delta": getattr(grid_row, "delta", None),
+                                            "weak_delta": getattr(grid_row, "weak_delta", False)}]))
+        budget = f"the grid's target ε = {grid_row.epsilon:g}{f', {delta}' if delta else ''}, {SCOPE.get(grid_row.budget, grid_row.budget)}"
+    else:
+        budget = "non-private"
+    seeds = f"{n_seeds} seed{'s' if n_seeds != 1 else ''}"
     text = (f"{grid_row.dataset}, {grid_row.label} ({budget}, k = {grid_row.k}): test {grid_row.metric} of {which}, "
-            f"{grid_row.config_id} ({hps}), at each validation; the line is the mean over its {n_seeds} seed(s)"
+            f"{grid_row.config_id} ({hps}), at each validation; the line is the mean over its {seeds}"
             + (", the band one standard deviation over them." if n_seeds > 1 else "."))
+    if validations == 1:
+        text += (" A single validation: the run's T is shorter than its validation interval, so only its last "
+                 "step was validated.")
     names = {"clip": "the clipping threshold C_t", "lr": "the learning rate ρ_t"}
     if adapts:
-        text += " The other panels show " + " and ".join(names[a] for a in adapts) + ", which the strategy adapts."
+        text += (" The panels below show " + " and ".join(names[a] for a in adapts)
+                 + ", which the strategy adapts (log axes).")
+    with_seeds = getattr(grid_row, "epsilon_with_seeds", None)
+    if grid_row.private and with_seeds == with_seeds and with_seeds is not None:
+        text += f" What this figure shows (a mean over seeds) is covered by ε = {fmt_epsilon(with_seeds)}."
     return text
 
 

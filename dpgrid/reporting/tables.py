@@ -253,9 +253,14 @@ def write_one_table(g, dataset, k, out: Path, paper, figures: bool, report=print
         from dpgrid.reporting.figures import plot_learning_curve, plot_metric_vs_epsilon
 
         written += plot_metric_vs_epsilon(g[g.status != NOT_DP], dataset, k, metric, out / "figures" / f"{dataset}_k{k}")
-        for row in g[g.status == "ok"].itertuples():
-            scope = f"eps{row.epsilon:g}_{row.budget}" if row.private else "nonprivate"
-            path = out / "figures" / "curves" / f"{dataset}_{row.strategy}_{scope}_k{k}.png"
+        ok = g[g.status == "ok"]
+        names = [f"{dataset}_{r.strategy}_" + (f"eps{r.epsilon:g}_{r.budget}" if r.private else "nonprivate") + f"_k{k}"
+                 for r in ok.itertuples()]
+        for row, name in zip(ok.itertuples(), names):
+            if names.count(name) > 1:  # grids of one cell trained differently (their own rows): one figure each
+                import hashlib
+                name += "_" + hashlib.sha256(str(row.path).encode()).hexdigest()[:6]
+            path = out / "figures" / "curves" / f"{name}.png"
             try:
                 written += plot_learning_curve(row, path)
             except DpgridError as e:

@@ -41,7 +41,7 @@ def stopped(error: BaseException):
 
 
 def config_dir() -> str:
-    from dpgrid.config.compose import config_dir as installed
+    from dpgrid.config.groups import config_dir as installed
 
     return installed()
 
@@ -150,6 +150,18 @@ def grid_job(created: dict, spec=None, checked: dict = None):
     return task
 
 
+def taken(args: list, flag: str, usage: str) -> list:
+    """The values of every `flag VALUE` in args, each pair taken out of args; a flag without its value: the usage."""
+    values = []
+    while flag in args:
+        at = args.index(flag)
+        if at + 1 >= len(args):
+            fail(usage)
+        values.append(args.pop(at + 1))
+        args.pop(at)
+    return values
+
+
 def tables_command(args: list) -> None:
     from dpgrid.reporting.tables import write_tables
     from dpgrid.results.files import directory_setting
@@ -162,13 +174,7 @@ def tables_command(args: list) -> None:
         return
     mix = "--mix-budgets" in args
     args = [a for a in args if a != "--mix-budgets"]
-    out = None
-    if "--out" in args:
-        at = args.index("--out")
-        if at + 1 >= len(args):
-            fail(usage)
-        out = Path(args.pop(at + 1))
-        args.pop(at)
+    out = next((Path(value) for value in taken(args, "--out", usage)[-1:]), None)
     if len(args) > 1 or any(a.startswith("-") for a in args):
         fail(usage)
     results = Path(args[0] if args else "outputs")
@@ -183,40 +189,35 @@ def tables_command(args: list) -> None:
 def model_command(args: list) -> None:
     """What a run directory released: the model's configuration, seeds and test values, the epsilon that covers
     it; with --out FILE, a copy of one seed's weights that carries that statement in its own metadata."""
-    usage = "usage: dpgrid model RUN_DIR [--seed S] [--out FILE]"
+    usage = ("usage: dpgrid model RUN_DIR [--seed S] [--out FILE] [--trust TARGET] "
+             "[hydra.searchpath=[pkg://its_package.conf]]")
     if {"-h", "--help"} & set(args):
-        print(f"{usage}\n\nthe model a grid released (RUN_DIR/model/), what epsilon covers it and why; --seed: which "
-              "released seed (default: the best on the test set); --out FILE: a copy of its weights whose metadata holds "
-              "that statement")
+        print(f"{usage}\n\nthe model a grid released (RUN_DIR/model/), what epsilon covers it and why, checked against "
+              "its seal, its plan and its files' checksums; --seed: which released seed (default: the best on the test "
+              "set); --out FILE: a copy of its weights whose metadata holds that statement (never inside a run "
+              "directory); a plugin's model is built only from its config on hydra.searchpath, or a _target_ you "
+              "--trust by name")
         return
-    options = {}
     rest = list(args)
-    for flag in ("--seed", "--out"):
-        if flag in rest:
-            at = rest.index(flag)
-            if at + 1 >= len(rest):
-                fail(usage)
-            options[flag] = rest.pop(at + 1)
-            rest.pop(at)
-    if len(rest) != 1 or rest[0].startswith("-") or not (options.get("--seed") or "0").isdigit():
+    seed, out, trust = (taken(rest, flag, usage) for flag in ("--seed", "--out", "--trust"))
+    searchpath = [a.partition("=")[2] for a in rest if a.partition("=")[0].lstrip("+") == "hydra.searchpath"]
+    rest = [a for a in rest if a.partition("=")[0].lstrip("+") != "hydra.searchpath"]
+    if len(rest) != 1 or rest[0].startswith("-") or not (seed[-1:] or ["0"])[0].isdigit():
         fail(usage)
-    run_dir, seed, out = rest[0], options.get("--seed"), options.get("--out")
-    from dpgrid.results.models import export, load_model
+    run_dir, seed, out, searchpath = rest[0], (seed[-1:] or [None])[0], (out[-1:] or [None])[0], (searchpath or [None])[-1]
+    from dpgrid.results.models import export, export_target, load_model
 
-    model = load_model(run_dir, None if seed is None else int(seed))  # checks the file against its checksum
-    record = model.statement
-    seed = record["default_seed"] if seed is None else int(seed)
-    config = record["configuration"]
-    values = ", ".join(f"seed {e['seed']}: {e['test_value']:.4g}" for e in record["models"] if e["test_value"] is not None)
-    print(f"{record['dataset']} {record['strategy']} {config['config_id']} ("
-          + ", ".join(f"{k}={v:.4g}" for k, v in config.items() if k != "config_id") + f"): {record['metric']} {values}")
-    covered = record["covered_by"]
-    print(f"covered by: epsilon = {covered['epsilon']:.4g}, delta = {covered['delta']:g}" if covered else "covered by: no epsilon")
-    print(f"  {record['why']}")
-    print(f"randomness: {record['randomness']}")
-    print(f"load: dpgrid.load_model({run_dir!r}, seed={seed})  # {type(model).__name__}, eval mode")
+    if out:  # refused before anything is printed
+        export_target(out, run_dir)
+    model = load_model(run_dir, None if seed is None else int(seed), searchpath=searchpath, trust=trust)
+    seed = model.statement["default_seed"] if seed is None else int(seed)
+    from dpgrid.reporting.describe import print_release
+
+    print_release(model, run_dir, seed)
     if out:
-        print(f"wrote {export(run_dir, seed, out)} (seed {seed}; its metadata holds model.json)")
+        replaced = Path(out).exists()
+        print(f"wrote {export(run_dir, seed, out)} (seed {seed}; its metadata holds model.json)"
+              + (" (it replaced the file that was there)" if replaced else ""))
 
 
 def main(argv=None) -> None:

@@ -103,7 +103,7 @@ def launch(cfg, task):
     from hydra.types import HydraContext, RunMode
     from omegaconf import open_dict
 
-    from dpgrid.config.compose import config_dir
+    from dpgrid.config.groups import config_dir
 
     with open_dict(cfg):
         cfg.hydra.mode = RunMode.RUN

@@ -6,7 +6,6 @@ commit record), `curves.csv` (every validation), `summary.csv` (per configuratio
 """
 
 import contextlib
-import logging
 import sys
 from pathlib import Path
 from types import MappingProxyType
@@ -26,10 +25,10 @@ from dpgrid.training.persample import make_engine
 from dpgrid.privacy.method import Phase
 from dpgrid.privacy.randomness import SecureRandom, derive_seed
 from dpgrid.results import ledger
-from dpgrid.results.models import final_weights, keep_weights, release_when_finished
-from dpgrid.reporting.console import SELECTION_QUIET, report_run, say_methods
+from dpgrid.results.release import check_release, final_weights, keep_weights, release_when_finished
+from dpgrid.reporting.console import SELECTION_QUIET, plan_header, report_run, say, say_methods
 from dpgrid.results.claim import claim
-from dpgrid.results.runs import commit_run, write_header
+from dpgrid.results.runs import commit_run, plan_record, run_ids, write_header
 from dpgrid.strategies.base import Noise, Progress
 from dpgrid.training import threads
 from dpgrid.training.stacked import StackedEngine, StackedModel, group_size
@@ -50,13 +49,15 @@ def initial_model(spec, seed: int, device):
         return build_model(spec.model).to(device)
 
 
-def sources(spec, config: dict, seed: int, device) -> tuple:
-    """(batch sampler, noise source) of one run: its own, whichever group it trains in."""
+def sources(spec, config: dict, seed: int, device, phase: Phase = None) -> tuple:
+    """(batch sampler, noise source) of one run: its own, whichever group it trains in (named by its phase's streams
+    where it has them)."""
     if spec.train.secure_rng:  # batches and noise unpredictable; such runs are not reproducible
         source = SecureRandom()
         return source, source
     # public seeds: reproducible, and predictable by anyone who knows these names
-    names = (*spec.seed_names(), config["config_id"], seed)
+    streams = phase.streams if phase is not None else None
+    names = (*spec.seed_names(), config["config_id"], *((streams[0], seed - streams[1]) if streams else (seed,)))
     noise = torch.Generator(device=device)
     noise.manual_seed(derive_seed(*names, "noise"))
     return torch.Generator().manual_seed(derive_seed(*names, "sampling")), noise
@@ -69,7 +70,7 @@ def train_together(spec, data, runs: list, progress: bool = False, methods: Meth
     grid's choice of each convolution's per-sample method (measured once); `data` the phase's training data."""
     device = data.x_train.device
     models = [initial_model(spec, seed, device) for _, seed in runs]
-    samplers, noises = zip(*(sources(spec, config, seed, device) for config, seed in runs))
+    samplers, noises = zip(*(sources(spec, config, seed, device, phase) for config, seed in runs))
     configs = [config for config, _ in runs]
     lengths = {spec.plan.accounting().run_steps(spec.plan, c["config_id"]) for c in configs}
     if len(lengths) > 1:  # only the noise schedules' T differ by configuration, and their strategies do not stack
@@ -202,26 +203,33 @@ def train_grid(spec, out: Path, progress: bool, on_lock=None) -> pd.DataFrame:
     check_loaded(spec, data.n_train)
     plan, data_files = spec.plan, data_mod.fingerprint(data.files)
     claim(out, spec, data_files)
-    ledger.check(out, spec)
+    record = plan_record(spec, data_files)  # what plan.json holds, and what a release here must have been made with
+    ledger.check(out, spec, record)
+    check_release(out, spec, record)
     done = ledger.committed_runs(out, spec)  # before anything is rewritten: a secure grid's damage is refused untouched
     if on_lock:
         on_lock(out)
-    write_header(out, spec, data_files)
+    write_header(out, spec, record)
     method = plan.accounting()
     # A selection's console and cli.log say nothing that depends on the candidates: not their number
     # (a bar's total, a line per run) nor their scores. Those stay in the private files.
     quiet = method.releases_best_only
     work, methods = [], MethodChoice(spec.train.conv_method)
     for number, phase in enumerate(method.phases(out, spec, list(spec.selected), data)):
-        if quiet and number == 0:  # after the first phase's draw, which may refuse the grid
-            print(method.announcement or SELECTION_QUIET, file=sys.stderr, flush=True)
+        if number == 0:  # after the first phase's draw, which may refuse the grid
+            ledger.record_draws(out, spec)
+            say(plan_header(spec))
+            if quiet:
+                print(method.announcement or SELECTION_QUIET, file=sys.stderr, flush=True)
         train_phase(spec, out, data, phase, done, progress, quiet, methods)
         work += phase.runs
     runs = read_frame(out / "runs.csv") if work else None
+    if not method.every_run(plan, work) - set(run_ids(runs) if runs is not None else ()):
+        ledger.update(out, spec, released=True)  # before anything is released: a kill after it leaves no doubt
     summary, _ = method.summarize(out, runs, plan, data.task)
     write_csv(out / "summary.csv", summary)
     summary.attrs["releases_best_only"] = method.releases_best_only
-    summary.attrs["release"] = release_when_finished(out, spec, runs, summary, work, data_files)
+    summary.attrs["release"] = release_when_finished(out, spec, runs, summary, work, record)
     return summary
 
 
@@ -233,6 +241,7 @@ def train_phase(spec, out: Path, data, phase: Phase, done: set, progress: bool, 
         data = data_mod.Data(data.x_train[phase.train_rows], data.y_train[phase.train_rows], data.x_test, data.y_test,
                              data.task, data.files)
     todo = [(c, s) for c, s in work if (c["config_id"], s) not in done]
+    ledger.check_untrained(out, spec, todo)
     total = len(work)
     budget = f"eps={plan.epsilon:g}" if plan.private else "non-private"
     bar = tqdm(total=total, initial=total - len(todo), desc=f"{plan.strategy} {plan.dataset} {budget} k={plan.k}",
@@ -246,7 +255,9 @@ def train_phase(spec, out: Path, data, phase: Phase, done: set, progress: bool, 
         left = [(c, s) for c, s in group if (c["config_id"], s) not in done]
         if not left:
             continue
-        results = train_together(spec, data, group, progress and not quiet, methods, phase)
+        # the step bar (a terminal's only, and gone when the group ends) is a selection's too: its group holds one
+        # candidate's runs at most, so nothing it shows depends on how many were drawn
+        results = train_together(spec, data, group, progress, methods, phase)
         if not quiet:  # the convolutions' per-sample methods, once measured (a selection's stay in its rows)
             said = say_methods(methods, said)
         for (config, seed), result in zip(group, results):  # each run committed on its own, as when trained alone
@@ -269,15 +280,12 @@ def stacking(spec, data, runs: int) -> int:
     """How many of the grid's `runs` train together (train.parallel_runs); says in one line why one at a time
     when stacking was asked for or would serve and cannot. A selection says it whatever the number of its runs,
     which depends on how many candidates were drawn (and prints nothing that does)."""
-    device = data.x_train.device
+    device, method = data.x_train.device, spec.plan.accounting()
+    if method.releases_best_only:  # a group holds one candidate's runs at most: asked as if there were two candidates,
+        runs = 2 * spec.plan.seeds  # so that neither the group nor the line below depends on how many were drawn
     size, why = group_size(spec.train.parallel_runs, initial_model(spec, 0, device), spec.strategy_cls, runs,
                            spec.plan.batch_size, device)
-    method = spec.plan.accounting()
-    if method.releases_best_only:
-        runs = 2  # `why` does not depend on the number of runs: the line below is the same for K = 0, 1 or more
     size = method.group_limit(spec.plan.seeds, size)
     if why and runs > 1 and spec.train.parallel_runs != "1":
-        line = f"train.parallel_runs: one run at a time: {why}"
-        logging.getLogger("dpgrid").info(line)
-        print(line, file=sys.stderr, flush=True)
+        say(f"train.parallel_runs: one run at a time: {why}")
     return size

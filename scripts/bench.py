@@ -33,7 +33,7 @@ import torch
 
 import dpgrid
 from dpgrid import strategies
-from dpgrid.config.compose import options
+from dpgrid.config.groups import options
 from dpgrid.models import autoencoder, bag_of_words, cnn
 from dpgrid.training.convolutions import CONV_METHODS, MethodChoice
 from dpgrid.training.persample import make_engine, per_sample_losses

@@ -28,7 +28,7 @@ import subprocess
 import sys
 
 from dpgrid import DpgridError
-from dpgrid.config.compose import options
+from dpgrid.config.groups import options
 
 
 def compiled(dataset: str, name: str, k: int, extra: list, epsilon: float = None):

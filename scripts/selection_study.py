@@ -25,7 +25,7 @@ from pathlib import Path
 import pandas as pd
 
 import dpgrid
-from dpgrid.config.compose import options
+from dpgrid.config.groups import options
 from dpgrid.privacy import alternatives
 
 OUT = Path(__file__).resolve().parents[1] / "docs" / "selection"

@@ -38,10 +38,11 @@ def main() -> None:
     commits = [0]
 
     def committed(*args, **kwargs):
-        commit(*args, **kwargs)
+        count = commit(*args, **kwargs)
         commits[0] += 1
         if commits[0] == after:
             pause()
+        return count
 
     def holding(*args, **kwargs):
         if after == 0:

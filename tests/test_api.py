@@ -51,7 +51,7 @@ def test_run_help_names_dpgrid_and_describes_every_setting(capsys):
     assert "  train.momentum = 0.9 under protocol=paper, 0.0 under protocol=literal: heavy ball on the sanitised update" \
         in out.splitlines()  # set by the protocol group, not conf/config.yaml: listed all the same
     # every config group of conf/ with options is listed, privacy/selection with its options' own keys
-    from dpgrid.config.compose import config_dir
+    from dpgrid.config.groups import config_dir
 
     groups = {str(p.parent.relative_to(config_dir())) for p in Path(config_dir()).rglob("*.yaml")
               if p.parent != Path(config_dir()) and "hydra" not in p.parts}

@@ -38,7 +38,7 @@ def dpgrid(*args, fail_at=None, error="ENOSPC"):
 
 
 def progress(line: str) -> bool:
-    return ": run " in line and not line.startswith("dpgrid:")  # a finished run's line (stderr is no terminal)
+    return (": run " in line or line.startswith("plan: ")) and not line.startswith("dpgrid:")  # a run's line, the plan
 
 
 def errors(r) -> list:

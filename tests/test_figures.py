@@ -19,8 +19,8 @@ def tree(tmp_path):
                                  ("fixed_quantile", {"lr": 0.316228, "quantile": 0.5}, ["clip"]),
                                  ("fixed_threshold", {"lr": 0.316228, "clip": 1.0}, [])):
         for epsilon in (3, 5):
-            folder = make_grid(root, "mnist", strategy, epsilon, 9, [("c0", hp, [90.0 + epsilon, 91.0 + epsilon], 0)])
-            edit_plan(folder, adapts=adapts)
+            make_grid(root, "mnist", strategy, epsilon, 9, [("c0", hp, [90.0 + epsilon, 91.0 + epsilon], 0)],
+                      adapts=adapts)
     make_grid(root, "mnist", "nodp", 3, 9, [("lr0", {"lr": 0.3}, [98.0, 98.2], 0)], folder=root / "nodp")
     return root
 

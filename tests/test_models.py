@@ -50,11 +50,11 @@ def test_the_statement_says_what_covers_the_release(tmp_path):
     plan = spec.plan
     assert record["covered_by"] == {"epsilon": plan.epsilon_with_seeds, "delta": plan.delta}
     assert plan.epsilon_with_seeds > plan.epsilon  # the choice read every seed of every configuration
-    assert "epsilon_with_seeds" in record["why"] and record["randomness"].startswith("seeded:")
+    assert "(the epsilon with seeds)" in record["why"] and record["randomness"].startswith("seeded:")
     assert record["privacy"]["noise_multiplier"] == plan.noise_multiplier and record["config_hash"] == spec.config_hash
     accounted = grid(tmp_path, "accounted", **{"privacy.account_seeds": True})[0].plan
     record = json.loads((tmp_path / "accounted" / "model" / "model.json").read_text())
-    assert record["covered_by"]["epsilon"] == accounted.epsilon_spent and "all of them accounted" in record["why"]
+    assert record["covered_by"]["epsilon"] == accounted.epsilon_spent and "every run it read is accounted" in record["why"]
     nodp = json.loads(json.dumps(grid(tmp_path, "nodp", "nodp")[0].plan.to_dict()))
     record = json.loads((tmp_path / "nodp" / "model" / "model.json").read_text())
     assert record["covered_by"] is None and record["why"].startswith("non-private") and nodp["private"] is False
@@ -92,15 +92,24 @@ def test_a_diverged_run_keeps_no_model(tmp_path):
 def test_a_changed_model_file_is_refused_by_its_checksum(tmp_path):
     _, out, _ = grid(tmp_path)
     path = out / "model" / "seed0.safetensors"
-    tensors = load(path.read_bytes())
+    released = path.read_bytes()
+    tensors = load(released)
     from safetensors.torch import save
     path.write_bytes(save({k: v + 1 for k, v in tensors.items()}))
     with pytest.raises(DpgridError, match="does not match the checksum model.json records"):
-        dpgrid.load_model(out, seed=0)
+        dpgrid.load_model(out, seed=1)  # the whole release is checked, whichever seed is asked for
+    path.write_bytes(released)
     with pytest.raises(DpgridError, match="holds no model of seed 7"):
         dpgrid.load_model(out, seed=7)
-    with pytest.raises(DpgridError, match="released no model"):
+    with pytest.raises(DpgridError, match="is not a run directory .* run directories under it that released a model: "):
         dpgrid.load_model(tmp_path)
+    (out / "model").rename(out / "elsewhere")
+    with pytest.raises(DpgridError, match="this run directory released no model"):
+        dpgrid.load_model(out)
+    with pytest.raises(DpgridError, match="is a release's model/ folder: give the run directory that holds it"):
+        dpgrid.load_model(out / "elsewhere")
+    with pytest.raises(DpgridError, match="no run directory"):
+        dpgrid.load_model(tmp_path / "missing")
 
 
 @pytest.mark.slow

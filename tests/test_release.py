@@ -4,6 +4,7 @@ that overwrite=true starts a new release, which spends epsilon again (and says s
 runs trained again are the same runs: it still repairs by retraining (tests/test_faults.py)."""
 
 import json
+import shutil
 
 import pandas as pd
 import pytest
@@ -68,8 +69,6 @@ def secure_selection(tmp_path_factory):
 
 @pytest.mark.parametrize("damage", SELECTION_DAMAGE)
 def test_a_damaged_secure_selection_is_refused_not_drawn_again(damage, secure_selection, tmp_path):
-    import shutil
-
     folder = tmp_path / "copy"
     shutil.copytree(secure_selection, folder)
     act, message = SELECTION_DAMAGE[damage]
@@ -84,8 +83,6 @@ def test_a_damaged_secure_selection_is_refused_not_drawn_again(damage, secure_se
 
 
 def test_overwrite_starts_a_new_secure_release_and_says_it_spends_epsilon_again(secure_selection, tmp_path):
-    import shutil
-
     folder = tmp_path / "copy"
     shutil.copytree(secure_selection, folder)
     (folder / "sel" / "runs.csv").unlink()
@@ -133,3 +130,60 @@ def test_a_killed_secure_grid_resumes_what_it_did_not_commit(tmp_path):
     assert r.returncode == 0, r.stderr
     runs = pd.read_csv(tmp_path / "grid" / "runs.csv")
     assert len(runs) == 8 and runs.iloc[:3].best_value.tolist() == committed.best_value.tolist()
+
+
+def keep_lines(path, count):
+    path.write_text("".join(path.read_text().splitlines(keepends=True)[:count]))
+
+
+LEDGER_DAMAGE = {  # as an adversary tried it, with what the refusal names
+    "ledger deleted, rows cut": (lambda out: ((out / "ledger.json").unlink(), keep_lines(out / "runs.csv", 2)),
+                                 "ledger.json is missing but"),
+    "an earlier ledger replayed, rows cut": (
+        lambda out: ((out / "ledger.json").write_text(json.dumps({**json.loads((out / "ledger.json").read_text()),
+                                                                  "committed": 1, "released": False})),
+                     keep_lines(out / "runs.csv", 2)), "records no release"),
+    "garbage ledger": (lambda out: (out / "ledger.json").write_text("garbage"), "ledger.json is damaged"),
+    "a count that is no count": (lambda out: (out / "ledger.json").write_text('{"committed": "abc"}'),
+                                 "committed = 'abc', not a count of runs"),
+    "everything but plan.json and config.yaml": (
+        lambda out: [shutil.rmtree(p) if p.is_dir() else p.unlink() for p in out.iterdir()
+                     if p.name not in ("plan.json", "config.yaml", ".lock", ".hydra")], "ledger.json is missing but"),
+}
+
+@pytest.mark.parametrize("damage", LEDGER_DAMAGE)
+def test_a_secure_release_cannot_be_repeated_by_editing_private_files(damage, secure_selection, tmp_path):
+    """Whatever is done to ledger.json, runs.csv and the draw, a finished secure selection trains and draws nothing
+    again: refused in one line, touching nothing (a damaged ledger is never rewritten)."""
+    folder = tmp_path / "copy"
+    shutil.copytree(secure_selection, folder)
+    act, message = LEDGER_DAMAGE[damage]
+    act(folder / "sel")
+    before = snapshot(folder / "sel")
+    r = dpgrid("run", *SELECTION, cwd=folder)
+    assert r.returncode == 2 and one_line(r.stderr) and message in r.stderr and "overwrite=true" in r.stderr, r.stderr
+    assert {k: v for k, v in snapshot(folder / "sel").items() if k.parts[0] != ".hydra"} == \
+        {k: v for k, v in before.items() if k.parts[0] != ".hydra"}
+
+
+def test_an_edited_draw_of_a_secure_selection_is_refused(secure_selection, tmp_path):
+    """candidates.json is checked against the checksum its ledger recorded when it was drawn: a draw with a candidate
+    added (which no row contradicts) would train a new candidate after the release."""
+    folder = tmp_path / "copy"
+    shutil.copytree(secure_selection, folder)
+    drawn = folder / "sel" / "candidates.json"
+    recorded = json.loads(drawn.read_text())
+    drawn.write_text(json.dumps({**recorded, "candidates": recorded["candidates"] * 2}))
+    r = dpgrid("run", *SELECTION, cwd=folder)
+    assert r.returncode == 2 and one_line(r.stderr) and "is not the draw this secure grid recorded" in r.stderr, r.stderr
+
+
+def test_a_secure_grid_whose_release_was_replayed_is_refused(tmp_path):
+    """A secure composition grid: an earlier ledger with its rows cut to match would retrain and publish a new
+    mean; the release it made (model/) says it ended."""
+    assert dpgrid("run", *GRID, cwd=tmp_path).returncode == 0
+    out = tmp_path / "grid"
+    (out / "ledger.json").write_text(json.dumps({"committed": 6, "files": {}, "released": False}))
+    keep_lines(out / "runs.csv", 7)
+    r = dpgrid("run", *GRID, cwd=tmp_path)
+    assert r.returncode == 2 and one_line(r.stderr) and "records no release" in r.stderr, r.stderr

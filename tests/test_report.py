@@ -17,7 +17,7 @@ LABELS = {"online": "Online", "fixed_threshold": "Fixed Threshold", "fixed_quant
 
 
 def make_grid(root, dataset, strategy, epsilon, k, configs, metric="accuracy", n_configs=None, budget="per_grid",
-              sampling="poisson", protocol="paper", folder=None, settings=None):
+              sampling="poisson", protocol="paper", folder=None, settings=None, adapts=()):
     """configs: list of (config_id, {hp}, [values per seed], n_diverged). Files as a grid writes them: plan.json,
     runs.csv with every column a table reads, summary.csv, curves.csv."""
     folder = folder or root / dataset / strategy / f"eps={epsilon}" / budget / f"k={k}"
@@ -34,16 +34,19 @@ def make_grid(root, dataset, strategy, epsilon, k, configs, metric="accuracy", n
         dataset=dataset, strategy=strategy, k=k, epsilon=None if nodp else epsilon, delta=None if nodp else delta,
         **settings,
         **privacy, n_configs=n_configs or len(configs), seeds=seeds, steps=100, epsilon_with_seeds=with_seeds,
-        label=LABELS[strategy], private=not nodp, axes=list(configs[0][1]),
+        label=LABELS[strategy], private=not nodp, axes=list(configs[0][1]), adapts=list(adapts),
         dataset_epsilons=[1, 2, 3, 4] if dataset == "fashion_mnist" else [3, 5, 7, 9],
-        configurations=[dict(config_id=c, **hp) for c, hp, *_ in configs])))
+        configurations=[dict(config_id=c, **hp) for c, hp, *_ in configs]  # a partial grid lists the whole grid's:
+        + [dict(config_id=f"other{i}", **configs[0][1]) for i in range((n_configs or len(configs)) - len(configs))],
+        grid_only=[c for c, *_ in configs] if (n_configs or len(configs)) > len(configs) else None)))
     runs, summary = [], []
     for config_id, hp, values, diverged in configs:
         for seed, v in enumerate(values + [float("nan")] * diverged):
             runs.append(dict(dataset=dataset, strategy=strategy, epsilon=None if nodp else epsilon,
                              delta=None if nodp else delta, k=k, metric=metric, config_id=config_id, seed=seed, **settings,
                              best_value=v, diverged=seed >= len(values), **hp, **privacy, epsilon_with_seeds=with_seeds,
-                             private=not nodp, protocol=protocol, steps=100))
+                             private=not nodp, protocol=protocol, steps=100,
+                             **{f"final_{a}": {"clip": 0.1, "lr": 0.3}[a] for a in adapts}))
         ok = pd.Series(values, dtype=float)
         summary.append(dict(config_id=config_id, **hp, mean=ok.mean() if len(ok) else float("nan"),
                             std=ok.std(ddof=0) if len(ok) else float("nan"), n_seeds=len(values) + diverged,
@@ -102,8 +105,7 @@ def test_paper_layout_cells(tree):
     assert "Partial grids (the best of the configurations run, with the whole grid's noise): Online at ε = 5 (1 of 9 " \
            "configurations)." in md
     tex = (tree / "tables" / "mnist_k9.tex").read_text()
-    for part in (r"\toprule", r"\bottomrule", r"\caption{mnist, k = 9:", r"\label{tab:outputs-",
-                 ":mnist_k9}", r"91.69\,$\pm$\,0.53", r"$\rho$", "Fixed Threshold & -- & -- & -- & --", "Online & 0.316 &  & 91.69",
+    for part in (r"\toprule", r"\bottomrule", r"\caption{mnist, k = 9:", r"\label{tab:mnist_k9:", r"91.69\,$\pm$\,0.53", r"$\rho$", "Fixed Threshold & -- & -- & -- & --", "Online & 0.316 &  & 91.69",
                  r"\textit{$\varepsilon$ = 3}"):
         assert part in tex, part
     assert r"\begin{tabular}{@{}lrrrr@{}}" in tex  # strategies as rows; numbers right-aligned

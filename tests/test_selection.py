@@ -75,7 +75,9 @@ def test_renyi_curves_agree_with_the_transcription_within_one_percent(q, nu, ste
 
 @pytest.mark.parametrize("eta, mean", [(0.0, 7), (1.0, 25), (2.5, 49), (-0.5, 5), (0.3, 1.5)])
 def test_gamma_for_a_mean_inverts_the_mean(eta, mean):
-    gamma = random_stopping.tnb_gamma(eta, mean)
+    from dpgrid.privacy.stopping_laws import tnb_gamma
+
+    gamma = tnb_gamma(eta, mean)
     assert paper.expected_count(eta, gamma) == pytest.approx(mean, rel=1e-9)
 
 
@@ -287,21 +289,33 @@ def test_a_damaged_selection_json_is_written_again(tmp_path, monkeypatch):
         assert (out / "selection.json").read_bytes() == released
 
 
+K_FREE = {  # what makes a grid train one run at a time, each said in a line that must not depend on K
+    "a step written for one run": ["strategy=automatic", "train.seeds=1", "privacy.selection=random_stopping"],
+    "a model over the stacking threshold": ["strategy=fixed_threshold", "train.seeds=2", "model=tabular_mlp",
+                                           "model.inputs=64", "model.hidden=2000", "model.classes=10",
+                                           "privacy.selection=random_stopping"],
+    "tuning on a subsample, over the threshold": ["strategy=fixed_threshold", "train.seeds=1", "model=tabular_mlp",
+                                                  "model.inputs=64", "model.hidden=2000", "model.classes=10",
+                                                  "privacy.selection=subsample_tuning", "privacy.tuning_rate=0.5"]}
+
+
 @pytest.mark.slow
-def test_the_console_and_cli_log_do_not_depend_on_k_for_a_model_that_does_not_stack(tmp_path, monkeypatch):
-    """A strategy written for one run (the example's automatic clipping) trains one run at a time, and says so in a
-    line: the same line, and nothing else that differs, whether one candidate was drawn (one run: nothing to stack)
-    or several."""
+@pytest.mark.parametrize("case", list(K_FREE))
+def test_the_console_and_cli_log_do_not_depend_on_k(tmp_path, monkeypatch, case):
+    """A grid that trains one run at a time says so in a line (a strategy written for one run; a model whose step is
+    bound by its matmuls on a CPU: 150,010 parameters x B = 128): the same line, and nothing else that differs, whether
+    one candidate was drawn (one run: nothing to stack) or several."""
     from .plugin import EXAMPLES, SEARCHPATH
 
     seen = []
     for name, drawn in (("one", ["lr1"]), ("three", ["lr1", "lr0", "lr2"])):
+        if "clip" in " ".join(K_FREE[case]) or "fixed_threshold" in K_FREE[case][0]:
+            drawn = [f"{c}_clip1" for c in drawn]
         monkeypatch.setattr(selection, "draw_candidates", lambda stopping, ids, source, drawn=drawn: list(drawn))
         folder = tmp_path / name
         folder.mkdir()
-        r = dpgrid("run", "strategy=automatic", SEARCHPATH, "grid.k=3", "train.epochs=1", "train.seeds=1",
-                   "train.eval_every=4", "privacy.selection=random_stopping", "hydra.run.dir=sel", cwd=folder,
-                   path=[EXAMPLES])
+        r = dpgrid("run", *K_FREE[case], SEARCHPATH, "grid.k=3", "train.epochs=1", "train.eval_every=4",
+                   "hydra.run.dir=sel", cwd=folder, path=[EXAMPLES])
         assert r.returncode == 0, r.stderr
         log = (folder / "sel" / "cli.log").read_text() if (folder / "sel" / "cli.log").exists() else ""
         seen.append((r.stdout.replace(str(folder.resolve()), "FOLDER"), r.stderr,

@@ -5,20 +5,12 @@ reads, a `model=` for a dataset that names no default model, a launcher whose pl
 import difflib
 import re
 import shlex
-from pathlib import Path
 
 from dpgrid import DpgridError
+from dpgrid.config import groups
 from dpgrid.config.checks import wrong_type
+from dpgrid.config.groups import config_dir
 from dpgrid.config.selection import selection_keys, selection_overrides, selection_owners
-
-
-def config_dir() -> str:
-    """conf/ as installed (package dpgrid.conf), or beside the package in a source checkout."""
-    try:
-        import dpgrid.conf
-        return str(Path(dpgrid.conf.__file__).parent)
-    except ImportError:
-        return str(Path(__file__).resolve().parents[2] / "conf")
 
 
 def compose(overrides=(), with_hydra: bool = False):
@@ -61,7 +53,7 @@ def compose(overrides=(), with_hydra: bool = False):
     if OmegaConf.is_missing(cfg, "model"):
         searchpath = next((o.partition("=")[2] for o in overrides if o.startswith("hydra.searchpath=")), None)
         raise DpgridError(f"dataset={cfg.dataset.get('name', '?')} names no model: pass model=<name> (available: "
-                          f"{', '.join(options('model', searchpath))}), or give the dataset config a default model with "
+                          f"{', '.join(groups.options('model', searchpath))}), or give the dataset config a default model with "
                           "the defaults-list line '- /model@_global_.model: <name>'")
     return cfg
 
@@ -266,26 +258,6 @@ def unparsable(overrides: list) -> str:
             return (f"cannot parse the override {text!r}: a value with '=', spaces, quotes or parentheses must be "
                     f"quoted for Hydra; on the command line write {quoted}")
     return "cannot parse the overrides"
-
-
-def options(group: str, searchpath: str = None) -> list:
-    """The options of a config group (strategy, dataset, model): dpgrid's own and those of the folders of a
-    hydra.searchpath value ("[file:///abs/conf,pkg://my_plugins.conf]"), as `compose` finds them."""
-    folders = [Path(config_dir())]
-    for entry in (searchpath or "").strip("[]").split(","):
-        entry = entry.strip().strip("'\"")
-        if entry.startswith("file://"):
-            folders.append(Path(entry[len("file://"):]))
-        elif entry.startswith("pkg://"):
-            import importlib.util
-
-            try:
-                spec = importlib.util.find_spec(entry[len("pkg://"):])
-            except ImportError:  # not installed: `compose` names it when it is used
-                spec = None
-            if spec is not None and spec.submodule_search_locations:
-                folders += [Path(p) for p in spec.submodule_search_locations]
-    return sorted({p.stem for folder in folders for p in (folder / group).glob("*.yaml")})
 
 
 def sweep_jobs(overrides: list) -> list:

@@ -5,7 +5,7 @@ here rather than copied."""
 import re
 from pathlib import Path
 
-from dpgrid.config.compose import config_dir, options
+from dpgrid.config.groups import config_dir, options
 
 
 USAGE = """usage: dpgrid run [-m] [OVERRIDES...]     run one private grid (-m: Hydra multirun sweep)

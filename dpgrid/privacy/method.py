@@ -25,6 +25,9 @@ class Phase:
     batch_size: float = None         # the expected batch size, the divisor of noisy sums
     n_train: float = None            # N as the strategy's Progress tells it (public: an expectation)
     fields: dict = field(default_factory=dict)
+    streams: tuple = None            # (name, first seed): its runs' seeded batches and noise are named by the name and
+                                     # their index in the phase, not their seed (None: their seed), so that they do
+                                     # not depend on how many runs came before (a selection's candidates)
 
 
 class AccountingMethod:
@@ -45,6 +48,7 @@ class AccountingMethod:
     # what its epsilon covers and what it does not, in the one wording model.json, selection.json, `dpgrid plan`,
     # `dpgrid model`, the tables' captions and the README use
     covers = ""
+    adjacency = "add or remove one training example"  # the neighbouring datasets its analysis is for
 
     @classmethod
     def check_options(cls, read) -> None:

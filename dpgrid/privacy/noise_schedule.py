@@ -72,6 +72,7 @@ class NoiseSchedule(AccountingMethod):
 
     name = "noise_schedule"
     accountants = CONVERSIONS
+    adjacency = "replace one training example"  # the mean gradient's sensitivity 2L/N is under replacement
     covers = ("each run's output (its trained model, learning curve and score) by that run's own epsilon (plan.json's "
               "schedule); the grid's runs together, and the best constant chosen in hindsight, cost more")
     noise_per_run = True

@@ -29,30 +29,11 @@ from dpgrid import DpgridError
 from dpgrid.privacy.accountants import rdp_epsilon, smallest_noise
 from dpgrid.privacy.composition import liu_talwar_parameters
 from dpgrid.privacy.method import AccountingMethod
+from dpgrid.privacy.stopping_laws import tnb_gamma
 
 # orders lambda (and lambda-hat): fine near 1, where the log(E[K]) / (lambda - 1) term is steep
 ORDERS = [1 + x / 20 for x in range(1, 80)] + [5 + x / 2 for x in range(0, 30)] + list(range(20, 64)) + \
          [64, 80, 96, 128, 192, 256, 384, 512, 1024]
-
-
-def tnb_mean(eta: float, gamma: float) -> float:
-    """E[K] of the truncated negative binomial (Papernot & Steinke, after Definition 1)."""
-    if gamma >= 1:
-        return 1.0
-    if eta == 0:
-        return (1 / gamma - 1) / math.log(1 / gamma)
-    return eta * (1 - gamma) / (gamma * (1 - gamma ** eta))
-
-
-def tnb_gamma(eta: float, mean: float) -> float:
-    """gamma such that E[K] = mean (E[K] falls as gamma grows), to relative precision 1e-12."""
-    low, high = 1e-300, 1.0
-    for _ in range(2000):
-        mid = math.sqrt(low * high) if high / low > 2 else (low + high) / 2
-        low, high = (mid, high) if tnb_mean(eta, mid) > mean else (low, mid)
-        if high - low <= 1e-12 * high:
-            break
-    return high
 
 
 def parameters(rule: str, eta: float, mean: float, delta: float, rounds: int = None) -> dict:

@@ -50,7 +50,7 @@ class SubsampleTuning(AccountingMethod):
     seeds_beyond_plan = True
     announcement = ("tuning on a subsample: training the candidates on the tuning set, then the chosen one on the "
                     "data; the tuning set, how many candidates there are and their scores stay in the private files "
-                    "(tuning_set.json, candidates.json, runs.csv, curves.csv, summary.csv)")
+                    "(tuning_set.json, candidates.json, runs.csv, curves.csv, summary.csv, ledger.json)")
 
     @classmethod
     def check_options(cls, read) -> None:
@@ -86,7 +86,8 @@ class SubsampleTuning(AccountingMethod):
                     train_rows=None if full else (~members).nonzero().flatten(),
                     noise_multiplier=final["noise_multiplier"], per_query=dict(plan.per_query),
                     batch_size=final["batch_size"], n_train=plan.n_train * (1 if full else 1 - tuning["rate"]),
-                    fields={"phase": "final", **({"candidate": -1} if random_stopping else {})})
+                    fields={"phase": "final", **({"candidate": -1} if random_stopping else {})},
+                    streams=("final", base))  # its seeds follow the candidates', its noise does not
 
     def every_run(self, plan, work: list) -> set:
         return {(c["config_id"], s) for c, s in work}
@@ -180,6 +181,11 @@ class SubsampleTuning(AccountingMethod):
             raise DpgridError(f"privacy.selection.tuning_rate={rate:g} leaves the candidates an expected batch of "
                               f"{tuning_batch:.3g} examples (q1 x train.batch_size) < 1: raise privacy.selection.tuning_rate "
                               "or train.batch_size")
+        if final_data == "rest" and (1 - rate) * plan.batch_size < 1:
+            raise DpgridError(f"privacy.selection.final_data=rest with privacy.selection.tuning_rate={rate:g} leaves the final "
+                              f"model an expected batch of {(1 - rate) * plan.batch_size:.3g} examples ((1 - q1) x "
+                              "train.batch_size) < 1 of the examples outside the tuning set: lower "
+                              "privacy.selection.tuning_rate, or train the final model on final_data=full")
         nu_1, nu_2 = calibrate_phases(setting, plan.epsilon, split, analysis)
         try:
             tuning_queries = strategy_cls.split_noise(nu_1, options, tuning_batch)

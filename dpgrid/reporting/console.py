@@ -9,7 +9,41 @@ from dpgrid.config import grid
 
 
 SELECTION_QUIET = ("random-stopping selection: training the drawn candidates; how many there are and their scores "
-                   "stay in the private files (candidates.json, runs.csv, curves.csv, summary.csv)")
+                   "stay in the private files (candidates.json, runs.csv, curves.csv, summary.csv, ledger.json)")
+
+
+def plan_header(spec) -> str:
+    """The line a grid says before it trains: what it trains and under which noise and budget. Nothing in it depends on
+    the data or on a draw: a selection says how many runs it expects, never how many it drew."""
+    plan, method = spec.plan, spec.plan.accounting()
+    shape = (f"T = {plan.steps:,} steps per run (B = {plan.batch_size:g} expected, {plural(plan.epochs, 'epoch')}, "
+             f"N = {plan.n_train:,}), validation every {spec.train.eval_every} steps")
+    if method.releases_best_only:
+        runs = (f"{method.name.replace('_', ' ')} over {plan.n_configs} configurations, about "
+                f"{method.expected_runs(plan, plan.n_configs * plan.seeds):,.4g} runs' training expected")
+    else:
+        runs = f"{plural(len(spec.selected), 'configuration')} x {plural(plan.seeds, 'seed')}"
+    if not plan.private or plan.epsilon_spent is None:
+        budget = "non-private: no noise, no epsilon" if not plan.private else f"no epsilon claimed ({plan.sampling})"
+    else:
+        scope = {"per_grid": "for the whole grid", "per_run": "for each run"}.get(plan.budget, "")
+        if method.releases_best_only:
+            scope = "for the whole selection"
+        noise = "each run's own schedule" if method.noise_per_run else f"nu = {plan.noise_multiplier:.4g}"
+        budget = f"{noise} ({plan.accountant}); epsilon = {plan.epsilon:g}, delta = {plan.delta:g} {scope}"
+        if plan.epsilon_with_seeds is not None and plan.epsilon_with_seeds > plan.epsilon_spent * (1 + 1e-9):
+            budget += f"; the means over seeds cost epsilon = {plan.epsilon_with_seeds:.4g}"
+    return f"plan: {plan.strategy} on {plan.dataset}: {runs}; {shape}; {budget}"
+
+
+def plural(count: int, noun: str) -> str:
+    return f"{count:,} {noun}{'' if count == 1 else 's'}"
+
+
+def say(line: str) -> None:
+    """A line for the console (stderr) and cli.log."""
+    logging.getLogger("dpgrid").info(line)
+    print(line, file=sys.stderr, flush=True)
 
 
 def report_run(plan, config_id: str, seed: int, result, done: int, total: int) -> None:

@@ -135,3 +135,36 @@ def print_selection_comparison(plan) -> None:
         name = {"truncated_negative_binomial": f"truncated neg. binomial (eta {eta:g})",
                 "binomial": f"binomial ({int(2 * mean)} rounds)"}.get(rule, rule)
         print(f"    {name:<43}{nus[0]:>12}{nus[1]:>12}   ({time.perf_counter() - start:.1f} s)", flush=True)
+
+
+def print_release(model, run_dir, seed: int) -> None:
+    """`dpgrid model`: the released configuration, its score and each seed's, what covers it and why, how it was
+    trained and chosen, and how to load it."""
+    record = model.statement
+    config = record["configuration"]
+    values = ", ".join(f"seed {e['seed']}: {e['test_value']:.4g}" for e in record["models"]
+                       if isinstance(e["test_value"], (int, float)))
+    score = record.get("score") or {}
+    print(f"{record['dataset']} {record['strategy']} {config['config_id']} ("
+          + ", ".join(f"{k}={v:.4g}" for k, v in config.items() if k != "config_id") + ")")
+    if isinstance(score.get("value"), (int, float)):
+        print(f"  score {score['value']:.4g} ({record['metric']}): the mean over its seeds of each run's best "
+              "validation, what chose it")
+    print(f"  final models' test {record['metric']}: {values or 'none'}")
+    covered = record["covered_by"]
+    print(f"covered by: epsilon = {covered['epsilon']:.4g}, delta = {covered['delta']:g}" if covered
+          else "covered by: no epsilon")
+    print(f"  {record['why']}")
+    if record.get("covers"):
+        print(f"  its epsilon covers {record['covers']}")
+    training = record.get("training") or {}
+    privacy = record.get("privacy") or {}
+    if training:
+        print(f"  trained: N = {training['n_train']:,}, B = {training['batch_size']:g} expected, q = "
+              f"{training['sample_rate']:.4g}, T = {training['steps']:,} steps, {training['epochs']:g} "
+              f"epoch{'s' if training['epochs'] != 1 else ''}"
+              + (f"; neighbouring datasets: {privacy['adjacency']}" if privacy.get("adjacency") else ""))
+    if record.get("chosen_by"):
+        print(f"  chosen: {record['chosen_by']}")
+    print(f"randomness: {record['randomness']}")
+    print(f"load: dpgrid.load_model({run_dir!r}, seed={seed})  # {type(model).__name__}, eval mode")

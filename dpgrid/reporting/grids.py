@@ -12,7 +12,7 @@ from pathlib import Path
 import pandas as pd
 
 from dpgrid import DpgridError, tasks
-from dpgrid.config.grid import edges
+from dpgrid.config.grid import ID_PREFIX, edges
 from dpgrid.privacy import NOT_DP_SAMPLING, recorded_method
 from dpgrid.results.files import read_json
 from dpgrid.results.runs import REPAIR, read_runs, same, summarize
@@ -31,7 +31,7 @@ COLUMNS = ["dataset", "strategy", "k", "epsilon", "delta", "weak_delta", "budget
            "batch_size", "steps", "eval_every", "n_train", "epsilon_spent", "epsilon_grid", "epsilon_with_seeds",
            "accountant", "sampling", "metric", "lr", "clip", "quantile", "config_id", "value", "std", "n_seeds", "status",
            "edge", "noise_multiplier", "n_configs", "configs_run", "runs_done", "runs_planned", "label", "private", "axes",
-           "adapts", "dataset_epsilons", "path"]
+           "adapts", "dataset_epsilons", "config_hash", "path"]
 
 
 def grid_folders(results_dir: Path, out: Path = None) -> list:
@@ -76,7 +76,7 @@ def grid_row(folder: Path) -> dict:
     # noise schedules: each run spends its own epsilon, the grid the largest
     privacy = {key: recorded(folder, figures, plan, key, max if method.noise_per_run and key == "epsilon_spent" else None)
                for key in PRIVACY_FIGURES}
-    axes = plan.get("axes") or [a for a in plan.get("configurations", [{}])[0] if a != "config_id"]
+    axes = plan["axes"] if "axes" in plan else [a for a in plan.get("configurations", [{}])[0] if a != "config_id"]
     check_axes(folder, runs, plan, axes)
     metric = runs.metric.iloc[0]
     trained = training_settings(folder, runs, plan, private, method)
@@ -87,7 +87,7 @@ def grid_row(folder: Path) -> dict:
                metric=metric, **privacy, n_configs=plan["n_configs"], configs_run=len(summary), path=str(folder),
                runs_done=len(runs), runs_planned=planned, protocol=",".join(sorted(protocols)),
                label=plan.get("label") or plan["strategy"], private=private, **trained,
-               selection=plan.get("selection") or "composition",
+               selection=plan.get("selection", "composition"), config_hash=plan.get("config_hash"),
                axes=",".join(axes), adapts=",".join(plan.get("adapts", [])),
                dataset_epsilons=",".join(f"{e:g}" for e in plan.get("dataset_epsilons", [])),
                epsilon_with_seeds=epsilon_with_seeds(folder, plan, runs, privacy, method))
@@ -159,8 +159,22 @@ def vouched_runs(folder: Path, plan: dict) -> pd.DataFrame:
 
 
 def check_axes(folder: Path, runs: pd.DataFrame, plan: dict, axes: list) -> None:
-    """The axes plan.json names are the rows' hyperparameter columns, with the values of their configurations."""
+    """The axes plan.json names are its configurations' keys and the rows' hyperparameter columns, with the values of
+    their configurations; what it says the strategy adapts is what the rows record (final_clip, final_lr); its count
+    of configurations is theirs."""
     by_id = {c.get("config_id"): c for c in plan["configurations"]}
+    keys = {k for c in plan["configurations"] for k in c if k != "config_id"}
+    columns = {k for k in ID_PREFIX if k in runs} | (keys & set(runs.columns))
+    if set(axes) != keys or not columns <= set(axes):
+        raise DpgridError(f"plan.json names the axes {', '.join(axes) or 'none'} but its configurations and "
+                          f"{folder / 'runs.csv'} have {', '.join(sorted(keys | columns)) or 'none'} (edited); the results "
+                          "were not made with this plan")
+    if "adapts" in plan and set(plan["adapts"]) != {a for a in ("clip", "lr") if f"final_{a}" in runs}:
+        raise DpgridError(f"plan.json says the strategy adapts {', '.join(plan['adapts']) or 'nothing'} but "
+                          f"{folder / 'runs.csv'} records otherwise (edited); the results were not made with this plan")
+    if plan.get("n_configs") != len(plan["configurations"]):
+        raise DpgridError(f"plan.json says n_configs = {plan.get('n_configs')} but lists {len(plan['configurations'])} "
+                          "configurations (edited); the results were not made with this plan")
     for axis in axes:
         if axis not in runs:
             raise DpgridError(f"plan.json names the axis {axis} but {folder / 'runs.csv'} has no {axis} column; the "

@@ -36,10 +36,11 @@ SETTING_NAMES = {"protocol": "protocol", "delta": "δ", "epochs": "epochs", "bat
                  "eval_every": "eval. every"}
 
 
-def paper_table(grids: pd.DataFrame, dataset: str, k: int, with_values: bool, tree: str = "") -> Table:
+def paper_table(grids: pd.DataFrame, dataset: str, k: int, with_values: bool) -> Table:
     """One dataset and granularity in the paper's layout: a row per epsilon run (and per budget, and per training
     setting where the grids differ in one: never compared in one row), a column block per private strategy. Grids
-    with no DP guarantee are left out and named. `tree`: the results tree's name, which makes the label unique."""
+    with no DP guarantee are left out and named. Its label names its grids (grids_name)."""
+    label = f"tab:{dataset}_k{k}:{grids_name(grids)}"
     metric = grids.metric.dropna().iloc[0] if len(grids.metric.dropna()) else "accuracy"
     task = tasks.get(metric)
     blocks = private_strategies(grids)  # a strategy with only non-DP grids still gets its (empty) columns
@@ -54,7 +55,6 @@ def paper_table(grids: pd.DataFrame, dataset: str, k: int, with_values: bool, tr
     caption = (f"{dataset}, k = {k}: each strategy's best configuration per privacy level ε"
                + (f", with its test {task.unit} ({over_seeds(private)}; the best of each row in bold)" if with_values
                   else "") + f". {budget_note(grids)}. {settings_note(private, varying)}")
-    label = "tab:" + (f"{latex_name(tree)}:" if tree else "") + f"{dataset}_k{k}"
     table = Table(title=f"{dataset}, k = {k}", caption=caption, label=label, metric=metric,
                   keys=[Column("ε", "key", "ε")] + [Column(SETTING_NAMES.get(c, c), "key", c) for c in varying])
     table.rows = [{"ε": f"{key[0]:g}", **dict(zip(varying, key[1:]))} for key in row_keys]
@@ -88,13 +88,13 @@ def paper_table(grids: pd.DataFrame, dataset: str, k: int, with_values: bool, tr
     return table
 
 
-def tree_name(results_dir: Path) -> str:
-    """A results tree's name in its tables' labels: the folder's name and a digest of where it lies, so that two trees
-    (two "outputs" folders) tabled for one paper never share a label."""
+def grids_name(grids: pd.DataFrame) -> str:
+    """The name a table's label gives its grids: a digest of their config hashes (and folders, where a hash is not
+    recorded), so that two trees tabled for one paper never share a label and the same grids always get the same."""
     import hashlib
 
-    where = str(results_dir.absolute())
-    return f"{results_dir.absolute().name}-{hashlib.sha256(where.encode()).hexdigest()[:6]}"
+    names = sorted(str(h) if isinstance(h, str) else str(p) for h, p in zip(grids.config_hash, grids.path))
+    return hashlib.sha256("\n".join(names).encode()).hexdigest()[:6]
 
 
 def natural(value: str):
@@ -103,11 +103,6 @@ def natural(value: str):
         return (0, float(value), "")
     except ValueError:
         return (1, 0.0, value)
-
-
-def latex_name(text: str) -> str:
-    """A name as a LaTeX label may hold it."""
-    return re.sub(r"[^A-Za-z0-9_.-]+", "-", text).strip("-") or "results"
 
 
 def over_seeds(private: pd.DataFrame) -> str:
@@ -220,13 +215,13 @@ def write_tables(results_dir, figures: bool = True, mix_budgets: bool = False, r
     write_csv(written[0], grids)
     paper = paper_results()
     for (dataset, k), g in grids.groupby(["dataset", "k"]):
-        written += write_one_table(g, dataset, k, out, paper, figures, report, tree=tree_name(results_dir))
+        written += write_one_table(g, dataset, k, out, paper, figures, report)
     return written
 
 
-def write_one_table(g, dataset, k, out: Path, paper, figures: bool, report=print, tree: str = "") -> list:
+def write_one_table(g, dataset, k, out: Path, paper, figures: bool, report=print) -> list:
     metric, with_values = g.metric.iloc[0], not hyperparameters_only(paper, dataset, k)
-    table = paper_table(g, dataset, k, with_values, tree)
+    table = paper_table(g, dataset, k, with_values)
     if not with_values:
         table.title += " (best hyperparameters, as the paper's table)"
         table.notes.append(f"k = {k} shows the best hyperparameters only, as the paper's table of {dataset} (Tables "

@@ -1,14 +1,22 @@
-"""A secure grid's ledger (ledger.json, private): how many runs it has committed, so that none is trained twice.
+"""A secure grid's ledger (ledger.json, private): what it has committed, drawn and released, so that nothing is
+trained or drawn twice.
 
-A secure grid (privacy.secure_rng=true) draws its batches and noise from the operating system: a run trained
-again gets other noise, so its output is a second release on the same data, which spends epsilon again. A seeded
-grid's runs trained again are the same runs (their noise follows from public names), so it repairs damage by
-retraining; a secure grid, or a selection whose draw is gone, must not. The ledger is rewritten after every
-commit (write-then-rename); at the start of the same command, runs.csv (and a selection's candidates.json) must
-still hold every committed run, else the command is refused in one line, and `overwrite=true` starts a new
-release, said to spend epsilon again.
+A secure grid (privacy.secure_rng=true) draws its batches, noise and draws (a selection's candidates, a tuning set)
+from the operating system: a run trained again gets other noise, so its output is a second release on the same data,
+which spends epsilon again. A seeded grid's runs trained again are the same runs (their noise follows from public
+names), so it repairs damage by retraining; a secure grid must not. Its ledger is written before anything else of
+the grid (so that a directory whose ledger is gone is known to have held one), and rewritten (write-then-rename) at
+every commit, draw and release:
+
+    {"committed": runs committed, "files": {draw file: its SHA-256 when drawn}, "released": whether the grid ended}
+
+At the start of the same command, everything must agree with it, else the command is refused in one line, touching
+nothing: runs.csv holds every committed run, each draw file is the one drawn, released files stand only where the
+ledger says the grid ended, and a damaged ledger is refused, never rewritten. `overwrite=true` deletes the grid's
+files and starts a new release, said to spend epsilon again.
 """
 
+import hashlib
 import warnings
 from pathlib import Path
 
@@ -17,6 +25,8 @@ from dpgrid.results.files import LEDGER, delete_release, environment, read_json,
 from dpgrid.results.runs import Lost, finished_runs, unreadable_header
 
 NEW_RELEASE = "a new release on the same data, which spends a new (epsilon, delta) on top of the earlier one's"
+RELEASED = ("selection.json", "model")  # what a grid writes once it has ended (summary.csv is rewritten at every end)
+DRAW_FILES = ("candidates.json", "tuning_set.json")  # a selection's draws, made once before its runs train
 
 
 def kept(spec) -> bool:
@@ -34,55 +44,135 @@ def committed_rows(out: Path):
     return len(lines)
 
 
-def check(out: Path, spec) -> None:
-    """Refuse, before anything is trained, a secure grid whose committed runs are not all in runs.csv (and a
-    selection's draw in candidates.json), or whose released files stand without their runs; with overwrite=true,
-    delete the release and warn that the next one spends epsilon again."""
+def read_ledger(path: Path) -> dict:
+    """ledger.json as {"committed", "files", "released"}; Lost in one line when it is damaged (never rewritten).
+    A ledger of an earlier dpgrid ({"committed": n} alone) reads with its draws unrecorded (None)."""
+    try:
+        ledger = read_json(path, "")
+    except DpgridError as e:
+        raise Lost(damaged(path, str(e).split("(", 1)[-1].rstrip("); "))) from None
+    committed, files, released = ledger.get("committed"), ledger.get("files", None), ledger.get("released", False)
+    if not (isinstance(committed, int) and not isinstance(committed, bool) and committed >= 0):
+        raise Lost(damaged(path, f"committed = {committed!r}, not a count of runs"))
+    if not (files is None or (isinstance(files, dict) and all(isinstance(v, str) for v in files.values()))):
+        raise Lost(damaged(path, "files is not a map of draw files to checksums"))
+    if not isinstance(released, bool):
+        raise Lost(damaged(path, f"released = {released!r}, not true or false"))
+    return {"committed": committed, "files": files, "released": released}
+
+
+def damaged(path: Path, why: str) -> str:
+    return (f"{path} is damaged ({why}): what this secure grid committed cannot be known, and a ledger is never "
+            f"rewritten; restore it, or pass overwrite=true to start {NEW_RELEASE}")
+
+
+def check(out: Path, spec, plan: dict) -> None:
+    """Refuse, before anything is trained, a secure grid whose files do not agree with its ledger (above), or whose
+    release (model/) is not sound or not this grid's (`plan`: the plan.json it writes); write a new grid's empty
+    ledger. With overwrite=true, delete the grid's files and warn that the next release spends epsilon again."""
     out = Path(out)
     if not kept(spec):
         return
     path, rows = out / LEDGER, committed_rows(out)
-    recorded = read_json(path, "").get("committed", 0) if path.exists() and _readable(path) else None
-    committed = max(recorded or 0, rows or 0)
+    try:
+        ledger = read_ledger(path) if path.exists() else None
+    except Lost as e:
+        return start_over(out, spec, str(e), said=True)
+    released = [name for name in RELEASED if (out / name).exists()]
+    started = [name for name in ("plan.json", "runs.csv", *DRAW_FILES, *released)
+               if (out / name).exists()]
+    if ledger is None:
+        if started:
+            return start_over(out, spec, f"{path} is missing but {out} holds this secure grid's {', '.join(started)}: "
+                                         "what it committed and released cannot be known")
+        write_json(path, {"committed": 0, "files": {}, "released": False})  # before plan.json: a grid begins here
+        return
+    committed = max(ledger["committed"], rows or 0)
     problem = ""
     if committed and rows is None:
         problem = f"{out / 'runs.csv'} is missing or damaged but this secure grid committed {committed} run(s) ({path})"
     elif rows is not None and rows < committed:
         problem = f"{out / 'runs.csv'} holds {rows} of the {committed} runs this secure grid committed ({path})"
+    elif released and not ledger["released"]:
+        problem = (f"{out} holds released files ({', '.join(released)}) but {path} records no release (an earlier copy "
+                   "of the ledger, or files from elsewhere)")
+    elif draw_problem := drawn_problem(out, ledger, committed):
+        problem = draw_problem
     elif draw_problem := spec.plan.accounting().unreleased_draw(out, committed):
         problem = draw_problem
-    elif not committed and any((out / name).exists() for name in ("selection.json", "model")):
-        problem = f"{out} holds released files (selection.json or model/) but no committed run"
-    if not problem:
-        if recorded is None and rows:  # a lost ledger: the rows are what was committed
-            write_json(path, {"committed": rows})
-        return
-    start_over(out, spec, problem)
+    elif "model" in released:
+        from dpgrid.results.statement import release_problem
+
+        problem = release_problem(out, plan=plan)[1]
+    if problem:
+        return start_over(out, spec, problem)
+    if rows and rows > ledger["committed"]:  # a kill between a commit and the ledger's update: the rows are right
+        write_json(path, {**ledger, "committed": rows})
 
 
-def start_over(out: Path, spec, problem: str) -> None:
+def drawn_problem(out: Path, ledger: dict, committed: int) -> str:
+    """Why a draw file does not agree with the ledger ('' when it does): gone, or not the file that was drawn."""
+    for name, digest in (ledger["files"] or {}).items():
+        file = out / name
+        if not file.exists():
+            return f"{file} is missing but this secure grid drew it ({out / LEDGER})"
+        if sha256(file) != digest:
+            return f"{file} is not the draw this secure grid recorded in {out / LEDGER} (edited or replaced)"
+    if ledger["files"] is not None:
+        for name in DRAW_FILES:
+            if (out / name).exists() and name not in ledger["files"] and committed:
+                return f"{out / name} was not drawn by this secure grid ({out / LEDGER} records no such draw)"
+    return ""
+
+
+def start_over(out: Path, spec, problem: str, said: bool = False) -> None:
     """Refuse the damaged release `problem` describes, or with overwrite=true delete it and say that the next one
-    spends epsilon again."""
+    spends epsilon again. `said`: the problem already says what to do."""
     if not spec.overwrite:
-        raise Lost(f"{problem}; training its runs again would be {NEW_RELEASE}: restore the file, or pass "
-                   "overwrite=true to start a new release")
-    warnings.warn(f"overwrite=true: {problem}; the release's files are deleted and its runs trained anew: "
-                  f"{NEW_RELEASE}", stacklevel=3)
+        raise Lost(problem if said else f"{problem}; training its runs again would be {NEW_RELEASE}: restore the "
+                   "file, or pass overwrite=true to start a new release")
+    warnings.warn(f"overwrite=true: {problem.split('; ')[0]}; the release's files are deleted and its runs trained "
+                  f"anew: {NEW_RELEASE}", stacklevel=3)
     delete_release(out)
+    write_json(Path(out) / LEDGER, {"committed": 0, "files": {}, "released": False})
+
+
+def update(out: Path, spec, **changes) -> None:
+    """Rewrite this secure grid's ledger with `changes` (committed=n, released=True)."""
+    if kept(spec):
+        path = Path(out) / LEDGER
+        write_json(path, {**read_ledger(path), **changes})
 
 
 def record(out: Path, spec, committed: int) -> None:
     """After a commit: the number of runs this secure grid has committed."""
-    if kept(spec):
-        write_json(Path(out) / LEDGER, {"committed": committed})
+    update(out, spec, committed=committed)
 
 
-def _readable(path: Path) -> bool:
-    try:
-        read_json(path, "")
-        return True
-    except DpgridError:
-        return False
+def record_draws(out: Path, spec) -> None:
+    """Once the grid's draws are made (before anything is trained from them): each draw file's checksum, which it
+    must keep from now on. A file the ledger holds already was checked by `check`."""
+    if not kept(spec):
+        return
+    ledger = read_ledger(Path(out) / LEDGER)
+    files = dict(ledger["files"] or {})
+    for name in DRAW_FILES:
+        if (Path(out) / name).exists() and name not in files:
+            files[name] = sha256(Path(out) / name)
+    if files != (ledger["files"] or {}):
+        update(out, spec, files=files)
+
+
+def sha256(path: Path) -> str:
+    with environment(path):
+        return hashlib.sha256(Path(path).read_bytes()).hexdigest()
+
+
+def check_untrained(out: Path, spec, todo: list) -> None:
+    """The last word before a secure grid trains: a grid whose ledger says it ended trains nothing again."""
+    if kept(spec) and todo and read_ledger(Path(out) / LEDGER)["released"]:
+        raise Lost(f"{out} holds a secure grid that has ended ({out / LEDGER}), yet {len(todo)} run(s) would be trained "
+                   f"again: that would be {NEW_RELEASE}; restore the files it lost, or choose another hydra.run.dir")
 
 
 def committed_runs(out: Path, spec) -> set:

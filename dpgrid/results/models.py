@@ -1,201 +1,16 @@
-"""The model a grid releases (train.save_models), and what covers it.
-
-Each finished run's final weights are kept in weights/<config_id>_seed<s>.safetensors before its row is committed
-(private, like runs.csv: a run that did not finish has none). Once every run of the grid has finished, the runs it
-releases are copied to model/ beside model.json, the statement of what covers them:
-
-- a composition grid releases its best configuration: the final weights of each of its seeds. Choosing it read
-  every seed's score of every configuration, so its release is covered by the epsilon of all K x seeds runs
-  (epsilon_with_seeds; epsilon itself when the seeds are accounted);
-- a random-stopping selection releases its chosen candidate's seeds, covered by the selection's epsilon
-  (Papernot & Steinke, Liu & Talwar: the best candidate's output, here its trained models, with its score).
-  Nothing in model/ names the candidate's index or depends on the other candidates: seed j of the candidate is
-  model/seed<j>.
-
-Then weights/ is deleted (train.save_models=released), or kept as the private log of every run's model (all);
-none keeps nothing. `dpgrid.load_model(run_dir)` returns a released model ready for inference.
+"""A released model leaves dpgrid: `dpgrid.load_model(run_dir)` builds it for inference, `dpgrid model RUN_DIR --out
+FILE` copies it with its statement in the file's metadata. Both check the whole release first
+(dpgrid.results.statement), and a model is built only from a callable the user provides (a model config of dpgrid's
+or of the search path the user gives, or a target the user trusts by name): never from whatever model.json names, so
+that a model directory received from someone else runs no code of theirs.
 """
 
-import hashlib
 import json
-import shutil
 from pathlib import Path
 
-from dpgrid import DpgridError, __version__
-from dpgrid.results.files import environment, read_json, write_atomic, write_json
-
-WEIGHTS, MODEL, STATEMENT = "weights", "model", "model.json"
-SEEDED = ("seeded: every batch and noise draw follows from public names, so this epsilon holds only against an "
-          "adversary who does not know them; not for real data (privacy.secure_rng=true is)")
-SECURE = "secure: batches and noise from the operating system's secure generator (privacy.secure_rng=true)"
-
-
-def weights_file(out: Path, config_id: str, seed: int) -> Path:
-    return Path(out) / WEIGHTS / f"{config_id}_seed{seed}.safetensors"
-
-
-def keep_weights(out: Path, config_id: str, seed: int, state: dict) -> None:
-    """A finished run's final weights (a state dict of tensors), written whole or not at all."""
-    from safetensors.torch import save
-
-    path = weights_file(out, config_id, seed)
-    with environment(path.parent):
-        path.parent.mkdir(exist_ok=True)
-    write_atomic(path, save({name: t.detach().to("cpu").contiguous() for name, t in state.items()}))
-
-
-def final_weights(model) -> dict:
-    """A copy of a model's final weights, or None when one is not finite (a diverged run keeps no model)."""
-    import torch
-
-    state = {name: t.detach().to("cpu").clone() for name, t in model.state_dict().items()}
-    return state if all(bool(torch.isfinite(t).all()) for t in state.values() if t.is_floating_point()) else None
-
-
-def statement(spec, data_files: dict, configuration: dict, chosen_by: str) -> dict:
-    """What a release is covered by, in the plan's own figures."""
-    plan = spec.plan
-    private = plan.private and plan.epsilon_spent is not None
-    covered = {"epsilon": plan.epsilon_with_seeds, "delta": plan.delta} if private else None
-    return {
-        "covered_by": covered,
-        "why": chosen_by if private else ("non-private: no clipping, no noise, no epsilon" if not plan.private else
-                                          f"no epsilon covers it: {plan.sampling}"),
-        "privacy": {"epsilon_target": plan.epsilon if plan.private else None, "epsilon_spent": plan.epsilon_spent,
-                    "epsilon_with_seeds": plan.epsilon_with_seeds, "delta": plan.delta if plan.private else None,
-                    "noise_multiplier": plan.noise_multiplier, "per_query": {**plan.per_query, **plan.problem},
-                    "accountant": plan.accountant, "budget": plan.budget, "selection": plan.selection,
-                    "analysis": plan.to_dict()["selection_accountant"], "seeds_accounted": plan.account_seeds,
-                    "seeds": plan.seeds, "sampling": plan.sampling} if plan.private else None,
-        "randomness": SECURE if spec.train.secure_rng else SEEDED,
-        "strategy": plan.strategy, "dataset": plan.dataset, "n_train": plan.n_train, "data_files": data_files,
-        "inputs": {"normalize": spec.dataset.normalize,
-                   **({"mean": spec.dataset.mean, "std": spec.dataset.std}
-                      if spec.dataset.normalize == "standardize" else {})},
-        "configuration": configuration,
-        "model": dict(spec.settings["model"]),
-        "config_hash": spec.config_hash, "dpgrid": __version__,
-    }
-
-
-def chosen_runs(spec, runs, summary) -> tuple:
-    """(the configuration released, [(its run's seed, its index j among the configuration's seeds)], why it is
-    covered), or (None, [], '') when nothing is released (every run diverged, or no candidate)."""
-    plan = spec.plan
-    best = summary[summary.best] if len(summary) else summary
-    if not len(best):
-        return None, [], ""
-    row = best.iloc[0]
-    configuration = {"config_id": row.config_id, **{a: float(row[a]) for a in plan.axes}}
-    seeds, why = plan.accounting().release_reason(plan, row, runs)
-    return configuration, seeds, why
-
-
-def release_when_finished(out: Path, spec, runs, summary, work: list, data_files: dict) -> str:
-    """The released model, once every run of the grid has finished (dpgrid.results.models); a line saying what
-    was written or why nothing was."""
-    if spec.train.save_models == "none" or runs is None or not len(runs):
-        return ""
-    from dpgrid.results.curves import read_curves
-    from dpgrid.results.runs import run_ids
-
-    everything = spec.plan.accounting().every_run(spec.plan, work)
-    left = len(everything - set(run_ids(runs)))
-    if left:
-        return (f"model: released once every run of the grid has finished ({left} of {len(everything)} runs left, "
-                "grid.only); their final weights are kept in weights/ meanwhile")
-    return release(out, spec, runs, summary, read_curves(out / "curves.csv")[0], data_files)
-
-
-def release(out: Path, spec, runs, summary, curves, data_files: dict) -> str:
-    """Write model/ (the released runs' weights and model.json) once every run of the grid has finished; remove
-    weights/ unless train.save_models=all. Returns a line for the console ('' when nothing is said). Idempotent:
-    a finished grid run again keeps the files it released."""
-    out = Path(out)
-    if spec.train.save_models == "none":
-        return ""
-    configuration, seeds, why = chosen_runs(spec, runs, summary)
-    if configuration is None:
-        return ""
-    target = out / MODEL
-    if released_already(target, spec, configuration, seeds):
-        record = read_json(target / STATEMENT, "")
-    else:
-        missing = [s for s, _ in seeds if not weights_file(out, configuration["config_id"], s).exists()]
-        if missing:
-            return (f"model: not released: the final weights of {configuration['config_id']}'s runs were not kept "
-                    "(train.save_models=none when they ran, or weights/ was removed)")
-        record = write_release(out, spec, runs, curves, data_files, configuration, seeds, why)
-    if spec.train.save_models == "released":
-        with environment(out / WEIGHTS):
-            shutil.rmtree(out / WEIGHTS, ignore_errors=True)
-    epsilon = (f"covered by epsilon = {record['covered_by']['epsilon']:.4g}, delta = {record['covered_by']['delta']:g}"
-               if record["covered_by"] else record["why"])
-    return f"model: {target} ({configuration['config_id']}, {len(seeds)} seed(s); {epsilon}; model.json says why)"
-
-
-def released_already(target: Path, spec, configuration: dict, seeds: list) -> bool:
-    """Whether model/ holds this release already (a finished grid run again)."""
-    try:
-        record = read_json(target / STATEMENT, "")
-    except DpgridError:
-        return False
-    return (record.get("config_hash") == spec.config_hash and record.get("configuration") == configuration
-            and [m.get("seed") for m in record.get("models", [])] == [j for _, j in seeds]
-            and all((target / m["file"]).exists() for m in record["models"]))
-
-
-def write_release(out: Path, spec, runs, curves, data_files: dict, configuration: dict, seeds: list, why: str) -> dict:
-    """model/: the released runs' weights and model.json, made in a folder beside it and swapped in whole."""
-    from safetensors.torch import load, save
-
-    new, old = out / f".{MODEL}.new", out / f".{MODEL}.old"
-    for folder in (new, old):
-        with environment(folder):
-            shutil.rmtree(folder, ignore_errors=True)
-            folder.parent.mkdir(exist_ok=True)
-    with environment(new):
-        new.mkdir()
-    record = statement(spec, data_files, configuration, why)
-    last = last_values(curves, configuration["config_id"])
-    entries = []
-    for seed, j in seeds:
-        tensors = load(weights_file(out, configuration["config_id"], seed).read_bytes())
-        content = save(tensors, metadata={"dpgrid": json.dumps({"covered_by": record["covered_by"], "why": record["why"],
-                                                                "configuration": configuration, "seed": j})})
-        name = f"seed{j}.safetensors"
-        write_atomic(new / name, content)
-        entries.append({"seed": j, "file": name, "sha256": hashlib.sha256(content).hexdigest(),
-                        "test_value": last.get(seed)})
-    metric = runs.metric.iloc[0]
-    record.update(metric=metric, models=entries, default_seed=best_seed(entries, metric))
-    write_json(new / STATEMENT, record)
-    target = out / MODEL
-    with environment(target):
-        if target.exists():
-            target.rename(old)
-        new.rename(target)
-        shutil.rmtree(old, ignore_errors=True)
-    return record
-
-
-def last_values(curves, config_id: str) -> dict:
-    """Each run's last validation value (the test value of its final weights), by seed."""
-    if curves is None or not len(curves):
-        return {}
-    mine = curves[curves.config_id == config_id].sort_values("step")
-    return {int(seed): float(g.value.iloc[-1]) for seed, g in mine.groupby("seed")}
-
-
-def best_seed(entries: list, metric: str):
-    """The seed whose final model scores best on the (public) test set: a choice among released models."""
-    from dpgrid import tasks
-
-    scored = [e for e in entries if e["test_value"] is not None]
-    if not scored:
-        return entries[0]["seed"] if entries else None
-    sign = 1 if tasks.get(metric).higher_is_better else -1
-    return max(scored, key=lambda e: (sign * e["test_value"], -e["seed"]))["seed"]
+from dpgrid import DpgridError
+from dpgrid.results.files import write_atomic
+from dpgrid.results.statement import MODEL, STATEMENT, release_problem, repair_hint
 
 
 def released_folder(run_dir) -> Path:
@@ -211,56 +26,117 @@ def released_folder(run_dir) -> Path:
         raise DpgridError(f"{run_dir} is a release's {MODEL}/ folder: give the run directory that holds it, "
                           f"{run_dir.absolute().parent}")
     if not (run_dir / "plan.json").exists():
-        below = sorted(str(p.parent.parent) for p in run_dir.glob(f"**/{MODEL}/{STATEMENT}"))
-        found = f"; the run directories under it that released a model: {', '.join(below[:5])}" + (
-            f" and {len(below) - 5} more" if len(below) > 5 else "") if below else "; none under it released a model"
+        import itertools
+
+        below = sorted(str(p.parent.parent) for p in itertools.islice(run_dir.glob(f"**/{MODEL}/{STATEMENT}"), 6))
+        found = f"; run directories under it that released a model: {', '.join(below[:5])}" + (
+            " and more" if len(below) > 5 else "") if below else "; none under it released a model"
         raise DpgridError(f"{run_dir} is not a run directory (it holds no plan.json){found}")
     raise DpgridError(f"{folder / STATEMENT} does not exist: this run directory released no model (it is written "
                       "once every run of the grid has finished, unless train.save_models=none)")
 
 
+def verified_release(run_dir) -> dict:
+    """model.json of run_dir's release, checked whole (release_problem); DpgridError in one line otherwise."""
+    folder = released_folder(run_dir)
+    record, problem = release_problem(folder.parent)
+    if problem:
+        raise DpgridError(f"{problem}; {repair_hint(record)}")
+    return record
+
+
+def export_target(path, run_dir) -> Path:
+    """Where `dpgrid model --out` may write: never inside a run directory (a grid's own files, its release), into a
+    folder that exists. DpgridError in one line otherwise; an existing file is replaced (the caller says so)."""
+    path = Path(path)
+    target = path.absolute()
+    if target.is_dir():
+        raise DpgridError(f"--out {path} is a folder: give a file name, e.g. {path / 'model.safetensors'}")
+    inside = next((folder for folder in target.parents if (folder / "plan.json").exists()
+                   or folder == Path(run_dir).absolute()), None)
+    if inside is not None:
+        raise DpgridError(f"--out {path} lies inside the run directory {inside}: its files are the grid's own; write "
+                          "the copy elsewhere")
+    if not target.parent.is_dir():
+        raise DpgridError(f"--out {path}: no folder {target.parent}; create it first, or give another path")
+    return target
+
+
 def export(run_dir, seed: int, path) -> Path:
-    """A copy of seed `seed`'s released weights at `path`, with the whole statement (model.json) in its metadata:
-    one file that says what covers it wherever it goes."""
+    """A copy of seed `seed`'s released weights at `path`, with the whole statement (model.json, sealed) in its
+    metadata: one file that says what covers it wherever it goes. The release is checked first; nothing is written
+    into a run directory."""
     from safetensors.torch import load, save
 
-    folder = Path(run_dir) / MODEL
-    record = read_json(folder / STATEMENT, "run the grid's command again to write it anew")
-    entry = next(e for e in record["models"] if e["seed"] == seed)
-    tensors = load((folder / entry["file"]).read_bytes())
-    path = Path(path)
-    write_atomic(path, save(tensors, metadata={"dpgrid": json.dumps({**record, "seed": seed})}))
-    return path
+    from dpgrid.results.files import directory_setting
+
+    target = export_target(path, run_dir)
+    record = verified_release(run_dir)
+    entry = next((e for e in record["models"] if e["seed"] == seed), None)
+    if entry is None:
+        raise DpgridError(f"{Path(run_dir) / MODEL} holds no model of seed {seed}; released seeds: "
+                          f"{', '.join(str(e['seed']) for e in record['models'])}")
+    tensors = load((Path(run_dir) / MODEL / entry["file"]).read_bytes())
+    with directory_setting("--out FILE"):
+        write_atomic(target, save(tensors, metadata={"dpgrid": json.dumps({**record, "seed": seed})}))
+    return Path(path)
 
 
-def load_model(run_dir, seed: int = None, device="cpu"):
+def load_model(run_dir, seed: int = None, device="cpu", *, searchpath: str = None, trust=()):
     """The model a grid released (model/ in its run directory), ready for inference (eval mode): seed `seed` of
     the released configuration, by default the one whose final model scores best on the test set. Its statement
-    (model.json: what epsilon covers it and why) is the model's `statement` attribute. DpgridError when the run
-    directory released no model or a file does not match its checksum."""
+    (model.json: what epsilon covers it and why) is the model's `statement` attribute.
+
+    The release is checked whole first (its seal, its plan, every file's checksum), and its model is built only from
+    a callable you provide: the `_target_` of a model config of dpgrid's, of the folders of `searchpath` (as
+    hydra.searchpath: "[pkg://my_plugins.conf]") or named in `trust`; never from whatever model.json names (a model
+    directory received from someone else runs no code of theirs). DpgridError in one line for anything else."""
+    from safetensors import SafetensorError
     from safetensors.torch import load
 
-    from dpgrid.models import build_model
-
-    folder = released_folder(run_dir)
-    record = read_json(folder / STATEMENT, "run the grid's command again to write it anew")
+    record = verified_release(run_dir)
+    folder = Path(run_dir) / MODEL
     seed = record.get("default_seed") if seed is None else seed
-    entry = next((e for e in record.get("models", []) if e.get("seed") == seed), None)
+    entry = next((e for e in record["models"] if e["seed"] == seed), None)
     if entry is None:
         raise DpgridError(f"{folder} holds no model of seed {seed}; released seeds: "
-                          f"{', '.join(str(e.get('seed')) for e in record.get('models', []))}")
-    with environment(folder / entry["file"]):
-        content = (folder / entry["file"]).read_bytes()
-    if hashlib.sha256(content).hexdigest() != entry.get("sha256"):
-        raise DpgridError(f"{folder / entry['file']} does not match the checksum model.json records (changed or "
-                          "damaged); run the grid's command again to write it anew")
-    from omegaconf import OmegaConf
-
-    tensors = load(content)
-    model = build_model(OmegaConf.create(record["model"]))
+                          f"{', '.join(str(e['seed']) for e in record['models'])}")
+    try:
+        tensors = load((folder / entry["file"]).read_bytes())
+    except SafetensorError as e:
+        raise DpgridError(f"{folder / entry['file']} is not a safetensors file ({e})") from None
+    model = released_model(record["model"], searchpath, trust)
     dtype = next((t.dtype for t in tensors.values() if t.is_floating_point()), None)
     model = model.to(device=device, dtype=dtype) if dtype is not None else model.to(device)
-    model.load_state_dict(tensors)
+    try:
+        model.load_state_dict(tensors)
+    except RuntimeError as e:
+        reason = next((line.strip() for line in str(e).splitlines()[1:] if line.strip()), str(e).splitlines()[0])
+        raise DpgridError(f"{folder / entry['file']} does not fit the model model.json names "
+                          f"({record['model'].get('_target_')}): {reason}") from None
     model.eval()
     model.statement = record
     return model
+
+
+def released_model(node: dict, searchpath: str = None, trust=()):
+    """The model a statement's `model` node describes, built only where its `_target_` is one you provide: a model
+    config's (dpgrid's, or of `searchpath`'s folders) or one named in `trust`. Its other keys must be plain values
+    (a nested `_target_` is refused: nothing in it is called)."""
+    from omegaconf import OmegaConf
+
+    from dpgrid.config.groups import group_targets
+    from dpgrid.models import build_model
+
+    target = node.get("_target_")
+    allowed = set(group_targets("model", searchpath)) | set(trust or ())
+    if not isinstance(target, str) or target not in allowed:
+        raise DpgridError(f"model.json names the model {target!r}, which no model config provides (dpgrid's, or one on "
+                          "the search path you give); dpgrid builds no callable a file names: pass the search path of its "
+                          "plugin's configs (dpgrid model RUN_DIR hydra.searchpath=[pkg://its_package.conf]; "
+                          f"load_model(..., searchpath=...)), or trust it by name (--trust {target}; trust=[...])")
+    nested = [key for key, value in node.items() if key.startswith("_") and key != "_target_" or
+              (isinstance(value, (dict, list)) and "_target_" in json.dumps(value))]
+    if nested:
+        raise DpgridError(f"model.json's model has {nested[0]!r}, which is not a plain keyword argument; refused")
+    return build_model(OmegaConf.create(node))

@@ -191,12 +191,17 @@ def summarize(runs: pd.DataFrame, axes: list, task: str) -> pd.DataFrame:
     return summary
 
 
-def write_header(out: Path, spec, data_files: dict) -> None:
-    write_atomic(out / "config.yaml", OmegaConf.to_yaml(OmegaConf.create(dict(spec.settings))))
+def plan_record(spec, data_files: dict) -> dict:
+    """plan.json's content: the plan, the config's hash, the data's fingerprint and this command's settings."""
     only = list(spec.only) if spec.only is not None else None  # the configurations this command trains
-    write_json(out / "plan.json", {**spec.plan.to_dict(), "config_hash": spec.config_hash, "data_files": data_files,
-                                   "grid_only": only, "parallel_runs": spec.train.parallel_runs,
-                                   "device": spec.train.device, "eval_every": spec.train.eval_every})
+    return {**spec.plan.to_dict(), "config_hash": spec.config_hash, "data_files": data_files, "grid_only": only,
+            "parallel_runs": spec.train.parallel_runs, "device": spec.train.device, "eval_every": spec.train.eval_every}
+
+
+def write_header(out: Path, spec, record: dict) -> None:
+    """config.yaml and plan.json (`record`: plan_record's)."""
+    write_atomic(out / "config.yaml", OmegaConf.to_yaml(OmegaConf.create(dict(spec.settings))))
+    write_json(out / "plan.json", record)
 
 
 REPAIR = "run the grid's command again to rewrite it (its results are kept)"  # a table's answer to a damaged file

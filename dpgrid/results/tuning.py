@@ -22,10 +22,9 @@ def header(out) -> list:
 
 def tuning_set(out, spec, n_train: int):
     """X1 as a boolean mask over the training set: read from tuning_set.json, or drawn (each example with
-    probability q1; 53 random bits each, seeded or secure) and written there."""
+    probability q1; 53 random bits each, seeded or secure) and written there. A seeded grid's file must hold its own
+    draw (drawn again and compared); a secure grid's, the draw its ledger recorded (dpgrid.results.ledger)."""
     import torch
-
-    from dpgrid.privacy.randomness import SecureRandom, derive_seed
 
     rate, path = spec.plan.record.tuning["rate"], out / TUNING_SET
     if path.exists():
@@ -41,16 +40,30 @@ def tuning_set(out, spec, n_train: int):
                               "(it spends a new epsilon)") from None
         mask = torch.zeros(n_train, dtype=torch.bool)
         mask[members] = True
+        if not spec.train.secure_rng and not torch.equal(mask, drawn_tuning_set(spec, n_train, rate)):
+            raise DpgridError(f"{path} is not the tuning set this seeded grid draws (edited or replaced): its runs would "
+                              "train on other examples than the analysis assumes; restore it, or delete it with runs.csv "
+                              "and curves.csv to train the tuning again (seeded: the same runs)")
         return mask
+    mask = drawn_tuning_set(spec, n_train, rate)
+    write_json(path, {"rate": rate, "n_train": n_train, "search": spec.plan.record.tuning["search"],
+                      "members": mask.nonzero().flatten().tolist()})
+    return mask
+
+
+def drawn_tuning_set(spec, n_train: int, rate: float):
+    """A fresh draw of X1: each example with probability q1 (53 random bits each), seeded from the grid's names or
+    from the operating system's secure generator."""
+    import torch
+
+    from dpgrid.privacy.randomness import SecureRandom, derive_seed
+
     if spec.train.secure_rng:
         bits = torch.tensor([int(x) >> 11 for x in SecureRandom().uint64(n_train)], dtype=torch.float64)
     else:
         source = torch.Generator().manual_seed(derive_seed(*spec.seed_names(), "tuning_set"))
         bits = torch.randint(0, 2 ** 53, (n_train,), generator=source, dtype=torch.int64).to(torch.float64)
-    mask = bits / 2 ** 53 < rate
-    write_json(path, {"rate": rate, "n_train": n_train, "search": spec.plan.record.tuning["search"],
-                      "members": mask.nonzero().flatten().tolist()})
-    return mask
+    return bits / 2 ** 53 < rate
 
 
 def tuning_summary(runs, search: str, axes: list, task: str):

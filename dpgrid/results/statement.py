@@ -1,0 +1,152 @@
+"""A released model's statement (model/model.json): what covers it, how it was trained and chosen, and its seal.
+
+The statement binds the release together: the grid's plan (plan.json's figures of the grid, not of one command),
+each weights file's SHA-256, and a seal, a digest over the statement and the selection.json it was released with.
+`release_problem` checks all of it, and what loads, exports or trains beside a release asks it first: a statement
+edited after its release, one sealed with another grid's plan (a model/ moved in from elsewhere), a weights file
+changed or gone is refused in one line naming the file. The seal detects edits, damage and swaps; it is not a
+signature: whoever rewrites a statement and recomputes every digest can forge one (an audit checks a claim from
+outside).
+"""
+
+import hashlib
+import json
+from pathlib import Path
+
+from dpgrid import DpgridError, __version__
+from dpgrid.results.files import environment, read_json
+
+MODEL, STATEMENT = "model", "model.json"
+
+SEEDED = ("seeded: every batch and noise draw follows from public names, so this epsilon holds only against an "
+          "adversary who does not know them; not for real data (privacy.secure_rng=true is)")
+SEEDED_NON_PRIVATE = "seeded: every batch follows from public names (reproducible); no epsilon is claimed"
+SECURE = "secure: batches and noise from the operating system's secure generator (privacy.secure_rng=true)"
+PER_COMMAND = ("grid_only", "parallel_runs")  # plan.json keys one command of a grid sets, not the grid (its release)
+CHOSEN_BY = ("the released configuration is the one with the best score, and the default seed the released seed "
+             "whose final model scores best, both on the test set, which dpgrid treats as public (it is not "
+             "accounted); the values this statement reports are measured on that same test set, so they are "
+             "optimistic: report a held-out score beside them")
+
+
+def statement(spec, plan_record: dict, configuration: dict, chosen_by: str) -> dict:
+    """What a release is covered by, in the plan's own figures, with how it was trained and chosen; `plan_record`: the
+    plan.json this command wrote (the release binds the grid's part of it)."""
+    plan, method = spec.plan, spec.plan.accounting()
+    private = plan.private and plan.epsilon_spent is not None
+    covered = {"epsilon": plan.epsilon_with_seeds, "delta": plan.delta} if private else None
+    randomness = SECURE if spec.train.secure_rng else SEEDED if plan.private else SEEDED_NON_PRIVATE
+    return {
+        "covered_by": covered,
+        "why": chosen_by if private else ("non-private: no clipping, no noise, no epsilon" if not plan.private else
+                                          f"no epsilon covers it: {plan.sampling}"),
+        "covers": method.covers if private else None,
+        "privacy": {"epsilon_target": plan.epsilon if plan.private else None, "epsilon_spent": plan.epsilon_spent,
+                    "epsilon_with_seeds": plan.epsilon_with_seeds, "delta": plan.delta if plan.private else None,
+                    "noise_multiplier": plan.noise_multiplier, "per_query": {**plan.per_query, **plan.problem},
+                    "accountant": plan.accountant, "budget": plan.budget, "selection": plan.selection,
+                    "analysis": plan.to_dict()["selection_accountant"], "seeds_accounted": plan.account_seeds,
+                    "seeds": plan.seeds, "sampling": plan.sampling, "adjacency": method.adjacency,
+                    "weak_delta": bool(plan.delta >= 1 / plan.n_train)} if plan.private else None,
+        "randomness": randomness,
+        "training": {"n_train": plan.n_train, "batch_size": plan.batch_size, "sample_rate": plan.sample_rate,
+                     "steps": plan.steps, "epochs": plan.epochs, "sampling": plan.sampling,
+                     "eval_every": spec.train.eval_every, "protocol": spec.protocol, "momentum": spec.train.momentum},
+        "chosen_by": CHOSEN_BY,
+        "strategy": plan.strategy, "dataset": plan.dataset, "n_train": plan.n_train,
+        "data_files": plan_record.get("data_files"),
+        "inputs": {"normalize": spec.dataset.normalize,
+                   **({"mean": spec.dataset.mean, "std": spec.dataset.std}
+                      if spec.dataset.normalize == "standardize" else {})},
+        "configuration": configuration,
+        "model": dict(spec.settings["model"]),
+        "config_hash": spec.config_hash, "dpgrid": __version__,
+        "plan": grid_plan(plan_record),
+    }
+
+
+def grid_plan(plan_record: dict) -> dict:
+    """plan.json's figures of the grid (not those one command of it sets), as JSON reads them back."""
+    return json.loads(json.dumps({k: v for k, v in plan_record.items() if k not in PER_COMMAND}))
+
+
+def sealed(record: dict, selection: bytes = None) -> dict:
+    """The statement with its seal: a digest over the statement itself (the weights' checksums and the grid's plan
+    among it) and selection.json's bytes, where the grid released one."""
+    record = {k: v for k, v in record.items() if k != "seal"}
+    return {**record, "seal": seal_of(record, selection)}
+
+
+def seal_of(record: dict, selection: bytes = None) -> dict:
+    body = json.dumps({k: v for k, v in record.items() if k != "seal"}, sort_keys=True, separators=(",", ":"))
+    return {"statement": hashlib.sha256(body.encode()).hexdigest(),
+            "selection_json": hashlib.sha256(selection).hexdigest() if selection is not None else None}
+
+
+STATEMENT_KEYS = {"covered_by": (dict, type(None)), "why": str, "randomness": str, "configuration": dict,
+                  "model": dict, "models": list, "plan": dict, "seal": dict, "metric": str, "dataset": str,
+                  "strategy": str}
+
+
+def release_problem(run_dir, plan: dict = None) -> tuple:
+    """(model.json as read, or None; what is wrong with the release in run_dir/model, '' when nothing): a statement
+    that is damaged, not a statement, edited since it was sealed or not sealed at all, a release of another grid
+    than plan.json's (a model/ moved in from elsewhere), a weights file missing or changed, selection.json changed.
+    `plan`: the plan.json a grid about to run writes, compared instead of the file (which it repairs where damaged);
+    selection.json is then not asked for (it writes it again from its rows)."""
+    run_dir = Path(run_dir)
+    folder = run_dir / MODEL
+    path = folder / STATEMENT
+    try:
+        record = read_json(path, "")
+    except DpgridError as e:
+        return None, str(e).rstrip("; ")
+    wrong = [k for k, kind in STATEMENT_KEYS.items() if not isinstance(record.get(k), kind)]
+    entries = record.get("models") if isinstance(record.get("models"), list) else []
+    if not wrong and not all(isinstance(e, dict) and isinstance(e.get("seed"), int) and isinstance(e.get("sha256"), str)
+                             and isinstance(e.get("file"), str) and Path(e["file"]).name == e["file"]
+                             and isinstance(e.get("test_value"), (int, float, type(None))) for e in entries):
+        wrong = ["models"]
+    if wrong:
+        return None, f"{path} is not a model statement dpgrid wrote ({wrong[0]} is missing or of the wrong kind)"
+    selection = run_dir / "selection.json"
+    sealed_with = record["seal"].get("selection_json")
+    if record["seal"].get("statement") != seal_of(record)["statement"]:
+        return record, f"{path} was edited after the release (it does not match its seal)"
+    if sealed_with is not None and plan is None:
+        if not selection.exists():
+            return record, f"{selection}, which the release in {folder} is sealed with, is missing"
+        if seal_of(record, selection.read_bytes())["selection_json"] != sealed_with:
+            return record, f"{selection} was edited after the release (it does not match the seal in {path})"
+    if plan is None:
+        try:
+            plan = read_json(run_dir / "plan.json", "")
+        except DpgridError:
+            plan = {}
+    plan = grid_plan(plan)
+    if plan != record["plan"]:
+        return record, (f"{folder} is not the release of the grid in {run_dir}: its statement was sealed with "
+                        "another plan.json (a model/ from another grid, or plan.json was edited)")
+    covered = record["covered_by"]
+    if covered is not None and (covered.get("epsilon") != plan.get("epsilon_with_seeds")
+                                or covered.get("delta") != plan.get("delta")):
+        return record, f"{path} states an epsilon or delta its plan does not"
+    for entry in entries:
+        file = folder / entry["file"]
+        if not file.is_file():
+            return record, f"{file} is missing"
+        with environment(file):
+            content = file.read_bytes()
+        if hashlib.sha256(content).hexdigest() != entry["sha256"]:
+            return record, f"{file} does not match the checksum model.json records (changed or damaged)"
+    return record, ""
+
+
+def repair_hint(record) -> str:
+    """What to do about a release that is not sound: a seeded grid makes the same one again, a secure one cannot
+    without spending epsilon again."""
+    if record is not None and str(record.get("randomness", "")).startswith("secure"):
+        return ("restore model/ (and selection.json) from a copy: this secure grid cannot release again without "
+                "spending a new epsilon (overwrite=true starts such a new release)")
+    return ("restore it from a copy, or run the grid's command with overwrite=true: a seeded grid trains the same runs "
+            "again and releases the same model")

@@ -10,34 +10,12 @@ import time
 import warnings
 from pathlib import Path
 
+from dpgrid.signals import FINISHED, RECEIVED, on_signal, stopped
+
 def fail(message, code: int = None) -> None:
     """One line on stderr; exit code 2 (bad input or results), 1 for an environment fault (the error's own)."""
     print(f"dpgrid: error: {message}", file=sys.stderr)
     raise SystemExit(code or getattr(message, "exit_code", 2))
-
-
-class Interrupted(KeyboardInterrupt):
-    """SIGTERM or Ctrl-C (SIGINT): the grid stops between two writes and says how to resume."""
-
-    def __init__(self, signum: int):
-        super().__init__(signum)
-        self.signum = signum
-
-
-RECEIVED = []  # the signals this command received: whatever breaks after one (a module half imported) is it
-
-
-def on_signal(signum, frame):
-    RECEIVED.append(signum)
-    raise Interrupted(signum)
-
-
-def stopped(error: BaseException):
-    """(name, exit code) when `error` is, or follows, an interruption; None otherwise."""
-    if not (RECEIVED or isinstance(error, KeyboardInterrupt)) or isinstance(error, SystemExit):
-        return None
-    signum = getattr(error, "signum", RECEIVED[0] if RECEIVED else signal.SIGINT)
-    return ("SIGTERM", 143) if signum == signal.SIGTERM else ("interrupted", 130)
 
 
 def config_dir() -> str:
@@ -87,6 +65,7 @@ def run_command(args: list) -> None:
             register()  # the schema and resolvers Hydra's own composition needs
             sys.argv = ["dpgrid run", *args]
             hydra.main(version_base="1.3", config_path=config_dir(), config_name="config")(grid_job(created, checked=checked))()
+        FINISHED.append(True)
         return
     from dpgrid.api import compose
 
@@ -99,7 +78,16 @@ def run_command(args: list) -> None:
     # config's results is refused before the plan, and torch, are made
     spec = compile(cfg, before_plan=lambda unplanned: check_run(unplanned, cfg.hydra.run.dir)).announce()
     out = Path(cfg.hydra.run.dir).absolute()
-    launch(cfg, grid_job({out: outermost_missing(out)}, spec))
+    created = outermost_missing(out)
+    try:
+        launch(cfg, grid_job({out: created}, spec))
+    except BaseException as e:  # a signal before the job's own handling began (Hydra made the folder), or after it
+        if stopped(e) and out.is_dir():
+            from dpgrid.results.files import locked, remove_created
+
+            with contextlib.suppress(BaseException), locked(out):
+                remove_created(out, created)
+        raise
 
 
 def grid_job(created: dict, spec=None, checked: dict = None):
@@ -146,7 +134,9 @@ def grid_job(created: dict, spec=None, checked: dict = None):
             print(f"dpgrid: warning: {edge_warning(summary, grid.plan)}", file=sys.stderr)
         if summary.attrs.get("release"):
             print(summary.attrs["release"])
-        print(f"results: {out}")
+        print(f"results: {out}", flush=True)
+        if spec is not None:  # one grid: the command is done (a sweep is once its last job is)
+            FINISHED.append(out)
     return task
 
 
@@ -230,6 +220,7 @@ def main(argv=None) -> None:
     for s in handlers:  # first: a signal at any later moment is one line
         signal.signal(s, on_signal)
     RECEIVED.clear()
+    FINISHED.clear()
     saved = warnings.formatwarning, sys.argv[:], root.handlers[:], root.level
     try:
         with warnings.catch_warnings(), quiet_broken_pipe():
@@ -237,8 +228,8 @@ def main(argv=None) -> None:
             warnings.formatwarning = lambda message, *args, **kwargs: f"dpgrid: warning: {message}\n"
             dispatch(sys.argv[1:] if argv is None else list(argv))
     finally:
-        for s, handler in handlers.items():
-            signal.signal(s, handler)
+        for s, handler in handlers.items():  # the `dpgrid` process, once done, ignores what arrives as it exits
+            signal.signal(s, signal.SIG_IGN if FINISHED and argv is None else handler)
         warnings.formatwarning = saved[0]
         sys.argv[:] = saved[1]
         for handler in [h for h in root.handlers if h not in saved[2]]:  # cli.log's: Hydra's job replaced them

@@ -71,10 +71,11 @@ def launch(launcher, job_overrides, initial_job_idx) -> list:
         try:
             wait(jobs)
         except KeyboardInterrupt as e:
-            from dpgrid.cli import Interrupted, fail
+            from dpgrid.cli import fail
+            from dpgrid.signals import stopped
 
             left = [j.job_id for j in jobs if not j.done()]
-            name, code = ("SIGTERM", 143) if isinstance(e, Interrupted) else ("interrupted", 130)
+            name, code = stopped(e) or ("interrupted", 130)
             fail(f"{name}: {len(left)} SLURM job(s) go on queued or running without this process ({compact(left)}): "
                  f"squeue -j {array_id(jobs)} shows them, scancel {array_id(jobs)} cancels them; the same command "
                  "resumes any grid left incomplete", code)

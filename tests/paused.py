@@ -1,7 +1,8 @@
 """`python tests/paused.py READY GO AFTER dpgrid ARGS...`: `dpgrid ARGS...` in a real process that, right
 after committing its AFTER-th run (0: once it holds the run directory, before any run; -1: at start-up, as
-it composes its config; a module's name: as that module starts to be imported, wherever the start-up imports it,
-e.g. torch.nn inside torch's own import), creates the file READY and waits until the file GO exists. A test then acts at that moment (a signal, kill -9, a second
+it composes its config; "finished": once it has said its results; a module's name: as that module starts to be
+imported, wherever the start-up imports it, e.g. torch.nn inside torch's own import, or dpgrid.cli as the command
+starts), creates the file READY and waits until the file GO exists. A test then acts at that moment (a signal, kill -9, a second
 writer) without racing the grid: the process is where the test wants it, however loaded the machine."""
 
 import sys
@@ -17,18 +18,36 @@ def main() -> None:
         while not go.exists():  # a signal interrupts this sleep and is handled as anywhere in the grid
             time.sleep(0.01)
 
+    if sys.argv[3] == "finished":  # once the results are said: the command must end as a finished one
+        from dpgrid import signals
+
+        class Pausing(list):
+            def append(self, item):
+                super().append(item)
+                pause()
+
+        signals.FINISHED = Pausing()
+        from dpgrid import cli
+        cli.FINISHED = signals.FINISHED
+        sys.argv[1:] = sys.argv[5:]
+        from dpgrid.__main__ import main as command  # as the `dpgrid` command starts
+        command()
+        return
     if not sys.argv[3].lstrip("-").isdigit():  # a module's name: pause as its import starts
         import importlib.abc
 
+        module = sys.argv[3]
+
         class Importing(importlib.abc.MetaPathFinder):
             def find_spec(self, name, path, target=None):
-                if name == sys.argv[3] and not ready.exists():
+                if name == module and not ready.exists():
                     pause()
                 return None
 
         sys.meta_path.insert(0, Importing())
-        from dpgrid.cli import main as dpgrid
-        dpgrid(sys.argv[5:])
+        sys.argv[1:] = sys.argv[5:]
+        from dpgrid.__main__ import main as command  # as the `dpgrid` command starts
+        command()
         return
     after = int(sys.argv[3])
     from dpgrid import runner

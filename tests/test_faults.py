@@ -273,8 +273,8 @@ def test_a_moved_data_directory_resumes_and_a_changed_file_is_named(tmp_path):
 # moments of start-up, each reached by design: composing the config; inside torch's own import (its modules half
 # initialised: whatever breaks after the signal is still the signal); Hydra's job machinery; the accountant; the
 # data's loader, once Hydra has made the run directory (which is removed again)
-START_UP = {"compose": -1, "inside torch's import": "torch.nn", "Hydra's job": "hydra.core.utils",
-            "the accountant": "opacus", "the data's loader": "sklearn.datasets"}
+START_UP = {"the command line's import": "dpgrid.cli", "compose": -1, "inside torch's import": "torch.nn",
+            "Hydra's job": "hydra.core.utils", "the accountant": "opacus", "the data's loader": "sklearn.datasets"}
 
 
 @pytest.mark.parametrize("moment", START_UP)
@@ -285,8 +285,21 @@ def test_a_signal_at_start_up_is_one_line(sig, code, moment, tmp_path):
     proc.send_signal(sig)
     stderr = proc.stderr.read()
     assert proc.wait() == code and stderr.count("\n") == 1, stderr
-    assert "stopped before it finished" in stderr or "incomplete; the same command resumes it" in stderr, stderr
-    assert not out.exists()
+    assert any(words in stderr for words in ("stopped before it finished", "incomplete; the same command resumes it",
+                                             "stopped as it started")), stderr
+    assert not out.exists() and not any(tmp_path.glob("**/grid"))
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
+def test_a_signal_after_the_results_changes_nothing(sig, tmp_path):
+    """A grid that has said "results:" has finished: a signal as it exits leaves it finished, exit 0."""
+    out = tmp_path / "grid"
+    proc, go = start_paused(["run", *GRID, f"hydra.run.dir={out}"], after="finished", folder=tmp_path)
+    proc.send_signal(sig)
+    go.touch()
+    stderr = proc.stderr.read()
+    assert proc.wait() == 0 and "error" not in stderr, stderr
+    assert (out / "summary.csv").exists()
 
 
 def test_exhausted_inodes_are_a_full_disk(tmp_path, monkeypatch):

@@ -87,6 +87,9 @@ def test_two_grids_of_one_cell_are_told_apart_by_protocol_or_both_refused(tmp_pa
     edit_plan(literal, accountant="rdp")
     _, lines = write(root)
     assert len(lines) == 1 and str(paper) in lines[0] and str(literal) in lines[0] and "two grids for one cell" in lines[0]
+    md = (root / "tables" / "mnist_k9.md").read_text()  # the cell's footnote says why it is empty, not "grid not run"
+    assert "–: two grids for this cell, skipped (table them from separate results directories): Online at ε = 3" in md
+    assert "grid not run" not in md
 
 
 @pytest.mark.parametrize("digest", ["31917e5915963710", "0123456789012345", "1e5", "nan", "inf"])

@@ -19,6 +19,7 @@ from dpgrid.results.runs import REPAIR, read_runs, same, summarize
 
 DIVERGED, NOT_DP = "all seeds diverged", "not DP (sampling=shuffle)"
 NOTHING_SELECTED, SELECTION = "no candidate drawn or converged", "selection"  # random-stopping grids' budget
+TWINS = "two grids for this cell, skipped (table them from separate results directories)"
 PLAN_KEYS = ("dataset", "strategy", "k", "epsilon", "n_configs", "configurations")  # what a grid's table needs
 # every column a table reads from runs.csv (config_hash too, wherever plan.json records one)
 RUN_COLUMNS = ("dataset", "strategy", "metric", "epsilon", "k", "config_id", "seed", "noise_multiplier", "budget",
@@ -253,6 +254,9 @@ def collect(results_dir: Path, out: Path = None) -> tuple:
             skipped.append(f"skipped the grids in {' and '.join(pair.path)}: two grids for one cell ({pair.strategy.iloc[0]} "
                            f"ε={pair.epsilon.iloc[0]:g}, k={pair.k.iloc[0]}) that differ in "
                            f"{', '.join(differ) or 'nothing a table shows'}; table them from separate results directories")
-        grids = grids.drop(index=twins.index)
+        # each pair stays in one row that says why its cell is empty (a footnote of the table, a row of results.csv)
+        first = twins.groupby(keys, dropna=False, sort=False).head(1).index
+        grids.loc[first, ["status", "value", "std"]] = [TWINS, math.nan, math.nan]
+        grids = grids.drop(index=twins.index.difference(first))
     axes = sorted({a for r in rows for a in str(r.get("axes", "")).split(",") if a and a not in COLUMNS})
     return grids.reindex(columns=COLUMNS + axes), skipped  # a strategy's own axes (e.g. sigma) too

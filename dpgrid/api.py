@@ -112,10 +112,10 @@ def run_grid(cfg, out_dir, progress: bool = True) -> GridResult:
 
     from dpgrid.config import GridSpec
     from dpgrid.results.files import directory_setting, read_frame
-    from dpgrid.runner import run_grid as run
+    from dpgrid.runner import train
 
     with directory_setting("another out_dir of run_grid"):
-        run((cfg if isinstance(cfg, GridSpec) else compile(cfg)).announce(), out_dir, progress)
+        train((cfg if isinstance(cfg, GridSpec) else compile(cfg)).announce(), out_dir, progress)
     out = Path(out_dir)
     read = lambda name: read_frame(out / name)  # noqa: E731
     return GridResult(out, json.loads((out / "plan.json").read_text()), read("runs.csv"), read("curves.csv"),

@@ -104,7 +104,7 @@ def grid_job(created: dict, spec=None, checked: dict = None):
         from dpgrid.results.files import locked, remove_created
         from dpgrid.jobs import hydra_record, parallel_jobs, run_log
         from dpgrid.reporting.console import describe_best, edge_warning
-        from dpgrid.runner import run_grid
+        from dpgrid.runner import train
 
         out = Path(HydraConfig.get().runtime.output_dir).absolute()
         try:
@@ -118,8 +118,8 @@ def grid_job(created: dict, spec=None, checked: dict = None):
                     remove_created(out, created.get(out))  # the job's folder, which Hydra made
                 raise
             with run_log(out / "cli.log"):
-                summary = run_grid(grid, out, on_lock=hydra_record(OmegaConf.to_yaml(cfg)), created=created.get(out),
-                                   parallel_jobs=parallel_jobs(HydraConfig.get().launcher))
+                trained = train(grid, out, on_lock=hydra_record(OmegaConf.to_yaml(cfg)), created=created.get(out),
+                                parallel_jobs=parallel_jobs(HydraConfig.get().launcher))
         except DpgridError as e:  # refused: nothing written into another grid's directory (files.Busy)
             fail(e)
         except BaseException as e:
@@ -129,11 +129,11 @@ def grid_job(created: dict, spec=None, checked: dict = None):
                 remove_created(out, created.get(out))
             name, code = stopped(e)
             fail(f"{name}: the grid in {out} is incomplete; the same command resumes it", code)
-        print(describe_best(summary, grid.dataset.task))
-        if edge_warning(summary, grid.plan):
-            print(f"dpgrid: warning: {edge_warning(summary, grid.plan)}", file=sys.stderr)
-        if summary.attrs.get("release"):
-            print(summary.attrs["release"])
+        print(describe_best(trained.summary, grid.dataset.task, trained.releases_best_only, trained.final))
+        if edge_warning(trained.summary, grid.plan):
+            print(f"dpgrid: warning: {edge_warning(trained.summary, grid.plan)}", file=sys.stderr)
+        if trained.release:
+            print(trained.release)
         print(f"results: {out}", flush=True)
         if spec is not None:  # one grid: the command is done (a sweep is once its last job is)
             FINISHED.append(out)

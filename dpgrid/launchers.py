@@ -133,12 +133,16 @@ def finished_return(out: Path):
 
 def say_results(grids: list, sweep_dir: Path) -> None:
     """Each grid's best configuration (or what its selection released), one line each, and where the results are."""
+    from dpgrid.privacy import recorded_method
     from dpgrid.reporting.console import describe_best
-    from dpgrid.results.files import read_frame
+    from dpgrid.results.files import read_frame, read_json
+    from dpgrid.results.procedure import procedure_of
 
     for out, task, _ in grids:
         try:
-            line = describe_best(read_frame(out / "summary.csv"), task)
+            selection = procedure_of(recorded_method(read_json(out / "plan.json", ""))).releases_best_only
+            final = read_json(out / "selection.json", "").get("final") if selection else None
+            line = describe_best(read_frame(out / "summary.csv"), task, selection, final)
         except Exception as e:  # noqa: BLE001  (a summary this process cannot read: said, the sweep goes on)
             line = f"no summary ({type(e).__name__}); the grid's own files say more"
         print(f"{out.relative_to(sweep_dir.absolute()) if out.is_relative_to(sweep_dir.absolute()) else out}: {line}")

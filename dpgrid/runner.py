@@ -6,7 +6,7 @@ commit record), `curves.csv` (every validation), `summary.csv` (per configuratio
 """
 
 import contextlib
-import sys
+from dataclasses import dataclass
 from pathlib import Path
 from types import MappingProxyType
 
@@ -22,11 +22,11 @@ from dpgrid.results.files import (check_writable, environment, locked, outermost
 from dpgrid.models import build_model
 from dpgrid.training.convolutions import MethodChoice
 from dpgrid.training.persample import make_engine
-from dpgrid.privacy.method import Phase
+from dpgrid.results.procedure import Phase, procedure_of, seed_names
 from dpgrid.privacy.randomness import SecureRandom, derive_seed
 from dpgrid.results import ledger
 from dpgrid.results.release import check_release, final_weights, keep_weights, release_when_finished
-from dpgrid.reporting.console import SELECTION_QUIET, plan_header, report_run, say, say_methods
+from dpgrid.reporting.console import plan_header, report_run, say, say_methods
 from dpgrid.results.claim import claim
 from dpgrid.results.runs import commit_run, plan_record, run_ids, write_header
 from dpgrid.strategies.base import Noise, Progress
@@ -35,15 +35,10 @@ from dpgrid.training.stacked import StackedEngine, StackedModel, group_size
 from dpgrid.training.train import train_runs
 
 
-def planned_runs(out: Path, spec, selected: list) -> tuple:
-    """((configuration, seed) of every run this command trains, a draw's digest or None): its accounting method's."""
-    return spec.plan.accounting().runs(out, spec, selected)
-
-
 def initial_model(spec, seed: int, device):
     """Seed s's starting point, the same for every strategy and configuration (a selection's candidates start their
     j-th seed from seed j's: the accounting method's start_seed)."""
-    own = spec.plan.accounting().start_seed(seed, spec.plan.seeds)
+    own = procedure_of(spec.plan.method).start_seed(seed, spec.plan.seeds)
     with torch.random.fork_rng(devices=[]), default_dtype(torch.float64 if spec.train.float64 else None):
         torch.manual_seed(derive_seed(spec.plan.dataset, "init", own))
         return build_model(spec.model).to(device)
@@ -57,33 +52,33 @@ def sources(spec, config: dict, seed: int, device, phase: Phase = None) -> tuple
         return source, source
     # public seeds: reproducible, and predictable by anyone who knows these names
     streams = phase.streams if phase is not None else None
-    names = (*spec.seed_names(), config["config_id"], *((streams[0], seed - streams[1]) if streams else (seed,)))
-    noise = torch.Generator(device=device)
-    noise.manual_seed(derive_seed(*names, "noise"))
-    return torch.Generator().manual_seed(derive_seed(*names, "sampling")), noise
+    names = (*seed_names(spec), config["config_id"], *((streams[0], seed - streams[1]) if streams else (seed,)))
+    noise_source = torch.Generator(device=device)
+    noise_source.manual_seed(derive_seed(*names, "noise"))
+    return torch.Generator().manual_seed(derive_seed(*names, "sampling")), noise_source
 
 
-def train_together(spec, data, runs: list, progress: bool = False, methods: MethodChoice = None, phase: Phase = None
+def train_together(spec, data, runs: list, progress: bool = False, conv_methods: MethodChoice = None, phase: Phase = None
                    ) -> list:
     """The results of `runs` ((configuration, seed) pairs), all trained by one loop: one run alone, or several as
-    one stacked model (the same numbers as alone, within float rounding: dpgrid.training.stacked). `methods`: the
+    one stacked model (the same numbers as alone, within float rounding: dpgrid.training.stacked). `conv_methods`: the
     grid's choice of each convolution's per-sample method (measured once); `data` the phase's training data."""
     device = data.x_train.device
     models = [initial_model(spec, seed, device) for _, seed in runs]
-    samplers, noises = zip(*(sources(spec, config, seed, device, phase) for config, seed in runs))
+    samplers, noise_sources = zip(*(sources(spec, config, seed, device, phase) for config, seed in runs))
     configs = [config for config, _ in runs]
-    lengths = {spec.plan.accounting().run_steps(spec.plan, c["config_id"]) for c in configs}
+    lengths = {procedure_of(spec.plan.method).run_steps(spec.plan, c["config_id"]) for c in configs}
     if len(lengths) > 1:  # only the noise schedules' T differ by configuration, and their strategies do not stack
         raise RuntimeError(f"runs of {len(lengths)} lengths cannot train stacked")
     steps = lengths.pop()
     if len(runs) == 1:
-        params, hp, noise = models[0].parameters(), configs[0], noises[0]
-        engine = make_engine(models[0], data.task, spec.train.engine, methods)
+        params, hp, noise_source = models[0].parameters(), configs[0], noise_sources[0]
+        engine = make_engine(models[0], data.task, spec.train.engine, conv_methods)
     else:
         stack = StackedModel(models)
-        params, noise, engine = stack.params, list(noises), StackedEngine(stack, data.task)
+        params, noise_source, engine = stack.params, list(noise_sources), StackedEngine(stack, data.task)
         hp = {k: tuple(c[k] for c in configs) for k in configs[0] if k != "config_id"}
-    strategy = build_strategy(spec, params, hp, noise, steps, phase)
+    strategy = build_strategy(spec, params, hp, noise_source, steps, phase)
     results = train_runs(models, engine, strategy, data, steps, spec.plan.sample_rate, spec.train.eval_every,
                          list(samplers), spec.train.sampling, progress)
     return keeping_weights(spec, results, models)
@@ -97,14 +92,14 @@ def keeping_weights(spec, results: list, models: list) -> list:
     return results
 
 
-def build_strategy(spec, params, hp: dict, generator, steps: int = None, phase: Phase = None):
-    """The strategy of one run of the grid (or of a stacked group: hp values and generators one per run) of `steps`
+def build_strategy(spec, params, hp: dict, noise_source, steps: int = None, phase: Phase = None):
+    """The strategy of one run of the grid (or of a stacked group: hp values and noise sources one per run) of `steps`
     steps (None: the plan's T), with its phase's noise and expected batch size (None: the plan's)."""
     plan, phase = spec.plan, phase or Phase([])
     batch_size = plan.batch_size if phase.batch_size is None else phase.batch_size
     return spec.strategy_cls(params, hp={k: v for k, v in hp.items() if k != "config_id"},
                              noise=phase_noise(plan, phase), batch_size=batch_size, options=dict(spec.options),
-                             generator=generator, momentum=spec.train.momentum,
+                             generator=noise_source, momentum=spec.train.momentum,
                              progress=Progress(steps or plan.steps, phase.n_train or plan.n_train, batch_size))
 
 
@@ -129,15 +124,25 @@ def default_dtype(dtype):
         torch.set_default_dtype(previous)
 
 
-def run_row(spec, config, seed, result, draw=None, n_threads=None, conv_methods: str = "", phase: Phase = None) -> dict:
-    plan, method, phase = spec.plan, spec.plan.accounting(), phase or Phase([])
+@dataclass
+class Trained:
+    """What training a grid leaves for the command line to say (its files hold the rest)."""
+    summary: pd.DataFrame   # summary.csv's frame
+    release: str            # the line saying what was released, or why nothing was ('' for none)
+    releases_best_only: bool  # a selection: say only what it released
+    final: dict = None      # a tuning on a subsample's final runs' score (its selection.json's), or None
+
+
+def run_row(spec, config, seed, result, draw=None, n_threads=None, conv_methods: str = "", phase: Phase = None,
+            group_size: int = 1) -> dict:
+    plan, procedure, phase = spec.plan, procedure_of(spec.plan.method), phase or Phase([])
     row = dict(dataset=plan.dataset, strategy=plan.strategy, metric=tasks.get(spec.dataset.task).metric,
                epsilon=plan.epsilon, delta=plan.delta, k=plan.k, config_id=config["config_id"])
     row.update({k: v for k, v in config.items() if k != "config_id"})
-    row.update(method.run_fields(plan, seed, draw))
+    row.update(procedure.run_fields(plan, seed, draw))
     row.update(phase.fields)
-    noise = phase_noise(plan, phase)
-    row.update(seed=seed, noise_multiplier=noise.noise_multiplier, **noise.queries, **noise.problem,
+    told = phase_noise(plan, phase)
+    row.update(seed=seed, noise_multiplier=told.noise_multiplier, **told.queries, **told.problem,
                budget=plan.budget, accountant=plan.accountant, epsilon_spent=plan.epsilon_spent,
                epsilon_grid=plan.epsilon_grid, epsilon_with_seeds=plan.epsilon_with_seeds, private=plan.private,
                seeds_accounted=plan.account_seeds,
@@ -145,13 +150,14 @@ def run_row(spec, config, seed, result, draw=None, n_threads=None, conv_methods:
                normalize=spec.dataset.normalize, steps=plan.steps, epochs=plan.epochs, batch_size=plan.batch_size,
                n_train=plan.n_train, eval_every=spec.train.eval_every,
                best_value=result.best_value, best_step=result.best_step)
-    row.update(method.spent_fields(plan, config["config_id"], result))
+    row.update(procedure.spent_fields(plan, config["config_id"], result))
     if "clip" in plan.adapts:
         row["final_clip"] = result.final_clip
     if "lr" in plan.adapts:
         row["final_lr"] = result.final_lr
     row.update(diverged=result.diverged, seconds=round(result.seconds, 3), eval_seconds=round(result.eval_seconds, 3),
-               threads=n_threads, device=spec.train.device, **({"conv_methods": conv_methods} if conv_methods else {}),
+               threads=n_threads, group_size=group_size, device=spec.train.device,
+               **({"conv_methods": conv_methods} if conv_methods else {}),
                config_hash=spec.config_hash)
     return row
 
@@ -170,8 +176,7 @@ def check_fit(spec, data) -> None:
                           "(model=...)") from None
 
 
-def run_grid(spec, out_dir, progress: bool = True, on_lock=None, created="unknown", parallel_jobs: int = 1
-             ) -> pd.DataFrame:
+def train(spec, out_dir, progress: bool = True, on_lock=None, created="unknown", parallel_jobs: int = 1) -> "Trained":
     """Train the compiled grid into out_dir, resuming what is there. The directory's lock is taken before
     anything is written into it and held to the end; `on_lock(out)` writes what the caller records beside the
     grid (the command line: Hydra's record). A grid refused after taking the lock removes the folders it
@@ -193,8 +198,8 @@ def run_grid(spec, out_dir, progress: bool = True, on_lock=None, created="unknow
             raise
 
 
-def train_grid(spec, out: Path, progress: bool, on_lock=None) -> pd.DataFrame:
-    """run_grid's work, with the directory's lock held. Everything that can refuse the grid is asked before
+def train_grid(spec, out: Path, progress: bool, on_lock=None) -> "Trained":
+    """train's work, with the directory's lock held. Everything that can refuse the grid is asked before
     anything is written: the data, the model on it, the directory's config, data and release."""
     data = data_mod.load(spec.dataset, spec.data_root, spec.train.device)
     if spec.train.float64:
@@ -210,30 +215,29 @@ def train_grid(spec, out: Path, progress: bool, on_lock=None) -> pd.DataFrame:
     if on_lock:
         on_lock(out)
     write_header(out, spec, record)
-    method = plan.accounting()
+    procedure = procedure_of(plan.method)
     # A selection's console and cli.log say nothing that depends on the candidates: not their number
     # (a bar's total, a line per run) nor their scores. Those stay in the private files.
-    quiet = method.releases_best_only
-    work, methods = [], MethodChoice(spec.train.conv_method)
-    for number, phase in enumerate(method.phases(out, spec, list(spec.selected), data)):
+    quiet = procedure.releases_best_only
+    work, conv_methods = [], MethodChoice(spec.train.conv_method)
+    for number, phase in enumerate(procedure.phases(out, spec, list(spec.to_train), data)):
         if number == 0:  # after the first phase's draw, which may refuse the grid
             ledger.record_draws(out, spec)
             say(plan_header(spec))
             if quiet:
-                print(method.announcement or SELECTION_QUIET, file=sys.stderr, flush=True)
-        train_phase(spec, out, data, phase, done, progress, quiet, methods)
+                say(f"{plan.selection.replace('_', ' ')}: training; its epsilon covers {plan.method.covers}")
+        train_phase(spec, out, data, phase, done, progress, quiet, conv_methods)
         work += phase.runs
     runs = read_frame(out / "runs.csv") if work else None
-    if not method.every_run(plan, work) - set(run_ids(runs) if runs is not None else ()):
+    if not procedure.every_run(plan, work) - set(run_ids(runs) if runs is not None else ()):
         ledger.update(out, spec, released=True)  # before anything is released: a kill after it leaves no doubt
-    summary, _ = method.summarize(out, runs, plan, data.task)
+    summary, released = procedure.summarize(out, runs, plan, data.task)
     write_csv(out / "summary.csv", summary)
-    summary.attrs["releases_best_only"] = method.releases_best_only
-    summary.attrs["release"] = release_when_finished(out, spec, runs, summary, work, record)
-    return summary
+    return Trained(summary, release_when_finished(out, spec, runs, summary, work, record), quiet,
+                   (released or {}).get("final"))
 
 
-def train_phase(spec, out: Path, data, phase: Phase, done: set, progress: bool, quiet: bool, methods: MethodChoice
+def train_phase(spec, out: Path, data, phase: Phase, done: set, progress: bool, quiet: bool, conv_methods: MethodChoice
                 ) -> None:
     """Train a phase's runs that are not `done`, committing each run's row as it finishes."""
     plan, work = spec.plan, phase.runs
@@ -257,16 +261,17 @@ def train_phase(spec, out: Path, data, phase: Phase, done: set, progress: bool, 
             continue
         # the step bar (a terminal's only, and gone when the group ends) is a selection's too: its group holds one
         # candidate's runs at most, so nothing it shows depends on how many were drawn
-        results = train_together(spec, data, group, progress, methods, phase)
-        if not quiet:  # the convolutions' per-sample methods, once measured (a selection's stay in its rows)
-            said = say_methods(methods, said)
+        results = train_together(spec, data, group, progress, conv_methods, phase)
+        if not quiet:  # each convolution's per-sample choice, once measured (a selection's stay in its rows)
+            said = say_methods(conv_methods, said)
         for (config, seed), result in zip(group, results):  # each run committed on its own, as when trained alone
             if (config, seed) not in left:
                 continue
             if result.weights is not None:  # before the commit: a committed run's model is never missing
                 keep_weights(out, config["config_id"], seed, result.weights)
             append_curves(out / "curves.csv", [dict(config_id=config["config_id"], seed=seed, **c) for c in result.curve])
-            row = run_row(spec, config, seed, result, phase.draw, torch.get_num_threads(), methods.summary(), phase)
+            row = run_row(spec, config, seed, result, phase.draw, torch.get_num_threads(), conv_methods.summary(), phase,
+                          len(group))
             committed = commit_run(out / "runs.csv", row)
             ledger.record(out, spec, committed)
             finished += 1
@@ -277,15 +282,18 @@ def train_phase(spec, out: Path, data, phase: Phase, done: set, progress: bool, 
 
 
 def stacking(spec, data, runs: int) -> int:
-    """How many of the grid's `runs` train together (train.parallel_runs); says in one line why one at a time
-    when stacking was asked for or would serve and cannot. A selection says it whatever the number of its runs,
-    which depends on how many candidates were drawn (and prints nothing that does)."""
-    device, method = data.x_train.device, spec.plan.accounting()
-    if method.releases_best_only:  # a group holds one candidate's runs at most: asked as if there were two candidates,
-        runs = 2 * spec.plan.seeds  # so that neither the group nor the line below depends on how many were drawn
+    """How many of the grid's `runs` train together (train.parallel_runs), said in one line: the groups' size, or
+    why one at a time when stacking was asked for or would serve and cannot. A selection says it whatever the number
+    of its runs, which depends on how many candidates were drawn (and prints nothing that does)."""
+    device, procedure = data.x_train.device, procedure_of(spec.plan.method)
+    if procedure.releases_best_only:  # a group holds one candidate's runs at most: asked as if there were two
+        runs = 2 * spec.plan.seeds    # candidates, so that neither the group nor the line depends on how many were drawn
     size, why = group_size(spec.train.parallel_runs, initial_model(spec, 0, device), spec.strategy_cls, runs,
                            spec.plan.batch_size, device)
-    size = method.group_limit(spec.plan.seeds, size)
+    size = procedure.group_limit(spec.plan.seeds, size)
     if why and runs > 1 and spec.train.parallel_runs != "1":
         say(f"train.parallel_runs: one run at a time: {why}")
+    elif size > 1:
+        say(f"train.parallel_runs={spec.train.parallel_runs}: groups of up to {size} runs trained together as one "
+            "stacked model (each run's numbers are its own; runs.csv's group_size says each run's group)")
     return size

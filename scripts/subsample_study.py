@@ -107,7 +107,7 @@ def rule(dataset: list, k: int, seeds: int) -> pd.DataFrame:
     from scipy.stats import spearmanr
 
     from dpgrid.config import compile
-    from dpgrid.runner import run_grid
+    from dpgrid.runner import train
 
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
@@ -122,7 +122,7 @@ def rule(dataset: list, k: int, seeds: int) -> pd.DataFrame:
                 spec = compile(dpgrid.compose([*base, "privacy.account_seeds=true"]))
                 spec = replace(spec, plan=replace(spec.plan, noise_multiplier=nu))  # the full grid at the tuning's nu
                 full = Path(tmp) / f"full_{epsilon}_{rate}"
-                run_grid(spec, full, progress=False)
+                train(spec, full, progress=False)
                 on_x1 = pd.read_csv(tuned / "runs.csv").query("phase == 'tuning'").groupby("config_id").best_value.mean()
                 on_x = pd.read_csv(full / "runs.csv").groupby("config_id").best_value.mean().reindex(on_x1.index)
                 rows.append(dict(epsilon=epsilon, q1=rate, nu=round(nu, 4), spearman=spearmanr(on_x1, on_x).statistic,

@@ -53,7 +53,7 @@ def main() -> None:
     from dpgrid import runner
     from dpgrid.cli import main as dpgrid
 
-    commit, planned = runner.commit_run, runner.planned_runs
+    commit, header = runner.commit_run, runner.write_header
     commits = [0]
 
     def committed(*args, **kwargs):
@@ -63,12 +63,12 @@ def main() -> None:
             pause()
         return count
 
-    def holding(*args, **kwargs):
+    def holding(*args, **kwargs):  # once it holds the run directory, before any run
+        header(*args, **kwargs)
         if after == 0:
             pause()
-        return planned(*args, **kwargs)
 
-    runner.commit_run, runner.planned_runs = committed, holding
+    runner.commit_run, runner.write_header = committed, holding
     if after < 0:
         from dpgrid import api
         compose = api.compose

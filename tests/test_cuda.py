@@ -71,10 +71,10 @@ def test_a_stacked_group_on_cuda_matches_its_runs_trained_alone(tmp_path):
     """float64 on the device: each run's stream from its own CUDA generator, whichever group it trains in."""
     import pandas as pd
 
-    from dpgrid.runner import run_grid
+    from dpgrid.runner import train
 
     for name, setting in (("alone", "1"), ("stacked", "4")):
-        run_grid(spec_of("online", **{"train.float64": True, "train.parallel_runs": setting}), tmp_path / name,
+        train(spec_of("online", **{"train.float64": True, "train.parallel_runs": setting}), tmp_path / name,
                  progress=False)
     a, b = (pd.read_csv(tmp_path / n / "curves.csv").sort_values(["config_id", "seed", "step"]) for n in ("alone",
                                                                                                          "stacked"))

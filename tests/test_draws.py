@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from dpgrid.privacy.random_stopping import parameters
-from dpgrid.results.selection import draw_count
+from dpgrid.results.draws import draw_count
 
 mpmath.mp.dps = 40
 N = 2000  # grid points: each k's count is n P[K = k] within one

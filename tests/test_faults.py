@@ -38,7 +38,7 @@ def dpgrid(*args, fail_at=None, error="ENOSPC"):
 
 
 def progress(line: str) -> bool:
-    return (": run " in line or line.startswith("plan: ")) and not line.startswith("dpgrid:")  # a run's line, the plan
+    return (": run " in line or line.startswith(("plan: ", "train.parallel_runs"))) and not line.startswith("dpgrid:")
 
 
 def errors(r) -> list:

@@ -93,12 +93,12 @@ def test_a_non_private_plan_states_no_epsilon(tmp_path):
     import json
 
     from dpgrid.config import compile
-    from dpgrid.runner import run_grid
+    from dpgrid.runner import train
 
     from .conftest import load_cfg
 
     spec = compile(load_cfg("digits", "nodp", **{"grid.k": 2, "train.epochs": 1, "train.seeds": 1}))
-    run_grid(spec, tmp_path / "nodp", progress=False)
+    train(spec, tmp_path / "nodp", progress=False)
     plan = json.loads((tmp_path / "nodp" / "plan.json").read_text())
     assert plan["epsilon"] is None and plan["budget"] == "non-private" and plan["delta"] is None
     runs = pd.read_csv(tmp_path / "nodp" / "runs.csv")

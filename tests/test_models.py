@@ -12,7 +12,7 @@ from dpgrid import DpgridError
 from dpgrid.config import compile
 from dpgrid.data import load as load_data
 from dpgrid.results.files import read_frame
-from dpgrid.runner import run_grid
+from dpgrid.runner import train
 from dpgrid.training.train import evaluate
 
 from .command import dpgrid as run_dpgrid, one_line
@@ -24,8 +24,8 @@ SMALL = {"grid.k": 2, "train.seeds": 2, "train.epochs": 1, "train.eval_every": 4
 def grid(tmp_path, name="grid", strategy="fixed_threshold", **overrides):
     spec = compile(load_cfg("digits", strategy, **{**SMALL, **overrides}))
     out = tmp_path / name
-    summary = run_grid(spec, out, progress=False)
-    return spec, out, summary
+    trained = train(spec, out, progress=False)
+    return spec, out, trained.summary
 
 
 def test_the_released_model_reproduces_its_runs_last_test_value(tmp_path):
@@ -72,8 +72,10 @@ def test_all_keeps_every_runs_model_apart_and_none_keeps_nothing(tmp_path, save)
 
 
 def test_a_partial_grid_releases_nothing_until_every_run_has_finished(tmp_path):
-    spec, out, summary = grid(tmp_path, **{"grid.only": "[lr0_clip0]"})
-    assert not (out / "model").exists() and "released once every run of the grid has finished" in summary.attrs["release"]
+    spec = compile(load_cfg("digits", "fixed_threshold", **{**SMALL, "grid.only": "[lr0_clip0]"}))
+    trained = train(spec, tmp_path / "grid", progress=False)
+    out = tmp_path / "grid"
+    assert not (out / "model").exists() and "released once every run of the grid has finished" in trained.release
     assert sorted(p.name for p in (out / "weights").iterdir()) == ["lr0_clip0_seed0.safetensors",
                                                                    "lr0_clip0_seed1.safetensors"]
     spec, out, summary = grid(tmp_path)  # the rest of the grid, in the same directory

@@ -11,6 +11,7 @@ from torch import nn
 from dpgrid.models import cnn, mlp
 from dpgrid.training.persample import empty_batch, make_engine, parameter_groups, per_sample_losses
 from dpgrid.privacy.randomness import standard_normal
+from dpgrid.strategies.base import Noise
 
 from .plugin import EXAMPLES, SEARCHPATH, dpgrid
 
@@ -68,7 +69,7 @@ def test_per_layer_clipping_clips_each_layer_to_its_share():
     groups, reference = parameter_groups(model), loop_grads(model, x, y)
     clip, b, lr = 0.05, 4, 1.0
     before = [p.detach().clone() for p in model.parameters()]
-    strategy = per_layer_class()(model.parameters(), hp={"lr": lr, "clip": clip}, multipliers={"noise_multiplier": 0.0},
+    strategy = per_layer_class()(model.parameters(), hp={"lr": lr, "clip": clip}, noise=Noise(0.0),
                                  batch_size=b, options={}, generator=torch.Generator().manual_seed(0))
     strategy.step(make_engine(model, "classification", "fast")(x, y))
     share = clip / math.sqrt(len(groups))
@@ -90,7 +91,7 @@ def test_per_layer_noise_is_nu_times_the_whole_threshold_over_b():
     model = nn.Sequential(nn.Linear(3, 2), nn.Linear(2, 2)).double()
     nu, clip, b, lr = 1.7, 0.3, 8, 1.0
     before = [p.detach().clone() for p in model.parameters()]
-    strategy = per_layer_class()(model.parameters(), hp={"lr": lr, "clip": clip}, multipliers={"noise_multiplier": nu},
+    strategy = per_layer_class()(model.parameters(), hp={"lr": lr, "clip": clip}, noise=Noise(nu),
                                  batch_size=b, options={}, generator=torch.Generator().manual_seed(5))
     strategy.step(empty_batch(list(model.parameters()), torch.device("cpu"), 2))  # no sample: noise only
     replay = torch.Generator().manual_seed(5)
@@ -105,3 +106,35 @@ def test_per_layer_clipping_runs_as_a_plugin(tmp_path):
                f"hydra.run.dir={tmp_path / 'grid'}")
     assert r.returncode == 0, r.stderr
     assert "best configuration" in r.stdout
+
+
+def test_per_layer_clipping_stacks_as_it_trains_alone():
+    """The example says `stacks = True`: its stacked runs (group norms (G, b, L), group sums per run) get the numbers
+    they get alone, checked with the helper a plugin's own test calls."""
+    from dpgrid.testing import check_stacked
+
+    from .plugin import EXAMPLES, SEARCHPATH
+
+    import sys
+    sys.path.insert(0, str(EXAMPLES))
+    try:
+        assert check_stacked("per_layer", SEARCHPATH) > 100
+    finally:
+        sys.path.remove(str(EXAMPLES))
+
+
+def test_check_stacked_catches_a_step_that_pools_the_runs(tmp_path, monkeypatch):
+    """A plugin's stacked step that reads one clip for every run (the first run's) is not what its runs get alone:
+    the helper names the first value that differs."""
+    from dpgrid.testing import check_stacked
+
+    (tmp_path / "pooled.py").write_text(
+        "import torch\nfrom dpgrid.strategies import FixedThreshold\n\n\nclass Pooled(FixedThreshold):\n"
+        "    stacks = True\n\n    def clip_weights(self, norms):\n"
+        "        return torch.clamp(self.clip.reshape(-1)[0] / norms.clamp_min(1e-12), max=1.0)\n")
+    conf = tmp_path / "conf" / "strategy"
+    conf.mkdir(parents=True)
+    (conf / "pooled.yaml").write_text("_target_: pooled.Pooled\nname: pooled\ngrid: [lr, clip]\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    with pytest.raises(AssertionError, match="alone, .* stacked"):
+        check_stacked("pooled", f"hydra.searchpath=[file://{tmp_path / 'conf'}]")

@@ -24,7 +24,7 @@ def example_package(monkeypatch):
 
 def test_a_stated_noise_spends_what_its_runs_compose_to(example_package):
     plan = compile(compose(GRID)).plan
-    assert plan.noise_multiplier == 2.5 and plan.accounting().name == "fixed_noise"
+    assert plan.noise_multiplier == 2.5 and plan.method.name == "fixed_noise"
     composed = epsilon_of("rdp", plan.sample_rate, 2.5, plan.n_configs * plan.steps, plan.delta)
     assert plan.epsilon_spent == pytest.approx(composed, rel=1e-9) and plan.epsilon_spent < 8
     calibrated = compile(compose(GRID[2:])).plan  # composition calibrates to the whole target: less noise
@@ -45,15 +45,30 @@ def test_its_keys_are_typed_and_checked(example_package, override, message):
 
 @pytest.mark.slow
 def test_it_runs_plans_and_tables_as_a_built_in_method(tmp_path):
+    """It overrides the maths alone (calibrate) and trains, releases and is described by composition's procedure;
+    what leaves the grid names it, not composition: plan.json, model.json, `dpgrid plan`, `dpgrid model`, the
+    tables, and a table read where its package is not importable."""
     planned = dpgrid("plan", *GRID)
-    assert planned.returncode == 0 and "as stated (privacy.selection.noise_multiplier)" in planned.stdout, planned.stderr
-    r = dpgrid("run", *GRID, f"hydra.run.dir={tmp_path / 'results' / 'fixed'}")
+    assert planned.returncode == 0 and "accounted by fixed_noise" in planned.stdout, planned.stderr
+    assert "noise multiplier nu = 2.5" in planned.stdout
+    out = tmp_path / "results" / "fixed"
+    r = dpgrid("run", *GRID, f"hydra.run.dir={out}")
     assert r.returncode == 0, r.stderr
-    runs = pd.read_csv(tmp_path / "results" / "fixed" / "runs.csv")
-    plan = json.loads((tmp_path / "results" / "fixed" / "plan.json").read_text())
+    runs = pd.read_csv(out / "runs.csv")
+    plan = json.loads((out / "plan.json").read_text())
     assert len(runs) == 2 and (runs.noise_multiplier == 2.5).all() and plan["noise_multiplier"] == 2.5
     assert (runs.epsilon_spent == plan["epsilon_spent"]).all()
+    assert plan["selection"] == "fixed_noise" and plan["method"] == "dpgrid_example.fixed_noise.FixedNoise"
+    statement = json.loads((out / "model" / "model.json").read_text())
+    assert statement["privacy"]["selection"] == statement["privacy"]["method"] == "fixed_noise"
+    assert "accounted by fixed_noise" in dpgrid("model", out).stdout
     assert dpgrid("tables", str(tmp_path / "results")).returncode == 0
+    assert set(pd.read_csv(tmp_path / "results" / "tables" / "results.csv").selection) == {"fixed_noise"}
+    # read back where the plugin is not installed: its recorded name and figures, never composition's name
+    from dpgrid.reporting.tables import write_tables
+
+    written = write_tables(tmp_path / "results", figures=False, out=tmp_path / "elsewhere", report=pytest.fail)
+    assert written and set(pd.read_csv(tmp_path / "elsewhere" / "results.csv").selection) == {"fixed_noise"}
 
 
 @pytest.mark.parametrize("overrides, message", [

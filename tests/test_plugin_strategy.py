@@ -40,10 +40,12 @@ def test_the_update_rule_normalises_per_sample_gradients(tmp_path):
         from dpgrid_example.automatic import AutomaticClipping
     finally:
         sys.path.remove(str(EXAMPLES))
+    from dpgrid.strategies.base import Noise
+
     from .test_strategies import grads_from
 
     param = torch.zeros(2, dtype=torch.float64)
-    s = AutomaticClipping([param], hp={"lr": 1.0}, multipliers={"noise_multiplier": 0.0}, batch_size=4,
+    s = AutomaticClipping([param], hp={"lr": 1.0}, noise=Noise(0.0), batch_size=4,
                           options=dict(OmegaConf.load(EXAMPLES / "dpgrid_example" / "conf" / "strategy" / "automatic.yaml")),
                           generator=torch.Generator().manual_seed(0))
     s.step(grads_from(torch.tensor([[3.0, 4.0], [0.0, 0.0]], dtype=torch.float64)))
@@ -62,21 +64,29 @@ def test_a_target_that_is_not_a_strategy_is_refused(tmp_path):
     assert r.returncode == 2 and "strategy=missing: cannot import _target_ nowhere.Nothing" in r.stderr, r.stderr
 
 
-@pytest.mark.parametrize("parallel_runs", ["1", "auto"])
-def test_a_clip_schedule_reads_the_runs_progress(tmp_path, parallel_runs):
-    """examples/'s clip_decay: C_t = C (1 - 0.9 t / T) from Strategy.progress, one run at a time and stacked; the
-    plan's noise is fixed_threshold's (the schedule changes the sensitivity and the noise together)."""
-    grid = ["strategy=clip_decay", "grid.k=2", "train.epochs=1", "train.seeds=2", "train.eval_every=3", SEARCHPATH]
-    out = tmp_path / "decay"
-    r = dpgrid("run", *grid, f"train.parallel_runs={parallel_runs}", f"hydra.run.dir={out}")
-    assert r.returncode == 0, r.stderr
-    runs, curves = pd.read_csv(out / "runs.csv"), pd.read_csv(out / "curves.csv")
-    plan = json.loads((out / "plan.json").read_text())
-    assert len(runs) == 8 and (runs.steps == plan["steps"]).all()
-    assert runs.final_clip.to_numpy() == pytest.approx(0.1 * runs["clip"].to_numpy(), rel=1e-5)
-    for (config_id, seed), curve in curves.groupby(["config_id", "seed"]):
-        clip = float(runs[runs.config_id == config_id]["clip"].iloc[0])
-        expected = [clip * (1 - 0.9 * t / plan["steps"]) for t in curve.step]
-        assert curve["clip"].to_numpy() == pytest.approx(expected, rel=1e-5), (config_id, seed)
+def test_a_clip_schedule_reads_the_runs_progress(tmp_path):
+    """examples/'s clip_decay: C_t = C (1 - 0.9 t / T) from Strategy.progress, one run at a time and stacked, with the
+    same numbers both ways (float64), each row saying the group it trained in; the plan's noise is fixed_threshold's
+    (the schedule changes the sensitivity and the noise together)."""
+    grid = ["strategy=clip_decay", "grid.k=2", "train.epochs=1", "train.seeds=2", "train.eval_every=3", "train.float64=true",
+            SEARCHPATH]
+    found = {}
+    for parallel_runs in ("1", "auto"):
+        out = tmp_path / f"decay{parallel_runs}"
+        r = dpgrid("run", *grid, f"train.parallel_runs={parallel_runs}", f"hydra.run.dir={out}")
+        assert r.returncode == 0, r.stderr
+        runs, curves = pd.read_csv(out / "runs.csv"), pd.read_csv(out / "curves.csv")
+        plan = json.loads((out / "plan.json").read_text())
+        assert len(runs) == 8 and (runs.steps == plan["steps"]).all()
+        assert runs.final_clip.to_numpy() == pytest.approx(0.1 * runs["clip"].to_numpy(), rel=1e-5)
+        for (config_id, seed), curve in curves.groupby(["config_id", "seed"]):
+            clip = float(runs[runs.config_id == config_id]["clip"].iloc[0])
+            expected = [clip * (1 - 0.9 * t / plan["steps"]) for t in curve.step]
+            assert curve["clip"].to_numpy() == pytest.approx(expected, rel=1e-5), (config_id, seed)
+        found[parallel_runs] = runs.sort_values(["config_id", "seed"]).reset_index(drop=True)
+    alone, stacked = found["1"], found["auto"]
+    assert set(alone.group_size) == {1} and set(stacked.group_size) == {8}
+    for column in ("best_value", "final_clip", "best_step"):
+        assert stacked[column].tolist() == pytest.approx(alone[column].tolist(), rel=1e-9), column
     fixed = json.loads(dpgrid("plan", "--json", "strategy=fixed_threshold", *grid[1:]).stdout)
     assert plan["noise_multiplier"] == fixed["noise_multiplier"]

@@ -69,7 +69,7 @@ def test_a_model_that_does_not_fit_its_data_writes_nothing(model, tmp_path):
 ])
 def test_a_loaders_dtypes_are_checked_at_load(features, labels, message, monkeypatch, tmp_path):
     from dpgrid import datasets
-    from dpgrid.runner import run_grid
+    from dpgrid.runner import train
 
     real = datasets.load_digits
 
@@ -82,7 +82,7 @@ def test_a_loaders_dtypes_are_checked_at_load(features, labels, message, monkeyp
     monkeypatch.setattr(datasets, "load_digits", wrong)
     spec = compile(compose(["grid.k=2", "train.epochs=1", "train.seeds=1"]))
     with pytest.raises(DpgridError) as refused:
-        run_grid(spec, tmp_path / "grid", progress=False)
+        train(spec, tmp_path / "grid", progress=False)
     assert message in str(refused.value)
     assert not (tmp_path / "grid").exists()
 

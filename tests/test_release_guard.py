@@ -13,7 +13,7 @@ import dpgrid
 from dpgrid import DpgridError
 from dpgrid.config import compile
 from dpgrid.results.statement import sealed
-from dpgrid.runner import run_grid
+from dpgrid.runner import train
 
 from .command import dpgrid as run_dpgrid, one_line
 from .conftest import load_cfg
@@ -23,7 +23,7 @@ SMALL = {"grid.k": 2, "train.seeds": 2, "train.epochs": 1, "train.eval_every": 4
 
 def grid(tmp_path, name="grid", **overrides):
     spec = compile(load_cfg("digits", "fixed_threshold", **{**SMALL, **overrides}))
-    run_grid(spec, tmp_path / name, progress=False)
+    train(spec, tmp_path / name, progress=False)
     return spec, tmp_path / name
 
 
@@ -161,10 +161,10 @@ def test_the_grids_command_refuses_a_damaged_release_and_overwrite_makes_the_sam
     released = load((out / "model" / "seed0.safetensors").read_bytes())
     flip_a_byte(out / "model" / "seed1.safetensors")
     with pytest.raises(DpgridError, match="does not match the checksum .* overwrite=true"):
-        run_grid(spec, out, progress=False)
+        train(spec, out, progress=False)
     again = compile(load_cfg("digits", "fixed_threshold", **SMALL, overwrite=True))
     with pytest.warns(UserWarning, match="trains anew"):
-        run_grid(again, out, progress=False)
+        train(again, out, progress=False)
     model = dpgrid.load_model(out, seed=0)
     for name, tensor in released.items():
         torch.testing.assert_close(model.state_dict()[name], tensor)

@@ -10,7 +10,7 @@ from dpgrid.config import compile
 from dpgrid.privacy.random_stopping import parameters, selection_epsilon
 from dpgrid.privacy.selection_profiles import PROFILE_GRID, CandidateProfile, selection_delta
 from dpgrid.privacy.selection_profiles import selection_epsilon as profile_epsilon
-from dpgrid.results.selection import draw_count
+from dpgrid.results.draws import draw_count
 
 from .conftest import load_cfg
 

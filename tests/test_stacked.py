@@ -101,16 +101,16 @@ def test_a_grid_resumed_mid_group_ends_with_the_uninterrupted_grids_csvs(tmp_pat
     the uninterrupted grid's up to float rounding far below what another grouping would move (float32 here)."""
     import pandas as pd
 
-    from dpgrid.runner import run_grid
+    from dpgrid.runner import train
 
     spec = compile(load_cfg("digits", "online", **{"train.epochs": 1, "train.eval_every": 4, "train.seeds": 2,
                                                    "grid.k": 3, "train.parallel_runs": 4}))
     whole, resumed = tmp_path / "whole", tmp_path / "resumed"
-    run_grid(spec, whole, progress=False)
-    run_grid(spec, resumed, progress=False)
+    train(spec, whole, progress=False)
+    train(spec, resumed, progress=False)
     runs = pd.read_csv(resumed / "runs.csv")
     runs.iloc[:5].to_csv(resumed / "runs.csv", index=False)  # the 6th run lost: the second group (5, 6) half committed
-    run_grid(spec, resumed, progress=False)
+    train(spec, resumed, progress=False)
     key = ["config_id", "seed"]
     a = pd.read_csv(whole / "runs.csv").sort_values(key).reset_index(drop=True)
     b = pd.read_csv(resumed / "runs.csv").sort_values(key).reset_index(drop=True)
@@ -130,3 +130,24 @@ def test_a_bad_parallel_runs_is_one_line(value):
 
     with pytest.raises(DpgridError, match=rf"^train.parallel_runs must be auto or a whole number >= 1, got '{value}'$"):
         compile(load_cfg("digits", "online", **{"train.parallel_runs": value}), plan=False)
+
+
+def test_a_stacked_strategys_curve_values_are_each_runs_own(tmp_path, monkeypatch):
+    """curve_values' stacked form: a (G,) tensor is a value per run, recorded in each run's curve as its own (the
+    numbers it records alone); a plain number is every run's."""
+    from dpgrid.testing import check_stacked
+
+    (tmp_path / "noted.py").write_text(
+        "from dpgrid.strategies import FixedThreshold\n\n\nclass Noted(FixedThreshold):\n    stacks = True\n\n"
+        "    def curve_values(self):\n        return {\"twice_clip\": 2 * self.clip, \"one\": 1.0}\n")
+    conf = tmp_path / "conf" / "strategy"
+    conf.mkdir(parents=True)
+    (conf / "noted.yaml").write_text("_target_: noted.Noted\nname: noted\ngrid: [lr, clip]\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    search = f"hydra.searchpath=[file://{tmp_path / 'conf'}]"
+    assert check_stacked("noted", search) > 0
+    spec, data = small_grid("noted", **{"hydra.searchpath": f"[file://{tmp_path / 'conf'}]"})
+    runs = [(c, 0) for c in spec.plan.configurations]
+    for (config, _), result in zip(runs, train_together(spec, data, runs)):
+        assert [c["twice_clip"] for c in result.curve] == pytest.approx([2 * config["clip"]] * len(result.curve))
+        assert {c["one"] for c in result.curve} == {1.0}

@@ -21,7 +21,7 @@ def spy(monkeypatch) -> list:
     loop = runner.train_runs
 
     def train_runs(models, engine, strategy, data, *args, **kwargs):
-        seen.append((data.n_train, strategy.batch_size, strategy.multipliers["noise_multiplier"], len(models)))
+        seen.append((data.n_train, strategy.batch_size, strategy.noise.noise_multiplier, len(models)))
         return loop(models, engine, strategy, data, *args, **kwargs)
 
     monkeypatch.setattr(runner, "train_runs", train_runs)
@@ -64,7 +64,7 @@ def test_candidates_train_on_the_tuning_set_and_the_final_model_on_the_data(extr
     assert statement["covered_by"]["epsilon"] == pytest.approx(plan["epsilon_spent"])
     assert statement["configuration"]["config_id"] == chosen and "final model" in statement["why"]
     assert sorted(p.name for p in (out / "model").glob("*.safetensors")) == ["seed0.safetensors", "seed1.safetensors"]
-    assert "final model:" in r.stdout and "tuning on a subsample: training the candidates" in r.stderr
+    assert "final model:" in r.stdout and "subsample tuning: training; its epsilon covers the chosen" in r.stderr
     # a second command trains nothing and releases the same
     before = (out / "runs.csv").read_text()
     assert dpgrid("run", *BASE, *extra, f"hydra.run.dir={out}").returncode == 0

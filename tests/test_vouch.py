@@ -99,18 +99,18 @@ def test_a_config_hash_that_looks_like_a_number_stays_text(digest, tmp_path, mon
     import sys
 
     from dpgrid.config import compile as compile_grid
-    from dpgrid.runner import run_grid
+    from dpgrid.runner import train
 
     from .conftest import load_cfg
 
-    monkeypatch.setattr(sys.modules["dpgrid.config.compile"], "config_hash", lambda settings, private=True: digest)
+    monkeypatch.setattr(sys.modules["dpgrid.config.compile"], "config_hash", lambda settings, *args: digest)
     spec = compile_grid(load_cfg("digits", "fixed_threshold", **{"grid.k": 2, "train.seeds": 1, "train.epochs": 1,
                                                                   "grid.only": "[lr0_clip0]"}))
     assert spec.config_hash == digest
     out = tmp_path / "outputs" / "grid"
-    run_grid(spec, out, progress=False)
+    train(spec, out, progress=False)
     spec = compile_grid(load_cfg("digits", "fixed_threshold", **{"grid.k": 2, "train.seeds": 1, "train.epochs": 1}))
-    run_grid(spec, out, progress=False)  # resumed: the first row read back and written again
+    train(spec, out, progress=False)  # resumed: the first row read back and written again
     runs = pd.read_csv(out / "runs.csv", dtype=str, keep_default_na=False)
     assert set(runs.config_hash) == {digest} and len(runs) == 4
     assert json.loads((out / "plan.json").read_text())["config_hash"] == digest

@@ -49,7 +49,7 @@ class GridSpec:
     strategy_cls: type
     selection_cls: type         # privacy.selection's AccountingMethod (the strategy may declare its own instead)
     options: Mapping            # the strategy config's own keys (read-only)
-    selected: tuple             # the configurations this command trains (grid.only), in grid order
+    to_train: tuple             # the configurations this command trains (grid.only), in grid order
     only: Optional[tuple]       # grid.only as given (None: every configuration)
     train: Training
     dataset: Any                # dpgrid.specs.DatasetSpec: its loader and the public constants a run reads
@@ -70,12 +70,6 @@ class GridSpec:
         for warning in self.warnings:
             warnings.warn(warning)
         return self
-
-    def seed_names(self) -> tuple:
-        """The names a grid's seeds derive from (a selection adds its repetition)."""
-        p = self.plan
-        key = (p.dataset, p.strategy, p.epsilon if p.private else "non-private", p.k)
-        return (*key, "selection", self.stopping_seed) if p.method.seeds_beyond_plan else key
 
 
 def compile(cfg, n_train: int = None, plan: bool = True, before_plan=None) -> GridSpec:
@@ -121,7 +115,7 @@ def compile(cfg, n_train: int = None, plan: bool = True, before_plan=None) -> Gr
     privacy = flat_privacy(plain["privacy"])
     spec = GridSpec(
         plan=None, strategy_cls=strategy_cls, selection_cls=selection_cls, options=MappingProxyType(arguments(cfg.strategy)),
-        selected=tuple(select(configs, only)), only=only,
+        to_train=tuple(select(configs, only)), only=only,
         train=Training(epochs=int(cfg.train.epochs), batch_size=int(cfg.train.batch_size),
                        eval_every=int(cfg.train.eval_every), seeds=int(cfg.train.seeds),
                        momentum=float(cfg.train.momentum) if strategy_cls.uses_momentum else 0.0,
@@ -132,7 +126,7 @@ def compile(cfg, n_train: int = None, plan: bool = True, before_plan=None) -> Gr
         dataset=dataset, model=target_of(read_only(cfg.model), "model"),
         data_root=str(cfg.data.root), protocol=str(cfg.protocol), overwrite=bool(cfg.overwrite), stopping_seed=int(privacy["stopping_seed"]),
         privacy=MappingProxyType(privacy), settings=MappingProxyType(plain),
-        config_hash=config_hash(plain, strategy_cls.private),
+        config_hash=config_hash(plain, strategy_cls.private, selection_cls.accounts_seeds),
         warnings=tuple(warnings))
     if before_plan is not None:
         before_plan(spec)

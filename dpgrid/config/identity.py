@@ -42,20 +42,21 @@ def flat_privacy(privacy: dict) -> dict:
     return {**flat, "selection": node.get("name")}
 
 
-def config_hash(settings: dict, private: bool = True) -> str:
-    return hashlib.sha256(json.dumps(hashed(settings, private), sort_keys=True).encode()).hexdigest()[:16]
+def config_hash(settings: dict, private: bool = True, accounts_seeds: bool = False) -> str:
+    return hashlib.sha256(json.dumps(hashed(settings, private, accounts_seeds), sort_keys=True).encode()).hexdigest()[:16]
 
 
-def hashed(settings: dict, private: bool = True) -> dict:
+def hashed(settings: dict, private: bool = True, accounts_seeds: bool = False) -> dict:
     """The resolved config (plain values), less the settings that cannot change the results.
 
-    train.seeds is left out unless the seeds are accounted: seed s's run does not depend on how many seeds there
-    are (the hashes of grids recorded so stay); a directory's other seed count is refused by `other_seeds`, since
-    the epsilon of what it publishes depends on it.
+    train.seeds is left out unless the seeds are accounted (privacy.account_seeds, or a method that always accounts
+    them: `accounts_seeds`, a selection's): seed s's run does not depend on how many seeds there are (the hashes of
+    grids recorded so stay); a directory's other seed count is refused by `other_seeds`, since the epsilon of what it
+    publishes depends on it.
     A non-private strategy's runs do not depend on the privacy settings, which are then left out too."""
     plain = copy.deepcopy(dict(settings))
     plain["privacy"] = flat_privacy(plain["privacy"])
-    seeds_matter = plain["privacy"]["account_seeds"] or plain["privacy"].get("selection", "composition") != "composition"
+    seeds_matter = plain["privacy"]["account_seeds"] or accounts_seeds
     unhashed = NOT_HASHED if seeds_matter else (*NOT_HASHED, "train.seeds")
     if not private:
         unhashed = (*unhashed, *(f"privacy.{key}" for key in plain["privacy"] if key != "secure_rng"))
@@ -70,14 +71,15 @@ def hashed(settings: dict, private: bool = True) -> dict:
     return plain
 
 
-def config_difference(out: Path, settings: dict, private: bool = True) -> str:
+def config_difference(out: Path, settings: dict, private: bool = True, accounts_seeds: bool = False) -> str:
     """The first hashed setting whose value differs between the config recorded in out/config.yaml and
     `settings`, e.g. "train.epochs is 1 there, 2 here"; '' when it cannot be told."""
     try:
-        there = flat(hashed(OmegaConf.to_container(OmegaConf.load(out / "config.yaml"), resolve=False), private))
+        there = flat(hashed(OmegaConf.to_container(OmegaConf.load(out / "config.yaml"), resolve=False), private,
+                            accounts_seeds))
     except Exception:  # a missing or damaged record: the hashes are named instead
         return ""
-    here = flat(hashed(settings, private))
+    here = flat(hashed(settings, private, accounts_seeds))
     for key in sorted(set(there) | set(here)):
         if there.get(key) != here.get(key):
             return f"{key} is {there.get(key, '(absent)')} there, {here.get(key, '(absent)')} here"
@@ -94,9 +96,10 @@ def flat(tree: dict, prefix: str = "") -> dict:
     return out
 
 
-def other_config(out: Path, settings: dict, private: bool, recorded: str, digest: str) -> str:
+def other_config(out: Path, settings: dict, private: bool, recorded: str, digest: str, accounts_seeds: bool = False
+                 ) -> str:
     """The refusal of a run directory whose results were made by another config (hash `recorded`)."""
-    difference = config_difference(out, settings, private) or f"hash {recorded} != {digest}"
+    difference = config_difference(out, settings, private, accounts_seeds) or f"hash {recorded} != {digest}"
     return (f"{out} holds results of a different config ({difference}); choose another hydra.run.dir, or pass "
             "overwrite=true to delete them")
 

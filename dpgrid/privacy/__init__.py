@@ -1,11 +1,12 @@
 """A grid's privacy: its plan (how much noise, what it spends) and the accounting methods behind it.
 
 An accounting method is one module here with one class in ACCOUNTING, an AccountingMethod (method.py): `name`,
-the `accountants` it takes (privacy.accountant), and `plan(plan, strategy_cls, options, privacy, problem) -> dict`,
-which is told the plan's public figures (N, B, q, T, K, seeds, the target (epsilon, delta), privacy.accountant)
-and returns what it records: the noise, its split among the strategy's queries, and what it spends. What it
-trains, what its rows add and what it releases are asked of it too (method.py); the runner holds no branch on it. A strategy declares the method it needs (`Strategy.accounting`); a composition grid
-becomes a random-stopping selection with privacy.selection=random_stopping.
+the `accountants` it takes (privacy.accountant), what its epsilon `covers`, and `calibrate(plan, strategy_cls,
+options, privacy, problem) -> dict`, which is told the plan's public figures (N, B, q, T, K, seeds, the target
+(epsilon, delta), privacy.accountant) and returns what it records: the noise, its split among the strategy's queries,
+and what it spends. What a grid trains, what its rows add and what it releases are its `procedure`'s
+(dpgrid.results.procedure); the runner holds no branch on either. A strategy declares the method it needs
+(`Strategy.accounting`); a composition grid becomes a random-stopping selection with privacy.selection=random_stopping.
 
 - composition (composition.py): the K runs compose (privacy.accountant: rdp, pld or prv, accountants.py);
 - random_stopping (random_stopping.py): only the best of a random number of candidates is released, accounted
@@ -23,6 +24,7 @@ from dataclasses import asdict, dataclass, field, replace
 from dpgrid import DpgridError
 from dpgrid.privacy.accountants import ACCOUNTANTS, calibrate, epsilon_of, pld_epsilon, prv_epsilon, rdp_epsilon, smallest_noise
 from dpgrid.privacy.composition import Composition, liu_talwar_parameters
+from dpgrid.privacy.method import AccountingMethod
 from dpgrid.privacy.noise_schedule import NoiseSchedule
 from dpgrid.privacy.random_stopping import RandomStopping
 from dpgrid.privacy.subsample_tuning import SubsampleTuning
@@ -53,10 +55,20 @@ def accounting_for(strategy_cls, selection=Composition):
 
 def recorded_method(plan: dict):
     """The accounting method a plan.json records (its `selection`, or a noise schedule's `schedule`), for what reads
-    a grid back from its files (the tables); a method that is not built in reads as composition."""
+    a grid back from its files (the tables): a built-in by its name, a plugin's by the class plan.json names
+    (`method`). A plugin's that cannot be imported here reads under its recorded name with composition's procedure:
+    its figures as its rows record them, never another method's name."""
     if plan.get("schedule"):
         return NoiseSchedule
-    return ACCOUNTING.get(plan.get("selection") or "composition", Composition)
+    name = plan.get("selection", "composition")
+    if name in ACCOUNTING:
+        return ACCOUNTING[name]
+    try:
+        from dpgrid.plugins import Target, resolve
+
+        return resolve(Target(str(plan.get("method")), {}), f"the grid's accounting method {name}", "class")
+    except DpgridError:
+        return type(f"Recorded_{name}", (AccountingMethod,), {"name": name})
 
 
 def all_accountants() -> tuple:
@@ -100,7 +112,7 @@ class Plan:
     axes: list = field(default_factory=list)    # the grid's axes, e.g. ["lr", "clip"]
     dataset_epsilons: list = field(default_factory=list)  # the dataset's privacy levels (table rows)
     configurations: list = field(default_factory=list)
-    method: type = Composition  # its accounting method (an AccountingMethod class): what the runner and results ask
+    method: type = Composition  # its accounting method (an AccountingMethod class), whose procedure the runner asks
 
     def to_dict(self) -> dict:
         """plan.json: the common figures and its method's record among them, in the order plan.json has always had
@@ -113,11 +125,14 @@ class Plan:
             del d["tuning"]
         d.update(d.pop("per_query"))
         d.update(d.pop("problem"))  # plan.json has always held both among its top-level keys
+        if self.selection not in ACCOUNTING:  # a plugin method: the class that planned it, for what reads it back
+            d["method"] = f"{self.method.__module__}.{self.method.__qualname__}"
         return d
 
-    def accounting(self):
-        """Its accounting method (an AccountingMethod, method.py): what the runner and the results ask of it."""
-        return self.method()
+    @property
+    def noise_per_run(self) -> bool:
+        """Each run has its own noise and T (a noise schedule's sigma_t): no one multiplier for the grid."""
+        return self.private and math.isnan(self.noise_multiplier)
 
 
 # plan.json's keys in their order (the method is named through its fields: selection, schedule, budget), and the
@@ -148,15 +163,17 @@ def make_plan(*, strategy_cls, options: dict, privacy: dict, problem: dict, n_tr
                 noise_multiplier=0.0, budget=str(privacy["budget"]), accountant=str(privacy["accountant"]),
                 sampling=sampling)
     if strategy_cls.private:
-        method = accounting_for(strategy_cls, selection or str(privacy["selection"]))
-        plan = replace(plan, method=method, **method().plan(plan, strategy_cls, options, privacy, problem))
+        chosen = ACCOUNTING[str(privacy["selection"])] if selection is None else selection  # privacy.selection's
+        method = accounting_for(strategy_cls, chosen)
+        plan = replace(plan, method=method, selection=chosen.name,
+                       **method().calibrate(plan, strategy_cls, options, privacy, problem))
         if plan.epsilon_spent is not None:
             check_spent(plan)
     else:  # a non-private baseline: no budget, no epsilon (its runs do not depend on them)
         plan = replace(plan, epsilon=None, delta=None, budget="non-private", accountant=None)
     if plan.sampling == "shuffle":  # the noise is the Poisson plan's, but no analysis covers shuffled batches
         plan = replace(plan, epsilon_spent=None, epsilon_grid=None, epsilon_per_run=None, epsilon_with_seeds=None,
-                       record=plan.method().unclaimed(plan.record), sampling=NOT_DP_SAMPLING)
+                       sampling=NOT_DP_SAMPLING)
     return plan
 
 

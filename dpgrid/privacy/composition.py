@@ -8,7 +8,7 @@ Liu-Talwar random-stopping selection (Mohapatra et al. 2022, Theorem 1) is recor
 """
 
 import math
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 from dpgrid.privacy.accountants import ACCOUNTANTS, calibrate, epsilon_curve
 from dpgrid.privacy.method import AccountingMethod
@@ -26,10 +26,7 @@ class Composition(AccountingMethod):
               "the means over seeds that tables publish, and the model chosen from them, are covered by the epsilon "
               "with seeds")
 
-    def unclaimed(self, record):
-        return replace(record, liu_talwar={})
-
-    def plan(self, plan, strategy_cls, options: dict, privacy: dict, problem: dict) -> dict:
+    def calibrate(self, plan, strategy_cls, options: dict, privacy: dict, problem: dict) -> dict:
         nu = calibrate(plan.epsilon, plan.sample_rate, budget_runs(plan) * plan.steps, plan.delta,
                        accountant=plan.accountant)
         return self.spent(plan, strategy_cls, options, nu)
@@ -39,11 +36,13 @@ class Composition(AccountingMethod):
         q, steps, accountant, delta = plan.sample_rate, plan.steps, plan.accountant, plan.delta
         per_config = plan.seeds if plan.account_seeds else 1  # runs of one configuration that are accounted
         epsilon = epsilon_curve(accountant, q, nu)  # each (steps, delta) asked once; RDP's curve computed once
+        # shuffled batches: no analysis covers them, so no selection's cost is compared either (make_plan claims none)
+        cost = {} if plan.sampling == "shuffle" else liu_talwar_cost(
+            plan.epsilon, delta, plan.n_configs, q, per_config * steps, nu,
+            epsilon if accountant == "rdp" else epsilon_curve("rdp", q, nu))
         return dict(noise_multiplier=nu, per_query=strategy_cls.split_noise(nu, options, plan.batch_size),
                     epsilon_spent=epsilon(budget_runs(plan) * steps, delta), epsilon_grid=epsilon(plan.composed_runs * steps, delta),
-                    epsilon_per_run=epsilon(per_config * steps, delta),
-                    record=self.Record(liu_talwar_cost(plan.epsilon, delta, plan.n_configs, q, per_config * steps, nu,
-                                                       epsilon if accountant == "rdp" else epsilon_curve("rdp", q, nu))),
+                    epsilon_per_run=epsilon(per_config * steps, delta), record=self.Record(cost),
                     epsilon_with_seeds=epsilon(plan.n_configs * plan.seeds * steps, delta))
 
 

@@ -146,89 +146,18 @@ class RandomStopping(AccountingMethod):
         epsilon_by_analysis: dict   # the selection's epsilon at this nu under each analysis that covers its rule
 
     name = "random_stopping"
+    accounts_seeds = True  # a candidate is its seeds' runs composed
     accountants = ("rdp", "pld")
     covers = ("the chosen candidate's output: its configuration and score (selection.json) and its trained models and "
               "learning curves (model/); not the other candidates nor how many there were (runs.csv, curves.csv, "
               "summary.csv, candidates.json, ledger.json and cli.log are the experimenter's private log)")
-    releases_best_only = True
-    seeds_beyond_plan = True
+    procedure = "dpgrid.results.selection.RandomStoppingProcedure"
 
     @classmethod
     def check_options(cls, read) -> None:
         check_stopping(read, COVERS)
 
-    def runs(self, out, spec, selected: list) -> tuple:
-        import torch
-
-        from dpgrid.privacy.randomness import SecureRandom, derive_seed
-        from dpgrid.results import selection
-
-        plan = spec.plan
-        source = (SecureRandom() if spec.train.secure_rng
-                  else torch.Generator().manual_seed(derive_seed(*spec.seed_names(), "stopping")))
-        drawn, draw = selection.candidates(out, plan, selected, source, spec.overwrite)
-        return [(c, i * plan.seeds + s) for i, c in enumerate(drawn) for s in range(plan.seeds)], draw
-
-    def every_run(self, plan, work: list) -> set:
-        return {(c["config_id"], s) for c, s in work}
-
-    def start_seed(self, seed: int, seeds: int) -> int:
-        return seed % seeds
-
-    def run_fields(self, plan, seed: int, draw) -> dict:
-        return dict(candidate=seed // plan.seeds, draw=draw)
-
-    def group_limit(self, seeds: int, size: int) -> int:
-        # A group holds one candidate's runs at most: a stacked run's batch is padded to its group's largest, and its
-        # rounding would otherwise depend on the other candidates (the released weights to their last bit).
-        return max(d for d in range(1, seeds + 1) if seeds % d == 0 and d <= size)
-
-    def summarize(self, out, runs, plan, task: str):
-        from dpgrid.results import selection
-        from dpgrid.results.files import write_json
-
-        summary, released = selection.summarize_selection(runs, plan, plan.axes, task)
-        write_json(out / "selection.json", released)
-        return summary, released
-
-    def release_reason(self, plan, summary_row, runs):
-        ok = ~runs.diverged.astype(bool)
-        mine = runs[(runs.candidate == int(summary_row.candidate)) & ok]
-        seeds = [(int(s), int(s) % plan.seeds) for s in sorted(mine.seed)]
-        why = ("the chosen candidate of a random-stopping selection, covered by the selection's epsilon "
-               f"({plan.record.selection_accountant} analysis), which covers {self.covers}")
-        return seeds, why
-
-    def table_release(self, folder, runs, plan: dict, axes: list, task: str):
-        from dpgrid.results.selection import selection_release
-        return selection_release(folder, runs, plan, axes, task)
-
-    def unreleased_draw(self, out, committed: int) -> str:
-        if committed and not (out / "candidates.json").exists():
-            return f"{out / 'candidates.json'} is missing but this secure selection trained {committed} run(s)"
-        return ""
-
-    def expected_runs(self, plan, runs: int) -> float:
-        return plan.record.stopping["mean"] * plan.seeds
-
-    def describe(self, plan) -> list:
-        stop = plan.record.stopping
-        shape = {"truncated_negative_binomial": f"eta = {stop.get('eta', 0):g}, gamma = {stop.get('gamma', 0):.4g}",
-                 "poisson": f"mu = {stop['mean']:g}",
-                 "binomial": f"{stop.get('rounds')} rounds, p = {stop.get('p', 0):.4g}",
-                 "liu_talwar": f"stop probability {stop.get('gamma', 0):.4g}, at most {stop.get('max_candidates')}"}
-        others = ", ".join(f"{eps:.5g} by {name}" for name, eps in plan.record.epsilon_by_analysis.items()
-                           if name != plan.record.selection_accountant)
-        return [f"  random-stopping selection, {stop['rule']} ({shape[stop['rule']]}): {stop['mean']:g} candidates "
-                f"expected, each a configuration drawn from the grid and trained {plan.seeds} times",
-                f"  budget (eps, delta) = ({plan.epsilon:g}, {plan.delta:g}) for the whole selection; it covers "
-                f"{self.covers}",
-                f"  noise multiplier nu = {plan.noise_multiplier:.5g}; eps spent = {plan.epsilon_spent:.5g}; one "
-                f"candidate's eps = {plan.epsilon_per_run:.5g}",
-                f"  analysis: {plan.record.selection_accountant} (privacy.selection.selection_accountant)"
-                + (f"; the same nu spends eps = {others}" if others else "")]
-
-    def plan(self, plan, strategy_cls, options: dict, privacy: dict, problem: dict) -> dict:
+    def calibrate(self, plan, strategy_cls, options: dict, privacy: dict, problem: dict) -> dict:
         mean = float(privacy["stopping_mean"]) if privacy.get("stopping_mean") is not None else float(plan.n_configs)
         stopping = parameters(str(privacy["stopping"]), float(privacy["stopping_eta"]), mean, plan.delta,
                               privacy.get("stopping_rounds"))
@@ -237,7 +166,7 @@ class RandomStopping(AccountingMethod):
         nu = selection_noise(plan.sample_rate, steps, plan.epsilon, plan.delta, stopping, analysis)
         by_analysis = epsilon_by_analysis(plan.sample_rate, nu, steps, plan.delta, stopping)
         epsilon = by_analysis[analysis]  # seeds accounted: the grid's, the published tables' and the budget's epsilon
-        return dict(selection="random_stopping", account_seeds=True, composed_runs=plan.seeds,
+        return dict(account_seeds=True, composed_runs=plan.seeds,
                     record=self.Record(stopping, analysis, by_analysis), noise_multiplier=nu,
                     per_query=strategy_cls.split_noise(nu, options, plan.batch_size),
                     epsilon_spent=epsilon, epsilon_grid=epsilon, epsilon_with_seeds=epsilon,

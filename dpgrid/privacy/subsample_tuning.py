@@ -15,12 +15,11 @@ Released (selection.json, model/): the chosen configuration, its tuning score, t
 public accounting. Private: tuning_set.json, candidates.json, runs.csv, curves.csv, summary.csv.
 """
 
-import json
 from dataclasses import dataclass
 from typing import Any
 
 from dpgrid import DpgridError
-from dpgrid.privacy.method import AccountingMethod, Phase
+from dpgrid.privacy.method import AccountingMethod
 from dpgrid.privacy.random_stopping import RandomStopping, check_stopping
 from dpgrid.privacy.subsample_bounds import ANALYSES, COVERS, FINAL_DATA, SEARCHES, Setting, calibrate_phases
 
@@ -41,16 +40,13 @@ class SubsampleTuning(AccountingMethod):
         tuning: dict  # its rate, search and final data, both phases' noise, steps and epsilon
 
     name = "subsample_tuning"
+    accounts_seeds = True  # a candidate is its seeds' runs composed
     accountants = ("rdp", "pld")
     covers = ("the chosen configuration and its tuning score, and the final runs' output: their trained models, "
               "learning curves and scores (selection.json, model/); not the tuning set, the other candidates nor how "
               "many there were (tuning_set.json, candidates.json, runs.csv, curves.csv, summary.csv, ledger.json and "
               "cli.log are the experimenter's private log)")
-    releases_best_only = True
-    seeds_beyond_plan = True
-    announcement = ("tuning on a subsample: training the candidates on the tuning set, then the chosen one on the "
-                    "data; the tuning set, how many candidates there are and their scores stay in the private files "
-                    "(tuning_set.json, candidates.json, runs.csv, curves.csv, summary.csv, ledger.json)")
+    procedure = "dpgrid.results.tuning.SubsampleTuningProcedure"
 
     @classmethod
     def check_options(cls, read) -> None:
@@ -65,105 +61,7 @@ class SubsampleTuning(AccountingMethod):
                         "share of epsilon the tuning phase alone may spend; 0 and 1 leave a phase no budget)", split)
         check_stopping(read, COVERS)  # no Liu-Talwar rule: its analysis is not amplified here
 
-    def phases(self, out, spec, selected: list, data):
-        plan, tuning = spec.plan, spec.plan.record.tuning
-        members = files().tuning_set(out, spec, data.n_train)
-        random_stopping = tuning["search"] == "random_stopping"
-        if random_stopping:
-            runs, draw = RandomStopping().runs(out, spec, selected)
-        else:
-            runs, draw = [(c, s) for c in selected for s in range(plan.seeds)], None
-        first = tuning["tuning"]
-        yield Phase(runs, draw, train_rows=members.nonzero().flatten(), noise_multiplier=first["noise_multiplier"],
-                    per_query=first["per_query"], batch_size=first["batch_size"],
-                    n_train=plan.n_train * tuning["rate"], fields={"phase": "tuning"})
-        chosen = files().chosen_configuration(out, spec, selected, draw)
-        if chosen is None:  # no candidate drawn, or none converged: nothing to carry over
-            return
-        base = 1 + max(seed for _, seed in runs)  # the final runs' seeds follow the candidates'
-        final, full = tuning["final"], tuning["final_data"] == "full"
-        yield Phase([(chosen, base + s) for s in range(plan.seeds)], draw,
-                    train_rows=None if full else (~members).nonzero().flatten(),
-                    noise_multiplier=final["noise_multiplier"], per_query=dict(plan.per_query),
-                    batch_size=final["batch_size"], n_train=plan.n_train * (1 if full else 1 - tuning["rate"]),
-                    fields={"phase": "final", **({"candidate": -1} if random_stopping else {})},
-                    streams=("final", base))  # its seeds follow the candidates', its noise does not
-
-    def every_run(self, plan, work: list) -> set:
-        return {(c["config_id"], s) for c, s in work}
-
-    def start_seed(self, seed: int, seeds: int) -> int:
-        return seed % seeds
-
-    def run_fields(self, plan, seed: int, draw) -> dict:
-        return dict(candidate=seed // plan.seeds, draw=draw) if plan.record.tuning["search"] == "random_stopping" else {}
-
-    def group_limit(self, seeds: int, size: int) -> int:
-        return RandomStopping().group_limit(seeds, size)
-
-    def summarize(self, out, runs, plan, task: str):
-        from dpgrid.results.files import write_json
-
-        summary = files().tuning_summary(runs, plan.record.tuning["search"], plan.axes, task)
-        final = None if runs is None or "phase" not in runs else runs[runs.phase == "final"]
-        released = files().release_record(plan, summary, final)
-        write_json(out / "selection.json", released)
-        summary.attrs["final"] = released.get("final")
-        return summary, released
-
-    def release_reason(self, plan, summary_row, runs):
-        ok = ~runs.diverged.astype(bool)
-        mine = runs[(runs.phase == "final") & (runs.config_id == summary_row.config_id) & ok]
-        seeds = [(int(s), int(s) % plan.seeds) for s in sorted(mine.seed)]
-        why = ("the final model of a tuning on a subsample: the configuration chosen on the tuning set, trained on "
-               f"{'the full data' if plan.record.tuning['final_data'] == 'full' else 'the data outside the tuning set'}; "
-               f"covered by the procedure's epsilon ({plan.record.selection_accountant} analysis), which covers {self.covers}")
-        return seeds, why
-
-    def table_runs(self, folder, runs, plan: dict):
-        return files().tuned_runs(folder, runs, plan)
-
-    def table_release(self, folder, runs, plan: dict, axes: list, task: str):
-        return files().tuning_release(folder, runs, plan, axes, task)
-
-    def expected_runs(self, plan, runs: int) -> float:
-        # the candidates' runs cost q1 of a full one each (their batches are q1 B)
-        return plan.record.tuning["tuning"]["expected_runs"] * plan.record.tuning["rate"] + plan.record.tuning["final"]["runs"]
-
-    def describe(self, plan) -> list:
-        t = plan.record.tuning
-        tuning, final = t["tuning"], t["final"]
-        stop = plan.record.stopping
-        search = (f"random stopping, {stop['rule']}, {stop['mean']:g} candidates expected" if stop else
-                  f"every one of the {plan.n_configs} configurations")
-        where = "the full data" if t["final_data"] == "full" else "the examples outside the tuning set"
-        split = ("one noise multiplier for both phases (privacy.selection.tuning_split=shared)" if t["split"] == "shared" else
-                 f"the tuning phase alone spends {t['split']:g} x epsilon (privacy.selection.tuning_split)")
-        others = ", ".join(f"{eps:.5g} by {name}" for name, eps in plan.record.epsilon_by_analysis.items()
-                           if name != plan.record.selection_accountant)
-        return [f"  tuning on a subsample: each example joins the tuning set with probability q1 = {t['rate']:g} "
-                f"(about {t['rate'] * plan.n_train:,.0f} of {plan.n_train:,})",
-                f"  budget (eps, delta) = ({plan.epsilon:g}, {plan.delta:g}) for the whole procedure; it covers "
-                f"{self.covers}",
-                f"  {split}; eps spent = {plan.epsilon_spent:.5g} ({plan.record.selection_accountant} analysis"
-                + (f"; the same noise spends {others}" if others else "") + ")",
-                f"    tuning phase: {search}, each trained {plan.seeds} times on the tuning set: nu_1 = "
-                f"{tuning['noise_multiplier']:.5g}, T = {tuning['steps']:,} steps, expected batch q1 B = "
-                f"{tuning['batch_size']:.4g}; alone it spends eps = {tuning['epsilon']:.5g}",
-                f"    final phase: the chosen configuration's clip and lr carried over, {final['runs']} runs on {where}: "
-                f"nu_2 = {final['noise_multiplier']:.5g}, T = {final['steps']:,} steps, expected batch "
-                f"{final['batch_size']:.4g}; alone it spends eps = {final['epsilon']:.5g}",
-                f"  expected compute: {t['relative_compute']:.2f} x the same search on the full data "
-                f"({tuning['expected_runs']:g} tuning runs of q1 B examples a step, then {final['runs']} full runs)"]
-
-    def unreleased_draw(self, out, committed: int) -> str:
-        if not committed:
-            return ""
-        if not (out / files().TUNING_SET).exists():
-            return f"{out / files().TUNING_SET} is missing but this secure grid trained {committed} run(s)"
-        return RandomStopping().unreleased_draw(out, committed) if "candidate" in files().header(out) else ""
-
-    def plan(self, plan, strategy_cls, options: dict, privacy: dict, problem: dict) -> dict:
+    def calibrate(self, plan, strategy_cls, options: dict, privacy: dict, problem: dict) -> dict:
         from dpgrid.privacy.random_stopping import parameters
 
         search = str(privacy.get("tuning_search") or "random_stopping")
@@ -207,15 +105,8 @@ class SubsampleTuning(AccountingMethod):
                   "epsilon_by_analysis": {name: s["total"] for name, s in by_analysis.items()},
                   # compute in run-steps x expected batch, against the same search on the full data
                   "relative_compute": (rate * runs + 1) / runs}
-        return dict(selection="subsample_tuning", account_seeds=True, composed_runs=plan.seeds,
+        return dict(account_seeds=True, composed_runs=plan.seeds,
                     record=self.Record(stopping, analysis, tuning["epsilon_by_analysis"], tuning), noise_multiplier=nu_2,
                     per_query=strategy_cls.split_noise(nu_2, options, final_batch),
                     epsilon_spent=spent["total"], epsilon_grid=spent["total"], epsilon_with_seeds=spent["total"],
                     epsilon_per_run=spent["final"])
-
-
-def files():
-    """Its files (the tuning set, the summaries, selection.json), in dpgrid.results.tuning: loaded when a grid
-    trains or is read back, not when a config is checked."""
-    from dpgrid.results import tuning
-    return tuning

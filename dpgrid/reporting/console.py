@@ -8,28 +8,26 @@ from dpgrid import tasks
 from dpgrid.config import grid
 
 
-SELECTION_QUIET = ("random-stopping selection: training the drawn candidates; how many there are and their scores "
-                   "stay in the private files (candidates.json, runs.csv, curves.csv, summary.csv, ledger.json)")
-
-
 def plan_header(spec) -> str:
     """The line a grid says before it trains: what it trains and under which noise and budget. Nothing in it depends on
     the data or on a draw: a selection says how many runs it expects, never how many it drew."""
-    plan, method = spec.plan, spec.plan.accounting()
+    from dpgrid.results.procedure import procedure_of
+
+    plan, procedure = spec.plan, procedure_of(spec.plan.method)
     shape = (f"T = {plan.steps:,} steps per run (B = {plan.batch_size:g} expected, {plural(plan.epochs, 'epoch')}, "
              f"N = {plan.n_train:,}), validation every {spec.train.eval_every} steps")
-    if method.releases_best_only:
-        runs = (f"{method.name.replace('_', ' ')} over {plan.n_configs} configurations, about "
-                f"{method.expected_runs(plan, plan.n_configs * plan.seeds):,.4g} runs' training expected")
+    if procedure.releases_best_only:
+        runs = (f"{plan.selection.replace('_', ' ')} over {plan.n_configs} configurations, about "
+                f"{procedure.expected_runs(plan, plan.n_configs * plan.seeds):,.4g} runs' training expected")
     else:
-        runs = f"{plural(len(spec.selected), 'configuration')} x {plural(plan.seeds, 'seed')}"
+        runs = f"{plural(len(spec.to_train), 'configuration')} x {plural(plan.seeds, 'seed')}"
     if not plan.private or plan.epsilon_spent is None:
         budget = "non-private: no noise, no epsilon" if not plan.private else f"no epsilon claimed ({plan.sampling})"
     else:
         scope = {"per_grid": "for the whole grid", "per_run": "for each run"}.get(plan.budget, "")
-        if method.releases_best_only:
+        if procedure.releases_best_only:
             scope = "for the whole selection"
-        noise = "each run's own schedule" if method.noise_per_run else f"nu = {plan.noise_multiplier:.4g}"
+        noise = "each run's own schedule" if plan.noise_per_run else f"nu = {plan.noise_multiplier:.4g}"
         budget = f"{noise} ({plan.accountant}); epsilon = {plan.epsilon:g}, delta = {plan.delta:g} {scope}"
         if plan.epsilon_with_seeds is not None and plan.epsilon_with_seeds > plan.epsilon_spent * (1 + 1e-9):
             budget += f"; the means over seeds cost epsilon = {plan.epsilon_with_seeds:.4g}"
@@ -58,17 +56,16 @@ def report_run(plan, config_id: str, seed: int, result, done: int, total: int) -
         print(line, file=sys.stderr, flush=True)
 
 
-def describe_best(summary, task: str) -> str:
-    """The grid's result in one line; a selection's says only what selection.json releases (nothing of how many
-    candidates there were, nor whether none was drawn or none converged)."""
-    selection = "candidate" in summary or summary.attrs.get("releases_best_only")
+def describe_best(summary, task: str, selection: bool = False, final: dict = None) -> str:
+    """The grid's result in one line; a selection's (`selection`) says only what selection.json releases (nothing of
+    how many candidates there were, nor whether none was drawn or none converged; `final`: a tuning on a subsample's
+    final runs' score)."""
     if not len(summary) or not summary.best.any():
         return ("the selection released no configuration (no candidate drawn, or none converged): selection.json"
                 if selection else "no configuration converged: every run diverged")
     b = summary[summary.best].iloc[0]
     hps = ", ".join(f"{a}={b[a]:.4g}" for a in summary.columns if a in grid.ID_PREFIX)
     unit = tasks.get(task).unit
-    final = summary.attrs.get("final")
     if selection and final is not None:  # tuning on a subsample: the final model's score beside the tuning set's
         score = (f"{unit} {final['score']:.4g} ± {final['std']:.2g} over {final['seeds']} seed(s)"
                  if final["score"] is not None else "every run diverged")

@@ -14,21 +14,15 @@ def print_plan(spec, compare: bool, start: float) -> None:
           f"k = {plan.k}, {plan.model_parameters:,} parameters")
     print(f"  N = {plan.n_train}, B = {plan.batch_size}, q = {plan.sample_rate:.5g}, "
           f"T = {plan.steps} steps per run, {plan.epochs} epochs")
-    method = plan.accounting()  # what the plan's accounting method says of itself
-    print_expected_time(spec, method.expected_runs(plan, len(spec.selected) * spec.train.seeds))
-    lines = method.describe(plan)
-    if lines:
-        print("\n".join(lines))
-    elif plan.epsilon_spent is None:
-        print("  non-private: no clipping, no noise")
-    else:
-        runs = f"{plan.composed_runs} runs ({'seeds accounted' if plan.account_seeds else 'seeds not accounted'})"
-        scope = "the whole grid" if plan.budget == "per_grid" else "EACH RUN (per_run)"
-        print(f"  budget (eps, delta) = ({plan.epsilon:g}, {plan.delta:g}) for {scope}: {runs} x {plan.steps} steps")
-        print(f"  noise multiplier nu = {plan.noise_multiplier:.5g}  ({plan.accountant}); eps spent = "
-              f"{plan.epsilon_spent:.5g}; the whole grid's eps = {plan.epsilon_grid:.5g}")
-        print_seeds_cost(plan)
-    if plan.epsilon_spent is not None and not method.noise_per_run:  # one noise for the grid: its alternatives
+    from dpgrid.results.procedure import procedure_of
+
+    procedure = procedure_of(plan.method)  # what the grid's procedure says of itself
+    print(f"  accounted by {plan.method.name}" + (f" (privacy.selection={plan.selection})"
+                                                 if plan.selection != plan.method.name else "")
+          + (f"; neighbouring datasets: {plan.method.adjacency}" if plan.private else ""))
+    print_expected_time(spec, procedure.expected_runs(plan, len(spec.to_train) * spec.train.seeds))
+    print("\n".join(procedure.describe(plan)))  # the budget, the noise, the configurations
+    if plan.epsilon_spent is not None and not plan.noise_per_run:  # one noise for the grid: its alternatives
         for name, value in plan.per_query.items():
             print(f"  {name} = {value:.5g}")
         print_alternatives(plan, spec.privacy)
@@ -36,8 +30,6 @@ def print_plan(spec, compare: bool, start: float) -> None:
             print_comparison(plan)
             print_selection_comparison(plan)
             seconds = time.perf_counter() - start  # the timing line covers the comparison too
-    for c in [] if method.describes_configurations else plan.configurations:
-        print("   ", c["config_id"], " ".join(f"{k}={v:.4g}" for k, v in c.items() if k != "config_id"))
     print(f"  (planned in {seconds:.2f} s)")
 
 
@@ -75,13 +67,6 @@ def grouping(spec, runs: int) -> tuple:
 
 def duration(seconds: float) -> str:
     return f"{seconds:.0f} s" if seconds < 120 else f"{seconds / 60:.0f} min" if seconds < 7200 else f"{seconds / 3600:,.1f} h"
-
-
-def print_seeds_cost(plan) -> None:
-    """What a table of this grid publishes (means over seeds) costs, where the seeds are not accounted."""
-    if plan.epsilon_with_seeds is not None and plan.epsilon_with_seeds > plan.epsilon_grid * (1 + 1e-9):
-        print(f"  tables publish means over {plan.seeds} seeds: {plan.n_configs} x {plan.seeds} runs with this noise spend "
-              f"eps = {plan.epsilon_with_seeds:.5g} ({plan.accountant}; epsilon_with_seeds)")
 
 
 def print_alternatives(plan, privacy: dict) -> None:
@@ -155,10 +140,12 @@ def print_release(model, run_dir, seed: int) -> None:
     print(f"covered by: epsilon = {covered['epsilon']:.4g}, delta = {covered['delta']:g}" if covered
           else "covered by: no epsilon")
     print(f"  {record['why']}")
+    privacy = record.get("privacy") or {}
+    if privacy.get("method"):
+        print(f"  accounted by {privacy['method']} ({privacy.get('accountant')} accountant, {privacy.get('budget')})")
     if record.get("covers"):
         print(f"  its epsilon covers {record['covers']}")
     training = record.get("training") or {}
-    privacy = record.get("privacy") or {}
     if training:
         print(f"  trained: N = {training['n_train']:,}, B = {training['batch_size']:g} expected, q = "
               f"{training['sample_rate']:.4g}, T = {training['steps']:,} steps, {training['epochs']:g} "

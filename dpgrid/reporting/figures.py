@@ -159,9 +159,10 @@ def plot_learning_curve(grid_row, out_path: Path) -> list:
     if not runs.any():
         raise DpgridError(f"{path} holds no curve of configuration {grid_row.config_id} (missing or damaged; the "
                           "grid's command repairs it): its learning-curve figure is not drawn")
-    selection = grid_row.budget == "selection"
-    if selection:  # the selected candidate's own runs: never pooled with other candidates of its configuration
-        runs &= curves.seed.isin(selected_seeds(grid_row))
+    seeds = released_seeds(grid_row)
+    selection = seeds is not None
+    if selection:  # the released runs' own: never pooled with other candidates of its configuration
+        runs &= curves.seed.isin(seeds)
     mine = curves[runs]
     stats = mine.groupby("step")[["value", "clip", "lr"]].agg(["mean", "std"])
     adapts = [a for a in str(grid_row.adapts).split(",") if a in ("clip", "lr")]  # a panel per adapted quantity
@@ -239,12 +240,18 @@ def curve_caption(grid_row, n_seeds: int, adapts: list, selection: bool, validat
     return text
 
 
-def selected_seeds(grid_row) -> list:
-    """The seeds of the candidate a selection released (recomputed from its private runs.csv)."""
-    from dpgrid.results.selection import candidate_summary
+def released_seeds(grid_row):
+    """The seeds of the runs a grid that releases its best only released (its procedure recomputes them from the
+    private runs.csv), or None: every seed of the best configuration is covered."""
+    from dpgrid.privacy import recorded_method
+    from dpgrid.results.files import read_json
+    from dpgrid.results.procedure import procedure_of
 
-    runs = read_frame(Path(grid_row.path) / "runs.csv")
-    summary = candidate_summary(runs, [a for a in str(grid_row.axes).split(",") if a], tasks.get(grid_row.metric).name)
-    chosen = int(summary[summary.best].candidate.iloc[0])
-    return list(runs.seed[runs.candidate == chosen])
-
+    folder = Path(grid_row.path)
+    if not (folder / "plan.json").exists():  # curves without a grid around them: every seed's
+        return None
+    plan = read_json(folder / "plan.json", "")
+    released = procedure_of(recorded_method(plan)).table_release(
+        folder, read_frame(folder / "runs.csv"), plan, [a for a in str(grid_row.axes).split(",") if a],
+        tasks.get(grid_row.metric).name)
+    return None if released is None else released["seeds"]

@@ -14,6 +14,7 @@ import pandas as pd
 from dpgrid import DpgridError, tasks
 from dpgrid.config.grid import ID_PREFIX, edges
 from dpgrid.privacy import NOT_DP_SAMPLING, recorded_method
+from dpgrid.results.procedure import procedure_of
 from dpgrid.results.files import read_json
 from dpgrid.results.runs import REPAIR, read_runs, same, summarize
 
@@ -72,15 +73,16 @@ def grid_row(folder: Path) -> dict:
     for key in ("dataset", "strategy", "k", "config_hash") + (("epsilon",) if private else ()):
         if key in runs:  # the grid's identity (a non-private grid's runs depend on no epsilon)
             recorded(folder, runs, plan, key)
-    method = recorded_method(plan)()  # what the grid's accounting method says of its rows and its release
-    figures = method.table_runs(folder, runs, plan)
+    procedure = procedure_of(recorded_method(plan))  # what the grid's procedure says of its rows and its release
+    figures = procedure.table_runs(folder, runs, plan)
+    noise_per_run = isinstance(plan.get("noise_multiplier"), float) and math.isnan(plan["noise_multiplier"])
     # noise schedules: each run spends its own epsilon, the grid the largest
-    privacy = {key: recorded(folder, figures, plan, key, max if method.noise_per_run and key == "epsilon_spent" else None)
+    privacy = {key: recorded(folder, figures, plan, key, max if noise_per_run and key == "epsilon_spent" else None)
                for key in PRIVACY_FIGURES}
     axes = plan["axes"] if "axes" in plan else [a for a in plan.get("configurations", [{}])[0] if a != "config_id"]
     check_axes(folder, runs, plan, axes)
     metric = runs.metric.iloc[0]
-    trained = training_settings(folder, runs, plan, private, method)
+    trained = training_settings(folder, runs, plan, private, noise_per_run)
     summary = summarize(runs, axes, tasks.get(metric).name)
     planned = len(plan.get("grid_only") or plan["configurations"]) * int(plan.get("seeds", 1))
     protocols = set(runs.protocol.dropna().astype(str))
@@ -91,8 +93,8 @@ def grid_row(folder: Path) -> dict:
                selection=plan.get("selection", "composition"), config_hash=plan.get("config_hash"),
                axes=",".join(axes), adapts=",".join(plan.get("adapts", [])),
                dataset_epsilons=",".join(f"{e:g}" for e in plan.get("dataset_epsilons", [])),
-               epsilon_with_seeds=epsilon_with_seeds(folder, plan, runs, privacy, method))
-    released = method.table_release(folder, runs, plan, axes, tasks.get(metric).name)
+               epsilon_with_seeds=epsilon_with_seeds(folder, plan, runs, privacy, procedure, noise_per_run))
+    released = procedure.table_release(folder, runs, plan, axes, tasks.get(metric).name)
     if released is not None:  # a selection: only what it releases
         return released_row(row, released, plan, axes)
     best = summary[summary.best]
@@ -109,7 +111,7 @@ def grid_row(folder: Path) -> dict:
     return row
 
 
-def training_settings(folder: Path, runs: pd.DataFrame, plan: dict, private: bool, method) -> dict:
+def training_settings(folder: Path, runs: pd.DataFrame, plan: dict, private: bool, noise_per_run: bool) -> dict:
     """What a table says of how the grid was trained (SETTINGS) and its delta, each checked against the rows where they
     record it (rows of an older dpgrid lack epochs, batch_size and eval_every: plan.json's, then config.yaml's), and
     whether delta is weak (not below 1/N)."""
@@ -126,7 +128,7 @@ def training_settings(folder: Path, runs: pd.DataFrame, plan: dict, private: boo
     settings = dict(delta=checked("delta") if private else None, n_train=checked("n_train"), epochs=checked("epochs"),
                     batch_size=checked("batch_size"), eval_every=checked("eval_every", eval_every),
                     # a noise schedule's runs each stop where their own budget ends
-                    steps=plan.get("steps") if method.noise_per_run else checked("steps"))
+                    steps=plan.get("steps") if noise_per_run else checked("steps"))
     n = settings["n_train"]
     settings["weak_delta"] = bool(settings["delta"] is not None and n and settings["delta"] >= 1 / float(n))
     return settings
@@ -186,7 +188,7 @@ def check_axes(folder: Path, runs: pd.DataFrame, plan: dict, axes: list) -> None
                                   f"{by_id[config_id].get(axis)}; the results were not made with this plan")
 
 
-def epsilon_with_seeds(folder: Path, plan: dict, runs: pd.DataFrame, privacy: dict, method):
+def epsilon_with_seeds(folder: Path, plan: dict, runs: pd.DataFrame, privacy: dict, procedure, noise_per_run: bool):
     """The epsilon of what a table of this grid publishes (means over seeds): K x seeds runs with its nu. From the
     rows (checked against plan.json); rows of an older dpgrid that lack it: recomputed from the figures they vouch
     for. None where no epsilon is claimed."""
@@ -199,9 +201,9 @@ def epsilon_with_seeds(folder: Path, plan: dict, runs: pd.DataFrame, privacy: di
                           f"{plan.get('seeds')}, so its epsilon_with_seeds would understate what a table publishes")
     if "epsilon_with_seeds" in runs:
         return recorded(folder, runs, plan, "epsilon_with_seeds")
-    if method.releases_best_only:  # the selection's epsilon covers its candidates' seeds
+    if procedure.releases_best_only:  # the selection's epsilon covers its candidates' seeds
         return privacy["epsilon_spent"]
-    if method.noise_per_run or "epsilon_with_seeds" not in plan:
+    if noise_per_run or "epsilon_with_seeds" not in plan:
         raise DpgridError(f"{folder / 'runs.csv'} does not record epsilon_with_seeds (made by an older dpgrid); run the "
                           "grid again in another directory to table it")
     from dpgrid.privacy.accountants import epsilon_of

@@ -47,7 +47,8 @@ def held(out: Path, spec, previous: dict, data_files) -> str:
     """Why `out`, holding runs and the plan.json `previous`, is not this grid's to resume ('' when it is)."""
     recorded = previous.get("config_hash")
     if recorded and recorded != spec.config_hash:
-        return other_config(out, spec.settings, spec.strategy_cls.private, recorded, spec.config_hash)
+        return other_config(out, spec.settings, spec.strategy_cls.private, recorded, spec.config_hash,
+                            spec.selection_cls.accounts_seeds)
     if recorded:
         return other_setting(out, previous, spec) or other_data(out, previous.get("data_files", {}), data_files)
     if spec.plan is None:  # judged on its runs once planned
@@ -55,7 +56,9 @@ def held(out: Path, spec, previous: dict, data_files) -> str:
     from dpgrid.results.runs import runs_disagree  # pandas: only for a damaged plan.json
 
     why = "has no config hash" if previous else "is damaged or missing"
-    mismatch = runs_disagree(out / "runs.csv", spec.plan)
+    from dpgrid.results.procedure import procedure_of
+
+    mismatch = runs_disagree(out / "runs.csv", spec.plan, procedure_of(spec.plan.method).seeds_beyond_plan)
     if mismatch:
         return (f"{out / 'plan.json'} {why}, and runs.csv was not made by this config ({mismatch}); choose "
                 "another hydra.run.dir, or pass overwrite=true to delete the results")

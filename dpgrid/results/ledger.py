@@ -22,6 +22,7 @@ from pathlib import Path
 
 from dpgrid import DpgridError
 from dpgrid.results.files import LEDGER, delete_release, environment, read_json, write_json
+from dpgrid.results.procedure import procedure_of
 from dpgrid.results.runs import Lost, finished_runs, unreadable_header
 
 NEW_RELEASE = "a new release on the same data, which spends a new (epsilon, delta) on top of the earlier one's"
@@ -98,7 +99,7 @@ def check(out: Path, spec, plan: dict) -> None:
                    "of the ledger, or files from elsewhere)")
     elif draw_problem := drawn_problem(out, ledger, committed):
         problem = draw_problem
-    elif draw_problem := spec.plan.accounting().unreleased_draw(out, committed):
+    elif draw_problem := procedure_of(spec.plan.method).unreleased_draw(out, committed):
         problem = draw_problem
     elif "model" in released:
         from dpgrid.results.statement import release_problem
@@ -180,7 +181,7 @@ def committed_runs(out: Path, spec) -> set:
     curves were lost (the same run); a secure grid refuses, or with overwrite=true starts a new release."""
     def found(repair: bool) -> set:
         return finished_runs(out, spec.plan, spec.train.eval_every, spec.config_hash,
-                             {c["config_id"] for c in spec.selected}, repair=repair)
+                             {c["config_id"] for c in spec.to_train}, repair=repair)
     try:
         return found(repair=not kept(spec))
     except Lost as lost:

@@ -25,6 +25,7 @@ from pathlib import Path
 
 from dpgrid import DpgridError
 from dpgrid.results.files import delete_release, environment, write_atomic, write_json
+from dpgrid.results.procedure import procedure_of
 from dpgrid.results.statement import MODEL, STATEMENT, release_problem, repair_hint, sealed, statement
 
 WEIGHTS = "weights"
@@ -61,7 +62,7 @@ def chosen_runs(spec, runs, summary) -> tuple:
         return None, [], ""
     row = best.iloc[0]
     configuration = {"config_id": row.config_id, **{a: float(row[a]) for a in plan.axes}}
-    seeds, why = plan.accounting().release_reason(plan, row, runs)
+    seeds, why = procedure_of(plan.method).release_reason(plan, row, runs)
     return configuration, seeds, why
 
 
@@ -73,7 +74,7 @@ def release_when_finished(out: Path, spec, runs, summary, work: list, plan_recor
     from dpgrid.results.curves import read_curves
     from dpgrid.results.runs import run_ids
 
-    everything = spec.plan.accounting().every_run(spec.plan, work)
+    everything = procedure_of(spec.plan.method).every_run(spec.plan, work)
     left = len(everything - set(run_ids(runs)))
     if left:
         return ("" if spec.train.save_models == "none" else
@@ -151,7 +152,7 @@ def write_release(out: Path, spec, runs, curves, plan_record: dict, configuratio
                                  "(what chose the configuration); each model's test_value is its final weights' (the "
                                  "last validation), which may be lower"})
     selection = out / "selection.json"
-    record = sealed(record, selection.read_bytes() if spec.plan.accounting().releases_best_only and
+    record = sealed(record, selection.read_bytes() if procedure_of(spec.plan.method).releases_best_only and
                     selection.exists() else None)
     write_json(new / STATEMENT, record)
     target = out / MODEL

@@ -30,8 +30,9 @@ class Lost(DpgridError):
     """A secure grid's committed runs are not all there (dpgrid.results.ledger)."""
 
 
-def runs_disagree(runs_path: Path, plan) -> str:
-    """Why runs.csv cannot come from `plan` ('' when it can): its noise, steps or configurations differ."""
+def runs_disagree(runs_path: Path, plan, seeds_beyond_plan: bool = False) -> str:
+    """Why runs.csv cannot come from `plan` ('' when it can): its noise, steps or configurations differ
+    (`seeds_beyond_plan`: its procedure's runs have seeds past train.seeds)."""
     try:
         runs = read_runs(runs_path, [c["config_id"] for c in plan.configurations])
     except DpgridError as e:
@@ -39,12 +40,12 @@ def runs_disagree(runs_path: Path, plan) -> str:
     if len(runs) == 0:
         return ""
     checked = [("epsilon", plan.epsilon)] * plan.private + [("strategy", plan.strategy), ("dataset", plan.dataset)] + (
-        [] if plan.accounting().noise_per_run else [("noise_multiplier", plan.noise_multiplier), ("steps", plan.steps)])
+        [] if plan.noise_per_run else [("noise_multiplier", plan.noise_multiplier), ("steps", plan.steps)])
     for column, value in checked:
         found = set(runs[column]) if column in runs else {None}
         if found != {value}:
             return f"its {column} is {', '.join(map(str, sorted(found, key=str)))}, this plan's {value}"
-    if not plan.accounting().seeds_beyond_plan and runs.seed.max() >= plan.seeds:
+    if not seeds_beyond_plan and runs.seed.max() >= plan.seeds:
         return f"it holds seed {runs.seed.max()}, this plan's train.seeds is {plan.seeds}"
     return ""
 

@@ -5,105 +5,14 @@ accounting is dpgrid.privacy.random_stopping's.
 
 import hashlib
 import json
-import math
 import warnings
 
-import numpy as np
 import pandas as pd
-from scipy.special import betaln, gammaln
 
 from dpgrid import DpgridError
+from dpgrid.results.draws import draw_candidates
+from dpgrid.results.procedure import Phase, Procedure, configuration_lines, seed_names
 from dpgrid.results.runs import summarize
-
-
-def uniforms(count: int, source) -> list:
-    """`count` uniforms in [0, 1) with 53 random bits each, from a seeded torch.Generator or a SecureRandom."""
-    import torch
-
-    if isinstance(source, torch.Generator):
-        bits = torch.randint(0, 2 ** 53, (count,), generator=source, dtype=torch.int64).tolist()
-    else:
-        bits = [int(x) >> 11 for x in source.uint64(count)]
-    return [b / 2 ** 53 for b in bits]
-
-
-def draw_count(stopping: dict, u: float) -> int:
-    """K by inversion of its law at the uniform u in [0, 1): the smallest k with P[K <= k] > u.
-
-    Every probability is computed in log space (lgamma and log-beta functions, log1p: nothing underflows or loses
-    its digits to a rounding of 1 - q, however large E[K] or the binomial's rounds), and the cumulative is summed
-    exactly chunk by chunk (math.fsum), so the draw follows the law to the rounding of its terms. The work grows
-    with the K drawn, never with the law's extent: less than training the candidates it draws."""
-    rule, mean = stopping["rule"], stopping["mean"]
-    if rule == "poisson":
-        log_mean = math.log(mean)
-        return inverse_cdf(lambda k: k * log_mean - mean - gammaln(k + 1), 0, u)
-    if rule == "binomial":
-        m, q = stopping["rounds"], stopping["p"]
-        log_q, log_rest = math.log(q), math.log1p(-q)
-        return inverse_cdf(lambda k: log_choose(m, k) + k * log_q + (m - k) * log_rest, 0, u, last=m)
-    if rule == "liu_talwar":  # geometric: stop with probability gamma after each candidate, at most max_candidates
-        gamma = stopping["gamma"]
-        log_gamma, log_rest = math.log(gamma), math.log1p(-gamma)
-        return inverse_cdf(lambda k: log_gamma + (k - 1) * log_rest, 1, u, last=stopping["max_candidates"])
-    eta, gamma = stopping["eta"], stopping["gamma"]
-    log_rest = math.log1p(-gamma)
-    if eta == 0:  # the logarithmic distribution: (1 - gamma)^k / (k log 1/gamma)
-        log_norm = math.log(-math.log(gamma))
-        return inverse_cdf(lambda k: k * log_rest - np.log(k) - log_norm, 1, u)
-    # (1 - gamma)^k / (gamma^-eta - 1) * Gamma(k + eta) / (Gamma(eta) k!); for eta in (-1, 0) Gamma(eta) and
-    # gamma^-eta - 1 are both negative
-    log_norm = float(gammaln(eta)) + math.log(abs(math.expm1(-eta * math.log(gamma))))
-    return inverse_cdf(lambda k: k * log_rest + log_rising_ratio(k, eta) - log_norm, 1, u)
-
-
-def log_choose(m: int, k):
-    """log C(m, k) for k in 0..m, accurate for m up to 2^53: -log B(m - k + 1, k) - log k."""
-    k = np.asarray(k, dtype=float)
-    inside = np.clip(k, 1, m)
-    return np.where((k == 0) | (k == m), 0.0, -betaln(m - inside + 1, inside) - np.log(inside))
-
-
-def log_rising_ratio(k, eta: float):
-    """log Gamma(k + eta) / Gamma(k + 1) for k >= 1, eta > -1, without the cancellation of two lgammas of large k."""
-    k = np.asarray(k, dtype=float)
-    if eta < 1:  # B(k + eta, 1 - eta) = Gamma(k + eta) Gamma(1 - eta) / Gamma(k + 1)
-        return betaln(k + eta, 1 - eta) - float(gammaln(1 - eta))
-    if eta == 1:
-        return np.zeros_like(k)
-    return float(gammaln(eta - 1)) - betaln(k + 1, eta - 1)  # B(k + 1, eta - 1) = Gamma(k + 1) Gamma(eta - 1) / Gamma(k + eta)
-
-
-def inverse_cdf(log_pmf, first: int, u: float, last: int = None) -> int:
-    """The smallest k >= first with P[K <= k] > u, for the law whose log probabilities `log_pmf` gives (numpy arrays
-    of k in, out); `last`: the largest value (its probability is all that is left). Chunks of growing size; each
-    chunk's mass is summed exactly (math.fsum) into the cumulative below it. Where rounding leaves the cumulative
-    a hair under u after the last term that does not underflow, that term's k is the draw (a shift of less than
-    1e-15 of probability)."""
-    passed, start, size, reached = [], first, 256, None
-    while True:
-        stop = start + size if last is None else min(start + size, last + 1)
-        ks = np.arange(start, stop, dtype=float)
-        p = np.exp(log_pmf(ks))
-        below = math.fsum(passed)
-        hit = np.flatnonzero(below + np.cumsum(p) > u)
-        if len(hit):
-            return start + int(hit[0])
-        positive = np.flatnonzero(p > 0)
-        if len(positive):
-            reached = start + int(positive[-1])
-        elif below > 0.5 or (last is not None and stop > last):  # past the tail: every later term underflows
-            return reached if reached is not None else first
-        if last is not None and stop > last:
-            return last
-        passed.append(math.fsum(p))
-        start, size = stop, min(2 * size, 1 << 16)
-
-
-def draw_candidates(stopping: dict, config_ids: list, source) -> list:
-    """The candidates, in order: K from the stopping rule, then K configurations uniformly with replacement."""
-    count = draw_count(stopping, uniforms(1, source)[0])
-    return [config_ids[min(int(u * len(config_ids)), len(config_ids) - 1)] for u in uniforms(count, source)]
 
 
 def draw_digest(stopping: dict, drawn: list) -> str:
@@ -224,6 +133,91 @@ def selection_release(folder, runs, plan: dict, axes: list, task: str) -> dict:
         raise DpgridError(f"{folder / 'selection.json'} does not release what its candidates' rows select (edited); "
                           f"{REPAIR}")
     if not chosen:
-        return {"chosen": None, "value": None, "std": None, "n_seeds": None}
-    return {"chosen": chosen, "value": chosen["score"], "std": None,
-            "n_seeds": int(best.iloc[0].n_seeds - best.iloc[0].n_diverged)}  # the chosen candidate's own
+        return {"chosen": None, "value": None, "std": None, "n_seeds": None, "seeds": []}
+    seeds = runs.seed[runs.candidate.astype(int) == int(best.iloc[0].candidate)].astype(int).tolist()
+    return {"chosen": chosen, "value": chosen["score"], "std": None,  # the chosen candidate's own seeds (private)
+            "n_seeds": int(best.iloc[0].n_seeds - best.iloc[0].n_diverged), "seeds": seeds}
+
+
+class RandomStoppingProcedure(Procedure):
+    """A random-stopping selection (dpgrid.privacy.random_stopping is its accounting): it trains the drawn candidates
+    (candidate i: seeds i * seeds ... (i + 1) * seeds - 1, each a fresh run starting from seed j's weights for its
+    j-th, whatever i: identically distributed, as the theorems assume) and releases the best one alone
+    (selection.json, its model)."""
+
+    releases_best_only = True
+    seeds_beyond_plan = True
+
+    def phases(self, out, spec, to_train: list, data):
+        runs, draw = self.candidate_runs(out, spec, to_train)
+        yield Phase(runs, draw)
+
+    def candidate_runs(self, out, spec, to_train: list) -> tuple:
+        """((configuration, seed) of every drawn candidate's runs, the draw's digest): candidate i's seeds are
+        i * seeds ... (i + 1) * seeds - 1; the draw is candidates.json's, or made and kept there."""
+        import torch
+
+        from dpgrid.privacy.randomness import SecureRandom, derive_seed
+
+        plan = spec.plan
+        source = (SecureRandom() if spec.train.secure_rng
+                  else torch.Generator().manual_seed(derive_seed(*seed_names(spec), "stopping")))
+        drawn, draw = candidates(out, plan, to_train, source, spec.overwrite)
+        return [(c, i * plan.seeds + s) for i, c in enumerate(drawn) for s in range(plan.seeds)], draw
+
+    def every_run(self, plan, work: list) -> set:
+        return {(c["config_id"], s) for c, s in work}
+
+    def start_seed(self, seed: int, seeds: int) -> int:
+        return seed % seeds
+
+    def run_fields(self, plan, seed: int, draw) -> dict:
+        return dict(candidate=seed // plan.seeds, draw=draw)
+
+    def group_limit(self, seeds: int, size: int) -> int:
+        # A group holds one candidate's runs at most: a stacked run's batch is padded to its group's largest, and its
+        # rounding would otherwise depend on the other candidates (the released weights to their last bit).
+        return max(d for d in range(1, seeds + 1) if seeds % d == 0 and d <= size)
+
+    def summarize(self, out, runs, plan, task: str):
+        from dpgrid.results.files import write_json
+
+        summary, released = summarize_selection(runs, plan, plan.axes, task)
+        write_json(out / "selection.json", released)
+        return summary, released
+
+    def release_reason(self, plan, summary_row, runs):
+        ok = ~runs.diverged.astype(bool)
+        mine = runs[(runs.candidate == int(summary_row.candidate)) & ok]
+        seeds = [(int(s), int(s) % plan.seeds) for s in sorted(mine.seed)]
+        why = ("the chosen candidate of a random-stopping selection, covered by the selection's epsilon "
+               f"({plan.record.selection_accountant} analysis), which covers {plan.method.covers}")
+        return seeds, why
+
+    def table_release(self, folder, runs, plan: dict, axes: list, task: str):
+        return selection_release(folder, runs, plan, axes, task)
+
+    def unreleased_draw(self, out, committed: int) -> str:
+        if committed and not (out / "candidates.json").exists():
+            return f"{out / 'candidates.json'} is missing but this secure selection trained {committed} run(s)"
+        return ""
+
+    def expected_runs(self, plan, runs: int) -> float:
+        return plan.record.stopping["mean"] * plan.seeds
+
+    def describe(self, plan) -> list:
+        stop = plan.record.stopping
+        shape = {"truncated_negative_binomial": f"eta = {stop.get('eta', 0):g}, gamma = {stop.get('gamma', 0):.4g}",
+                 "poisson": f"mu = {stop['mean']:g}",
+                 "binomial": f"{stop.get('rounds')} rounds, p = {stop.get('p', 0):.4g}",
+                 "liu_talwar": f"stop probability {stop.get('gamma', 0):.4g}, at most {stop.get('max_candidates')}"}
+        others = ", ".join(f"{eps:.5g} by {name}" for name, eps in plan.record.epsilon_by_analysis.items()
+                           if name != plan.record.selection_accountant)
+        return [f"  random-stopping selection, {stop['rule']} ({shape[stop['rule']]}): {stop['mean']:g} candidates "
+                f"expected, each a configuration drawn from the grid and trained {plan.seeds} times",
+                f"  budget (eps, delta) = ({plan.epsilon:g}, {plan.delta:g}) for the whole selection; it covers "
+                f"{plan.method.covers}",
+                f"  noise multiplier nu = {plan.noise_multiplier:.5g}; eps spent = {plan.epsilon_spent:.5g}; one "
+                f"candidate's eps = {plan.epsilon_per_run:.5g}",
+                f"  analysis: {plan.record.selection_accountant} (privacy.selection.selection_accountant)"
+                + (f"; the same nu spends eps = {others}" if others else "")] + configuration_lines(plan)

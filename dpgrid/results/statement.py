@@ -32,7 +32,7 @@ CHOSEN_BY = ("the released configuration is the one with the best score, and the
 def statement(spec, plan_record: dict, configuration: dict, chosen_by: str) -> dict:
     """What a release is covered by, in the plan's own figures, with how it was trained and chosen; `plan_record`: the
     plan.json this command wrote (the release binds the grid's part of it)."""
-    plan, method = spec.plan, spec.plan.accounting()
+    plan, method = spec.plan, spec.plan.method
     private = plan.private and plan.epsilon_spent is not None
     covered = {"epsilon": plan.epsilon_with_seeds, "delta": plan.delta} if private else None
     randomness = SECURE if spec.train.secure_rng else SEEDED if plan.private else SEEDED_NON_PRIVATE
@@ -45,6 +45,7 @@ def statement(spec, plan_record: dict, configuration: dict, chosen_by: str) -> d
                     "epsilon_with_seeds": plan.epsilon_with_seeds, "delta": plan.delta if plan.private else None,
                     "noise_multiplier": plan.noise_multiplier, "per_query": {**plan.per_query, **plan.problem},
                     "accountant": plan.accountant, "budget": plan.budget, "selection": plan.selection,
+                    "method": method.name,
                     "analysis": plan.to_dict()["selection_accountant"], "seeds_accounted": plan.account_seeds,
                     "seeds": plan.seeds, "sampling": plan.sampling, "adjacency": method.adjacency,
                     "weak_delta": bool(plan.delta >= 1 / plan.n_train)} if plan.private else None,

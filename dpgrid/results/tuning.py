@@ -9,7 +9,8 @@ import pandas as pd
 from dpgrid import DpgridError
 from dpgrid.results.files import read_frame, read_json, write_json
 from dpgrid.results.runs import REPAIR, same, summarize
-from dpgrid.results.selection import candidate_summary
+from dpgrid.results.procedure import Phase, configuration_lines, seed_names
+from dpgrid.results.selection import RandomStoppingProcedure, candidate_summary
 
 TUNING_SET = "tuning_set.json"
 
@@ -61,7 +62,7 @@ def drawn_tuning_set(spec, n_train: int, rate: float):
     if spec.train.secure_rng:
         bits = torch.tensor([int(x) >> 11 for x in SecureRandom().uint64(n_train)], dtype=torch.float64)
     else:
-        source = torch.Generator().manual_seed(derive_seed(*spec.seed_names(), "tuning_set"))
+        source = torch.Generator().manual_seed(derive_seed(*seed_names(spec), "tuning_set"))
         bits = torch.randint(0, 2 ** 53, (n_train,), generator=source, dtype=torch.int64).to(torch.float64)
     return bits / 2 ** 53 < rate
 
@@ -74,7 +75,7 @@ def tuning_summary(runs, search: str, axes: list, task: str):
     return candidate_summary(tuning, axes, task) if search == "random_stopping" else summarize(tuning, axes, task)
 
 
-def chosen_configuration(out, spec, selected: list, draw):
+def chosen_configuration(out, spec, to_train: list, draw):
     """The configuration the tuning phase chose (its rows in runs.csv), or None."""
     runs = read_frame(out / "runs.csv") if (out / "runs.csv").exists() else None
     if runs is not None and draw is not None and "draw" in runs:
@@ -83,7 +84,7 @@ def chosen_configuration(out, spec, selected: list, draw):
     if not len(summary) or not summary.best.any():
         return None
     chosen = summary[summary.best].iloc[0].config_id
-    return next(c for c in selected if c["config_id"] == chosen)
+    return next(c for c in to_train if c["config_id"] == chosen)
 
 
 def release_record(plan, summary, final) -> dict:
@@ -143,5 +144,99 @@ def tuning_release(folder, runs, plan: dict, axes: list, task: str) -> dict:
                           f"{REPAIR}")
     scored = chosen and score and score["score"] is not None
     return {"chosen": chosen, "value": score["score"] if scored else None, "std": score["std"] if scored else None,
-            "n_seeds": score["seeds"] if scored else None}
+            "n_seeds": score["seeds"] if scored else None, "seeds": mine.seed.astype(int).tolist()}
 
+
+class SubsampleTuningProcedure(RandomStoppingProcedure):
+    """Tuning on a subsample (dpgrid.privacy.subsample_tuning is its accounting): the candidates train on the tuning
+    set X1 (phase=tuning; random stopping's draw, or every configuration), then the chosen configuration's seeds on
+    the full data or on X \\ X1 (phase=final); the final model is released with the chosen hyperparameters."""
+
+    def phases(self, out, spec, to_train: list, data):
+        plan, tuning = spec.plan, spec.plan.record.tuning
+        members = tuning_set(out, spec, data.n_train)
+        random_stopping = tuning["search"] == "random_stopping"
+        if random_stopping:
+            runs, draw = self.candidate_runs(out, spec, to_train)
+        else:
+            runs, draw = [(c, s) for c in to_train for s in range(plan.seeds)], None
+        first = tuning["tuning"]
+        yield Phase(runs, draw, train_rows=members.nonzero().flatten(), noise_multiplier=first["noise_multiplier"],
+                    per_query=first["per_query"], batch_size=first["batch_size"],
+                    n_train=plan.n_train * tuning["rate"], fields={"phase": "tuning"})
+        chosen = chosen_configuration(out, spec, to_train, draw)
+        if chosen is None:  # no candidate drawn, or none converged: nothing to carry over
+            return
+        base = 1 + max(seed for _, seed in runs)  # the final runs' seeds follow the candidates'
+        final, full = tuning["final"], tuning["final_data"] == "full"
+        yield Phase([(chosen, base + s) for s in range(plan.seeds)], draw,
+                    train_rows=None if full else (~members).nonzero().flatten(),
+                    noise_multiplier=final["noise_multiplier"], per_query=dict(plan.per_query),
+                    batch_size=final["batch_size"], n_train=plan.n_train * (1 if full else 1 - tuning["rate"]),
+                    fields={"phase": "final", **({"candidate": -1} if random_stopping else {})},
+                    streams=("final", base))  # its seeds follow the candidates', its noise does not
+
+    def run_fields(self, plan, seed: int, draw) -> dict:
+        return dict(candidate=seed // plan.seeds, draw=draw) if plan.record.tuning["search"] == "random_stopping" else {}
+
+    def summarize(self, out, runs, plan, task: str):
+        from dpgrid.results.files import write_json
+
+        summary = tuning_summary(runs, plan.record.tuning["search"], plan.axes, task)
+        final = None if runs is None or "phase" not in runs else runs[runs.phase == "final"]
+        released = release_record(plan, summary, final)
+        write_json(out / "selection.json", released)
+        return summary, released
+
+    def release_reason(self, plan, summary_row, runs):
+        ok = ~runs.diverged.astype(bool)
+        mine = runs[(runs.phase == "final") & (runs.config_id == summary_row.config_id) & ok]
+        seeds = [(int(s), int(s) % plan.seeds) for s in sorted(mine.seed)]
+        why = ("the final model of a tuning on a subsample: the configuration chosen on the tuning set, trained on "
+               f"{'the full data' if plan.record.tuning['final_data'] == 'full' else 'the data outside the tuning set'}; "
+               f"covered by the procedure's epsilon ({plan.record.selection_accountant} analysis), which covers {plan.method.covers}")
+        return seeds, why
+
+    def table_runs(self, folder, runs, plan: dict):
+        return tuned_runs(folder, runs, plan)
+
+    def table_release(self, folder, runs, plan: dict, axes: list, task: str):
+        return tuning_release(folder, runs, plan, axes, task)
+
+    def expected_runs(self, plan, runs: int) -> float:
+        # the candidates' runs cost q1 of a full one each (their batches are q1 B)
+        return plan.record.tuning["tuning"]["expected_runs"] * plan.record.tuning["rate"] + plan.record.tuning["final"]["runs"]
+
+    def describe(self, plan) -> list:
+        t = plan.record.tuning
+        tuning, final = t["tuning"], t["final"]
+        stop = plan.record.stopping
+        search = (f"random stopping, {stop['rule']}, {stop['mean']:g} candidates expected" if stop else
+                  f"every one of the {plan.n_configs} configurations")
+        where = "the full data" if t["final_data"] == "full" else "the examples outside the tuning set"
+        split = ("one noise multiplier for both phases (privacy.selection.tuning_split=shared)" if t["split"] == "shared" else
+                 f"the tuning phase alone spends {t['split']:g} x epsilon (privacy.selection.tuning_split)")
+        others = ", ".join(f"{eps:.5g} by {name}" for name, eps in plan.record.epsilon_by_analysis.items()
+                           if name != plan.record.selection_accountant)
+        return [f"  tuning on a subsample: each example joins the tuning set with probability q1 = {t['rate']:g} "
+                f"(about {t['rate'] * plan.n_train:,.0f} of {plan.n_train:,})",
+                f"  budget (eps, delta) = ({plan.epsilon:g}, {plan.delta:g}) for the whole procedure; it covers "
+                f"{plan.method.covers}",
+                f"  {split}; eps spent = {plan.epsilon_spent:.5g} ({plan.record.selection_accountant} analysis"
+                + (f"; the same noise spends {others}" if others else "") + ")",
+                f"    tuning phase: {search}, each trained {plan.seeds} times on the tuning set: nu_1 = "
+                f"{tuning['noise_multiplier']:.5g}, T = {tuning['steps']:,} steps, expected batch q1 B = "
+                f"{tuning['batch_size']:.4g}; alone it spends eps = {tuning['epsilon']:.5g}",
+                f"    final phase: the chosen configuration's clip and lr carried over, {final['runs']} runs on {where}: "
+                f"nu_2 = {final['noise_multiplier']:.5g}, T = {final['steps']:,} steps, expected batch "
+                f"{final['batch_size']:.4g}; alone it spends eps = {final['epsilon']:.5g}",
+                f"  expected compute: {t['relative_compute']:.2f} x the same search on the full data "
+                f"({tuning['expected_runs']:g} tuning runs of q1 B examples a step, then {final['runs']} full runs)"
+                ] + configuration_lines(plan)
+
+    def unreleased_draw(self, out, committed: int) -> str:
+        if not committed:
+            return ""
+        if not (out / TUNING_SET).exists():
+            return f"{out / TUNING_SET} is missing but this secure grid trained {committed} run(s)"
+        return super().unreleased_draw(out, committed) if "candidate" in header(out) else ""

@@ -50,20 +50,12 @@ class Noise:
     accountant: str = None
     problem: Mapping = field(default_factory=lambda: MappingProxyType({}))
 
-    @classmethod
-    def of(cls, multipliers: dict) -> "Noise":
-        """From the older flat dict ({"noise_multiplier": nu, "delta": ..., the split ...}), as plugins built it."""
-        flat = dict(multipliers)
-        nu, delta, accountant = flat.pop("noise_multiplier"), flat.pop("delta", None), flat.pop("accountant", None)
-        return cls(nu, MappingProxyType(flat), delta, accountant)
-
 
 class Strategy:
     """One run's optimiser state. Subclasses implement `step(grads)` from the paper's equations.
 
     Built with keywords only: `hp` the configuration (e.g. {"lr": 0.3, "clip": 1.0}); `noise` what the plan says
-    of its privacy (a Noise: nu, its split among the step's queries, delta, the accountant, problem constants; the
-    older flat dict `multipliers` is still taken, and `self.multipliers` still reads as one); `batch_size`
+    of its privacy (a Noise: nu, its split among the step's queries, delta, the accountant, problem constants); `batch_size`
     the EXPECTED batch size B, the divisor of every noisy sum (the realised size is private and never used);
     `options` the strategy config's own keys as a plain dict (e.g. {"clip0": 0.1, ...}); `generator` the
     run's noise source (a seeded torch.Generator or a SecureRandom); `momentum` the heavy-ball coefficient
@@ -104,10 +96,10 @@ class Strategy:
         """Per-query multipliers when a step releases more than one noisy query (recorded in plan)."""
         return {}
 
-    def __init__(self, params, *, hp: dict, batch_size: int, options: dict, generator, noise: Noise = None,
-                 multipliers: dict = None, momentum: float = 0.0, progress: Progress = None):
+    def __init__(self, params, *, hp: dict, batch_size: int, options: dict, generator, noise: Noise,
+                 momentum: float = 0.0, progress: Progress = None):
         self.params = list(params)
-        self.noise = noise if noise is not None else Noise.of(multipliers)
+        self.noise = noise
         self.hp, self.batch_size, self.options = hp, batch_size, options
         self.generator = generator
         self.stacked = isinstance(generator, (list, tuple))  # G runs, each with its own source
@@ -115,14 +107,6 @@ class Strategy:
         self.progress = progress or Progress(batch_size=batch_size)
         self._velocity = None
         self.lr, self.clip = self.per_run_value(hp.get("lr", 0.0)), self.per_run_value(hp.get("clip", float("nan")))
-
-    @property
-    def multipliers(self) -> dict:
-        """The older flat form of `noise` ({"noise_multiplier": nu, the split, "delta", "accountant", the problem
-        constants}), for strategies written against it."""
-        n = self.noise
-        return {"noise_multiplier": n.noise_multiplier, **n.queries, **n.problem, "delta": n.delta,
-                "accountant": n.accountant}
 
     def per_run_value(self, value):
         """A hyperparameter as a tensor in the parameters' precision: () for one run, (G,) for stacked runs
@@ -201,7 +185,8 @@ class Strategy:
         raise NotImplementedError
 
     def curve_values(self) -> dict:
-        """Extra columns recorded with every validation in curves.csv (e.g. {"grad_norm": ...}); none here."""
+        """Extra columns recorded with every validation in curves.csv (e.g. {"grad_norm": ...}): numbers, or () tensors;
+        stacked, a (G,) tensor holds a value per run (a number is every run's). None here."""
         return {}
 
 

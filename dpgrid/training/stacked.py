@@ -143,7 +143,18 @@ class StackedEngine:
                 sums += [weight] if bias is None else [weight, bias]
             return sums
 
-        return PerSampleGrads(b, norms, weighted_sums, device=x.device, mask=mask)
+        def group_norms():  # (G, b, L): each layer's norms, a padded row's inf (in no sum, no count)
+            return torch.sqrt(torch.stack([f.sq_norms() for f in factors], -1)).masked_fill(padding[..., None],
+                                                                                           float("inf"))
+
+        def group_sums(w):  # w (G, b, L) -> per parameter (G, *shape): layer l's sum weighted by w[..., l]
+            sums = []
+            for layer, f in enumerate(factors):
+                weight, bias = f.weighted_sum(w[None, ..., layer].to(f.dtype))
+                sums += [weight[0]] if bias is None else [weight[0], bias[0]]
+            return sums
+
+        return PerSampleGrads(b, norms, weighted_sums, group_norms, group_sums, device=x.device, mask=mask)
 
 
 def padded_batch(data, indices: list) -> tuple:

@@ -114,7 +114,8 @@ def validate(model, strategy, data, step: int, result: RunResult, run: int = 0) 
     finite = bool(torch.stack([torch.isfinite(p).all() for p in params]).all())  # one wait for every parameter
     value, test_loss = evaluate(model, data.x_test, data.y_test, data.task) if finite else (math.nan, math.nan)
     clip, lr = float(clip), float(lr)
-    extra = strategy.curve_values()
+    extra = {name: float(value[run]) if torch.is_tensor(value) and value.dim() else float(value)  # stacked: one a run
+             for name, value in strategy.curve_values().items()}
     result.curve.append(dict(step=step, value=value, clip=clip, lr=lr, test_loss=test_loss, **extra))
     result.eval_seconds += time.perf_counter() - eval_start
     if not math.isfinite(value) or math.isinf(clip) or not math.isfinite(lr):  # nodp's clip is nan

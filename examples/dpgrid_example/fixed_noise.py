@@ -25,10 +25,5 @@ class FixedNoise(Composition):
         read.real("privacy.selection.noise_multiplier", "a number in [0.1, 1000] (below 0.1 no accountant is "
                   "accurate enough to state what it spends)", lambda v: 0.1 <= v <= 1000)
 
-    def plan(self, plan, strategy_cls, options: dict, privacy: dict, problem: dict) -> dict:
+    def calibrate(self, plan, strategy_cls, options: dict, privacy: dict, problem: dict) -> dict:
         return self.spent(plan, strategy_cls, options, float(privacy["noise_multiplier"]))
-
-    def describe(self, plan) -> list:
-        return [f"  noise multiplier nu = {plan.noise_multiplier:.5g} as stated (privacy.selection.noise_multiplier): "
-                f"the {plan.composed_runs} runs spend eps = {plan.epsilon_spent:.5g} of the {plan.epsilon:g} allowed "
-                f"(delta = {plan.delta:g}, {plan.accountant})"]

@@ -20,11 +20,12 @@ from dpgrid.strategies import Strategy
 
 class PerLayerClipping(Strategy):
     label = "Per-layer clipping"
+    stacks = True  # one step for one run and for G stacked runs (tests: dpgrid.testing.check_stacked)
 
     @torch.no_grad()
     def step(self, grads) -> None:
-        norms = grads.group_norms                                  # (b, L): ||g_{i,l}||
-        layer_clip = self.clip / math.sqrt(norms.shape[1])        # C_l = C / sqrt(L)
+        norms = grads.group_norms                                  # (b, L): ||g_{i,l}||; stacked (G, b, L)
+        layer_clip = self.per_run(self.clip, norms) / math.sqrt(norms.shape[-1])  # C_l = C / sqrt(L), each run's C
         weights = torch.clamp(layer_clip / norms.clamp_min(1e-12), max=1.0)
         clipped_sum = grads.group_weighted_sum(weights)            # sum_i w_{i,l} g_{i,l}, per parameter
         g_tilde = self.noisy_mean(clipped_sum, self.noise.noise_multiplier * self.clip)

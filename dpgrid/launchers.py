@@ -14,21 +14,13 @@ import os
 import shutil
 import subprocess
 import sys
-import time
 from pathlib import Path
+
+from dpgrid import slurm
+from dpgrid.reporting.console import plural
 
 NOT_ON_A_CLUSTER = ("hydra/launcher=slurm submits from a machine of a SLURM cluster (a login node); "
                     "hydra/launcher=local runs the sweep's grids side by side on this machine")
-POLL_S = 10.0  # between two looks at the queue; submitit itself asks sacct at most this often
-# pending reasons that waiting never resolves: each job asks for what the partition, QOS or account never gives
-# (per-job limits; group and per-user limits, held priorities and nodes down or reserved clear as other jobs end)
-NEVER = ("PartitionConfig", "PartitionNodeLimit", "PartitionTimeLimit", "InvalidAccount", "InvalidQOS",
-         "BadConstraints", "QOSMaxCpuPerJobLimit", "QOSMaxGRESPerJob", "QOSMaxMemoryPerJob", "QOSMaxNodePerJobLimit",
-         "QOSMaxWallDurationPerJobLimit", "AssocMaxCpuPerJobLimit", "AssocMaxGRESPerJob", "AssocMaxMemPerJob",
-         "AssocMaxNodePerJobLimit", "AssocMaxWallDurationPerJobLimit")
-LOWER = "hydra.launcher.cpus_per_task, mem_gb, timeout_min, gpus_per_node or partition"
-
-
 def launch(launcher, job_overrides, initial_job_idx) -> list:
     """The plugin's launch (SLURM array jobs of one task per grid, split at the cluster's MaxArraySize), with
     dpgrid's submission, wait and errors. Grids whose run directory holds a finished grid are not queued again;
@@ -41,13 +33,20 @@ def launch(launcher, job_overrides, initial_job_idx) -> list:
     for i, (out, _, _) in enumerate(grids):
         first.setdefault(out, i)
     if len(first) < len(grids):
-        print(f"dpgrid: the sweep's {len(grids)} jobs are {len(first)} grids (jobs whose settings differ only in what "
+        print(f"dpgrid: the sweep's {len(grids)} jobs are {plural(len(first), 'grid')} (jobs whose settings differ only in what "
               "their grid does not read write into one directory): each is trained once", file=sys.stderr, flush=True)
     todo = [i for i in first.values() if grids[i][2] or not finished_grid(grids[i][0])]
     if len(todo) < len(first):
-        print(f"dpgrid: {len(first) - len(todo)} of {len(first)} grids finished, "
+        print(f"dpgrid: {len(first) - len(todo)} of {plural(len(first), 'grid')} finished, "
               + ("submitting the rest" if todo else "nothing to submit"), file=sys.stderr, flush=True)
     returns = {i: finished_return(grids[i][0]) for i in first.values() if i not in todo}
+    if live := slurm.still_queued(sweep_dir, [grids[i][0] for i in todo]):
+        from dpgrid.cli import fail
+
+        ids = ",".join(sorted({slurm.array_of(j) for j in live.values()}))
+        fail(f"{len(live)} grid(s) of this sweep are still queued or running as SLURM job(s) of an earlier submission "
+             f"({slurm.compact(sorted(live.values()))}); nothing was queued again: wait for them (squeue -j {ids}), or "
+             f"cancel them (scancel {ids}), then run the same command, which resumes what they leave")
     if todo:
         sweep_dir.mkdir(parents=True, exist_ok=True)
         if "mode" in launcher.config.hydra.sweep:  # as the plugin: hydra.sweep.mode sets the folder's permissions
@@ -65,22 +64,26 @@ def launch(launcher, job_overrides, initial_job_idx) -> list:
         chunks = [args[start:start + per_job] for start in range(0, len(args), per_job)]
         jobs = submit(made, several, [(launcher, chunk) for chunk in chunks], max_array_size(),
                       on_refused=lambda: clear_refused(sweep_dir, before))
+        slurm.record_jobs(sweep_dir, {grids[i][0]: job.job_id for job, start in zip(jobs, range(0, len(todo), per_job))
+                                      for i in todo[start:start + per_job]})
         grouped = f" ({len(todo)} grids, up to {per_job} per job)" if per_job > 1 else ""
-        print(f"dpgrid: submitted {len(jobs)} SLURM job(s){grouped} as {array_id(jobs)}; their logs: {log_folder(jobs)}",
-              file=sys.stderr, flush=True)
+        print(f"dpgrid: submitted {len(jobs)} SLURM job(s){grouped} as {slurm.array_id(jobs)}; their logs: "
+              f"{log_folder(jobs)}", file=sys.stderr, flush=True)
         try:
-            wait(jobs)
+            slurm.wait(jobs, launcher.params)
         except KeyboardInterrupt as e:
             from dpgrid.cli import fail
             from dpgrid.signals import stopped
 
-            left = [j.job_id for j in jobs if not j.done()]
+            left = [j.job_id for j in jobs if not j.paths.result_pickle.exists()]
             name, code = stopped(e) or ("interrupted", 130)
-            fail(f"{name}: {len(left)} SLURM job(s) go on queued or running without this process ({compact(left)}): "
-                 f"squeue -j {array_id(jobs)} shows them, scancel {array_id(jobs)} cancels them; the same command "
+            ids = slurm.array_id(jobs)
+            fail(f"{name}: {len(left)} SLURM job(s) go on queued or running without this process "
+                 f"({slurm.compact(left)}): squeue -j {ids} shows them, scancel {ids} cancels them; while they are "
+                 "queued or running the same command refuses to queue their grids again, and once they have ended it "
                  "resumes any grid left incomplete", code)
         by_job = [[job_overrides[i] for i in todo[start:start + per_job]] for start in range(0, len(todo), per_job)]
-        returns.update(zip(todo, outcomes(jobs, by_job)))
+        returns.update(zip(todo, outcomes(jobs, by_job, launcher.params.get("timeout_min"))))
     say_results([grids[i] for i in first.values()], sweep_dir)
     return [returns[first[out]] for out, _, _ in grids]
 
@@ -98,8 +101,8 @@ def clear_refused(sweep_dir: Path, before: set) -> None:
     """Nothing left behind by a submission SLURM refused: the job pickles made for it, and a sweep folder that then
     holds nothing but Hydra's multirun.yaml."""
     folder = sweep_dir / ".submitit"
-    for name in entries(folder) - before:
-        shutil.rmtree(folder / name, ignore_errors=True)
+    for name in entries(folder) - before:  # a job's folder, or a pickle submitit wrote before sbatch answered
+        shutil.rmtree(folder / name, ignore_errors=True) if (folder / name).is_dir() else (folder / name).unlink()
     if folder.is_dir() and not entries(folder):
         folder.rmdir()
     if entries(sweep_dir) <= {"multirun.yaml"}:
@@ -200,96 +203,46 @@ def submit(executor, task, args, array_size: int = 1001, on_refused=None) -> lis
                 "is, or ask the cluster's admins" if "controller" in first.lower()
                 else "see the hydra.launcher settings (conf/hydra/launcher/slurm.yaml)")
         if jobs:  # an earlier array of a split sweep was queued
-            fail(f"SLURM refused the jobs after {len(jobs)} were queued ({array_id(jobs)}; scancel {array_id(jobs)} "
+            fail(f"SLURM refused the jobs after {len(jobs)} were queued ({slurm.array_id(jobs)}; scancel {slurm.array_id(jobs)} "
                  f"cancels them, or the same command submits the rest): {first}; {hint}")
         if on_refused:
             on_refused()
         fail(f"SLURM refused the jobs, nothing was queued: {first}; {hint}")
 
 
-def wait(jobs) -> None:
-    """Until every job has ended, saying why pending jobs wait whenever the reasons change (not as the counts drain).
-    Jobs that can never start (every job left is pending for a reason in NEVER) are cancelled: one line, exit 2."""
-    said = None
-    while left := [job for job in jobs if not job.done()]:
-        reasons = pending_reasons(jobs)
-        never = {r: ids for r, ids in reasons.items() if r.startswith(NEVER)}
-        if never and sum(len(ids) for ids in never.values()) >= len(left):
-            cancel_pending(jobs)
-            from dpgrid.cli import fail
-
-            reason = ", ".join(sorted(never))
-            fail(f"{len(left)} SLURM job(s) can never start ({reason}: each asks for more than the partition, QOS or account "
-                 f"gives); cancelled them (scancel --state=PENDING {array_id(jobs)}); ask for less ({LOWER}, `sinfo -o "
-                 "'%P %c %m %l'` lists what each partition gives) and run the same command again")
-        if reasons and set(reasons) != said:
-            print(f"dpgrid: {describe_pending(reasons)}", file=sys.stderr, flush=True)
-            said = set(reasons)
-        time.sleep(POLL_S)
-
-
-def cancel_pending(jobs) -> None:
-    with contextlib.suppress(OSError, subprocess.SubprocessError):
-        subprocess.run(["scancel", "--state=PENDING", array_id(jobs)], capture_output=True, timeout=60)
-
-
-def pending_reasons(jobs) -> dict:
-    """{reason: [job ids]} of the pending jobs, one per array element (squeue -r; a collapsed array would count as
-    one), as squeue gives them ({} without squeue). A reason SLURM has not set yet ("None") is no reason."""
-    if shutil.which("squeue") is None:
-        return {}
-    found = subprocess.run(["squeue", "-h", "-r", "-o", "%i|%T|%r", "-j",
-                            ",".join(sorted({array_of(j.job_id) for j in jobs}))], capture_output=True, text=True)
-    reasons = {}
-    for line in found.stdout.splitlines():
-        job_id, state, reason = (line.split("|") + ["", ""])[:3]
-        if state == "PENDING" and reason not in ("", "None", "(null)"):
-            reasons.setdefault(reason, []).append(job_id)
-    return reasons
-
-
-def describe_pending(reasons: dict) -> str:
-    return "; ".join(f"{len(ids)} SLURM job(s) pending ({reason}: {compact(ids)})" for reason, ids in sorted(reasons.items()))
-
-
-def outcomes(jobs, by_job: list) -> list:
+def outcomes(jobs, by_job: list, timeout_min=None) -> list:
     """Each grid's result (Hydra's JobReturn), in order; `by_job`: each job's grids' overrides. Jobs that ended
-    without a result are dpgrid's one line: per reason (the job's state, the grid's own error line if it printed
-    one, else its log), the jobs it ended, once, with their count."""
+    without a result are dpgrid's one line: per reason (ran out of time, naming hydra.launcher.timeout_min; the job's
+    state and the grid's own error line if it printed one, else its log), the jobs it ended, once, with their count."""
     from dpgrid.cli import fail
 
     common = set.intersection(*(set(o) for grids in by_job for o in grids))  # a job is named by what its sweep varies
-    ended = {}
+    ended_by, returns = {}, []
     for job, grids in zip(jobs, by_job):
+        why = ""
         if job.paths.result_pickle.exists():
-            continue
-        said = [line for line in (job.stderr() or "").splitlines() if line.startswith("dpgrid: error: ")]
-        why = (f": {said[-1][len('dpgrid: error: '):]}" if said else f", its log {job.paths.stderr}"
-               if job.paths.stderr.exists() else ", no log")
+            try:
+                returns += job.results()[0]
+                continue
+            except Exception as e:  # noqa: BLE001  (what the job's process raised, pickled by submitit)
+                last = [line.strip() for line in str(e).splitlines() if line.strip()]
+                why = (f" ran out of time (raise hydra.launcher.timeout_min={timeout_min})" if "timed-out" in str(e)
+                       else f" ended with an error: {last[-1] if last else type(e).__name__}")
+        if not why:
+            said = [line for line in (job.stderr() or "").splitlines() if line.startswith("dpgrid: error: ")]
+            state = job.state if job.state != "UNKNOWN" else "out of the queue without a result"
+            why = (f" ended {state}: {said[-1][len('dpgrid: error: '):]}" if said else f" ended {state}, its log "
+                   f"{job.paths.stderr}" if job.paths.stderr.exists() else f" ended {state}, no log")
         varied = " + ".join(v for v in (" ".join(o for o in overrides if o not in common) for overrides in grids) if v)
-        ended.setdefault(f"ended {job.state}{why}", []).append(f"{job.job_id}{f' ({varied})' if varied else ''}")
-    if ended:
-        count = sum(len(names) for names in ended.values())
-        parts = [f"{names[0]} {reason}" if len(names) == 1 else f"{len(names)} jobs ({compact(names)}) {reason}"
-                 for reason, names in ended.items()]
+        ended_by.setdefault(why, []).append(f"{job.job_id}{f' ({varied})' if varied else ''}")
+    if ended_by:
+        count = sum(len(names) for names in ended_by.values())
+        parts = [f"{names[0]}{reason}" if len(names) == 1 else f"{len(names)} jobs ({slurm.compact(names)}){reason}"
+                 for reason, names in ended_by.items()]
         fail(f"{count} of {len(jobs)} SLURM job(s) ended before their grid finished: {' | '.join(parts)}; "
              "the same command resumes them (finished runs are kept)")
-    return [grid for job in jobs for grid in job.results()[0]]
-
-
-def array_id(jobs) -> str:
-    """The array job(s) of `jobs`: 4242, or 4242,4243 when the sweep was split at MaxArraySize."""
-    return ",".join(dict.fromkeys(array_of(j.job_id) for j in jobs))
-
-
-def array_of(job_id) -> str:
-    """The array job of a task's id (4242_0 -> 4242)."""
-    return str(job_id).split("_")[0]
+    return returns
 
 
 def log_folder(jobs) -> str:
     return str(Path(jobs[0].paths.folder).parent)
-
-
-def compact(ids: list) -> str:
-    return ", ".join(ids[:4]) + (f" and {len(ids) - 4} more" if len(ids) > 4 else "")

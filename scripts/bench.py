@@ -407,11 +407,13 @@ def main():
     parser.add_argument("--steps", type=int, default=7, help="timed steps per method, at least (median reported)")
     parser.add_argument("--seconds", type=float, default=3.0,
                         help="small models repeat until the non-private steps take about this long")
-    parser.add_argument("--warmup", type=int, default=2)
-    parser.add_argument("--models", nargs="+", default=list(MODELS), choices=list(MODELS))
-    parser.add_argument("--strategies", nargs="+", default=strategies_found, choices=strategies_found)
-    parser.add_argument("--engine", default="fast", choices=["fast", "func"])
-    parser.add_argument("--no-opacus", action="store_true")
+    parser.add_argument("--warmup", type=int, default=2, help="untimed steps first, per method")
+    parser.add_argument("--models", nargs="+", default=list(MODELS), choices=list(MODELS), help="the models to time")
+    parser.add_argument("--strategies", nargs="+", default=strategies_found, choices=strategies_found,
+                        help="the private steps to time beside the non-private one")
+    parser.add_argument("--engine", default="fast", choices=["fast", "func"],
+                        help="the per-sample engine (train.engine)")
+    parser.add_argument("--no-opacus", action="store_true", help="skip Opacus's step (timed apart, after dpgrid's)")
     parser.add_argument("--secure", action="store_true", help="also time seeded vs secure sampling and noise")
     parser.add_argument("--no-memory", action="store_true", help="skip the peak-memory subprocesses")
     parser.add_argument("--json", action="store_true", help="print only one JSON object")

@@ -29,6 +29,7 @@ import sys
 
 from dpgrid import DpgridError
 from dpgrid.config.groups import options
+from dpgrid.reporting.describe import duration
 
 
 def compiled(dataset: str, name: str, k: int, extra: list, epsilon: float = None):
@@ -95,14 +96,17 @@ def private_sweeps(found: list) -> list:
 def main(argv=None, dpgrid=None):
     parser = argparse.ArgumentParser(description=" ".join(__doc__.split("\n\n")[0].split()), usage="%(prog)s [options] dataset [-- override ...]")
     parser.add_argument("dataset", help="a dataset option: " + ", ".join(options("dataset")))
-    parser.add_argument("--k", type=int, nargs="+", default=[5, 7, 9])
-    parser.add_argument("--seeds", type=int, default=5)
-    parser.add_argument("--data-root", default="./data")
+    parser.add_argument("--k", type=int, nargs="+", default=[5, 7, 9],
+                        help="the granularities to run (values per log-spaced axis; the paper's: 5 7 9)")
+    parser.add_argument("--seeds", type=int, default=5, help="runs per configuration (train.seeds; the paper's: 5)")
+    parser.add_argument("--data-root", default="./data", help="data.root: where the dataset's files are read from")
     parser.add_argument("--results", default="outputs", help="hydra.sweep.dir: the results tree")
-    parser.add_argument("--launcher", choices=["basic", "local", "slurm"], default="basic")
+    parser.add_argument("--launcher", choices=["basic", "local", "slurm"], default="basic",
+                        help="basic: one grid after another here; local: --jobs processes here; slurm: SLURM jobs")
     parser.add_argument("--jobs", type=int, default=2, help="parallel processes with --launcher local or --paper-cells "
                         "(with --paper-cells --launcher slurm: cells queued at once, each waited on by a light process)")
-    parser.add_argument("--dry-run", action="store_true")
+    parser.add_argument("--dry-run", action="store_true",
+                        help="print the runs, the compute estimate and the commands, and run nothing")
     parser.add_argument("--paper-cells", action="store_true",
                         help="only the paper's best configuration of each cell, with the whole grid's noise")
     parser.add_argument("--strategies", nargs="+", help="--paper-cells: only these strategies (default: all)")
@@ -120,9 +124,9 @@ def main(argv=None, dpgrid=None):
     configs = sum(K * (len(eps) if is_private else 1) for _, is_private, K, _, eps, _, _ in found)
     runs = configs * args.seeds
     steps = sum(K * T * (len(eps) if p else 1) for _, p, K, T, eps, _, _ in found) * args.seeds
-    hours = sum(K * T * (len(eps) if p else 1) * sec for _, p, K, T, eps, sec, _ in found) * args.seeds / 3600
+    seconds = sum(K * T * (len(eps) if p else 1) * sec for _, p, K, T, eps, sec, _ in found) * args.seeds
     print(f"{d}: {configs} configurations x {args.seeds} seeds = {runs} training runs ({steps:,} steps); "
-          f"about {hours:,.0f} hours on one 2-core machine (dataset.seconds_per_step), less with --launcher local/slurm")
+          f"about {duration(seconds)} on one 2-core machine (dataset.seconds_per_step), less with --launcher local/slurm")
 
     common = [f"dataset={d}", f"data.root={args.data_root}", f"train.seeds={args.seeds}",
               f"hydra.sweep.dir={args.results}", *args.extra]
@@ -224,9 +228,9 @@ def reproduce_paper_cells(args, dpgrid=in_a_process):
     for line in skipped:
         print(line)
     runs = len(cells) * args.seeds
-    hours = sum(steps * seconds for *_, steps, seconds in cells) * args.seeds / 3600
-    print(f"{args.dataset}: {len(cells)} paper cells x {args.seeds} seeds = {runs} training runs; about {hours:,.1f} "
-          f"hours on one 2-core machine (dataset.seconds_per_step), divided by --jobs")
+    seconds = sum(steps * seconds for *_, steps, seconds in cells) * args.seeds
+    print(f"{args.dataset}: {len(cells)} paper cells x {args.seeds} seeds = {runs} training runs; about "
+          f"{duration(seconds)} on one 2-core machine (dataset.seconds_per_step), divided by --jobs")
     commands = [cell_command(args, name, epsilon, k, config_id) for name, epsilon, k, config_id, *_ in cells]
     for command in commands:
         print("$", shlex.join(command))

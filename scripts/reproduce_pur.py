@@ -139,13 +139,14 @@ def markdown(table: pd.DataFrame) -> str:
 def main() -> None:
     parser = argparse.ArgumentParser(description=" ".join(__doc__.split("\n\n")[0].split()))
     parser.add_argument("--quick", action="store_true", help="10 repetitions, at most 5,000 iterations")
-    parser.add_argument("--repeats", type=int, default=120)
-    parser.add_argument("--max-iterations", type=int, default=100_000)
-    parser.add_argument("--data-root", default="./data")
-    parser.add_argument("--results", default="outputs/pur")
+    parser.add_argument("--repeats", type=int, default=120, help="runs per configuration (the paper's 120)")
+    parser.add_argument("--max-iterations", type=int, default=100_000, help="at most this many steps per run")
+    parser.add_argument("--data-root", default="./data", help="data.root: where the datasets' files are read from")
+    parser.add_argument("--results", default="outputs/pur", help="hydra.sweep.dir: the results tree")
     parser.add_argument("--datasets", nargs="+", help="only these (default: every dataset of the protocol whose data is there)")
     parser.add_argument("--table-only", action="store_true", help="Table 3 without Figure 1")
-    parser.add_argument("--out", default=str(Path(__file__).resolve().parents[1] / "docs/pur"))
+    parser.add_argument("--out", default=str(Path(__file__).resolve().parents[1] / "docs/pur"),
+                        help="where Table 3 and Figure 1 are written (default docs/pur)")
     args = parser.parse_args()
     if args.quick:
         args.repeats, args.max_iterations = 10, 5_000

@@ -8,6 +8,8 @@ import sys
 
 import pytest
 
+from dpgrid import slurm as slurm_module
+
 from .command import dpgrid
 
 pytest.importorskip("hydra_plugins.hydra_submitit_launcher")
@@ -36,6 +38,7 @@ if [ "$FAKE_SLURM" = run ]; then  # run each task here, in the background, once 
   folder=$(sed -n 's/.* -m submitit.core._submit //p' "$1")
   python=$(sed -n 's/.* \\([^ ]*\\) -u -m submitit.core._submit .*/\\1/p' "$1")
   for i in $(seq 0 "${last:-0}"); do
+    j="${id}_$i"; [ -z "$last" ] && j=$id; touch "$(dirname "$FAKE_SLURM_LOG")/queued_$j"  # squeue lists it till it ends
     (job="${id}_$i"; [ -z "$last" ] && job=$id
      task=$(echo "$folder" | sed "s/%j/$job/")
      n=0; while [ ! -f "$task/${job}_submitted.pkl" ] && [ $n -lt 1200 ]; do sleep 0.1; n=$((n + 1)); done  # else FAILED
@@ -51,6 +54,18 @@ fi
 echo "Submitted batch job $id"
 """,
     "sacct": """
+if [ "$FAKE_SLURM" = noacct ]; then  # a cluster without its accounting database
+  echo "Slurm accounting storage is disabled" >&2; exit 1
+fi
+if [ "$FAKE_SLURM" = timeout ]; then  # submitit wrote each task's result: it ran out of time
+  for d in "$(dirname "$FAKE_SLURM_LOG")"/sweep/.submitit/*/; do
+    [ -d "$d" ] && python3 -c "import pickle, sys; pickle.dump(('error', 'submitit.core.utils.UncompletedJobError: Job not requeued because: timed-out too many times.'), open(sys.argv[1], 'wb'))" "$d$(basename "$d")_0_result.pkl"
+  done
+  echo "JobID|State|NodeList"; echo "${FAKE_SLURM_ID}_0|COMPLETED|node"; echo "${FAKE_SLURM_ID}_1|COMPLETED|node"; exit 0
+fi
+if [ "$FAKE_SLURM" = requeued ]; then  # SLURM requeued the tasks after their node failed; sacct's last word for now
+  echo "JobID|State|NodeList"; echo "${FAKE_SLURM_ID}_0|NODE_FAIL|node"; echo "${FAKE_SLURM_ID}_1|NODE_FAIL|node"; exit 0
+fi
 if [ "$FAKE_SLURM" = run ]; then  # the tasks that ended; the others are not listed yet
   echo "JobID|State|NodeList"
   for f in "$(dirname "$FAKE_SLURM_LOG")"/state_*; do [ -f "$f" ] && echo "${f##*/state_}|$(cat "$f")|node"; done
@@ -63,7 +78,13 @@ echo "JobID|State|NodeList"; echo "${FAKE_SLURM_ID}_0|$state|None assigned"; ech
     "srun": "exit 0\n",  # submitit checks it is there
     "scontrol": 'echo "MaxArraySize            = ${FAKE_MAX_ARRAY:-1001}"\n',
     "squeue": """
+calls="$(dirname "$FAKE_SLURM_LOG")/squeue_calls"; echo x >> "$calls"
 case "$FAKE_SLURM" in
+  run) for f in "$(dirname "$FAKE_SLURM_LOG")"/queued_*; do  # queued or running until its task has ended
+         [ -f "$f" ] || continue; j="${f##*/queued_}"
+         [ -f "$(dirname "$FAKE_SLURM_LOG")/state_$j" ] || echo "$j|RUNNING|None"; done;;
+  requeued) [ "$(wc -l < "$calls")" -le 4 ] && { echo "${FAKE_SLURM_ID}_0|PENDING|BeginTime";
+                                                echo "${FAKE_SLURM_ID}_1|PENDING|BeginTime"; };;
   pending) echo "${FAKE_SLURM_ID}_0|PENDING|Priority"; echo "${FAKE_SLURM_ID}_1|PENDING|Priority";;
   never) echo "${FAKE_SLURM_ID}_0|PENDING|PartitionConfig"; echo "${FAKE_SLURM_ID}_1|PENDING|QOSMaxCpuPerJobLimit";;
   none)  # right after submission SLURM has no reason yet; an array waiting whole is one collapsed line without -r
@@ -73,6 +94,7 @@ esac
 exit 0
 """,
     "scancel": 'echo "scancel $*" >> "$FAKE_SLURM_LOG"\n',
+    "sinfo": 'echo "cpu*|4:00:00|8|16000"\n',  # the default partition: 4 hours, 8 CPUs and 16 GB per node
 }
 
 
@@ -110,6 +132,7 @@ def test_a_partition_slurm_refuses_is_one_line_and_nothing_is_queued(slurm, tmp_
     assert r.stderr.strip().splitlines() == [
         "dpgrid: error: SLURM refused the jobs, nothing was queued: sbatch: error: invalid partition specified: nopart; "
         "hydra.launcher.partition= names a partition that `sinfo -s` lists"], r.stderr
+    assert not (tmp_path / "sweep").exists()  # nothing left: no multirun.yaml, no job pickle
 
 
 def test_a_cancelled_job_is_one_line_saying_the_same_command_resumes(slurm, tmp_path):
@@ -148,7 +171,8 @@ def test_an_interrupted_submitter_names_the_jobs_still_queued_and_how_to_cancel_
     assert proc.wait(timeout=60) == 130
     assert rest.strip().splitlines() == [
         "dpgrid: error: interrupted: 2 SLURM job(s) go on queued or running without this process (4244_0, 4244_1): "
-        "squeue -j 4244 shows them, scancel 4244 cancels them; the same command resumes any grid left incomplete"], rest
+        "squeue -j 4244 shows them, scancel 4244 cancels them; while they are queued or running the same command refuses "
+        "to queue their grids again, and once they have ended it resumes any grid left incomplete"], rest
 
 
 def test_jobs_that_can_never_start_are_cancelled_in_one_line(slurm, tmp_path):
@@ -158,8 +182,8 @@ def test_jobs_that_can_never_start_are_cancelled_in_one_line(slurm, tmp_path):
     lines = r.stderr.strip().splitlines()
     assert len(lines) == 2 and lines[1].startswith(
         "dpgrid: error: 2 SLURM job(s) can never start (PartitionConfig, QOSMaxCpuPerJobLimit: each asks for more than "
-        "the partition, QOS or account gives); cancelled them (scancel --state=PENDING 4245); ask for less "
-        "(hydra.launcher.cpus_per_task, mem_gb"), r.stderr
+        "the partition, QOS or account gives); cancelled them (scancel --state=PENDING 4245); ask for less: "
+        "hydra.launcher.cpus_per_task, hydra.launcher.timeout_min (`sinfo"), r.stderr  # sinfo: 8 CPUs, 4 hours
     assert "scancel --state=PENDING 4245" in (tmp_path / "sbatch.log").read_text()
 
 
@@ -171,10 +195,10 @@ def test_pending_jobs_are_counted_per_array_element_and_no_reason_is_not_said(sl
     class Job:
         def __init__(self, i):
             self.job_id = f"4246_{i}"
-    assert launchers.pending_reasons([Job(0), Job(1)]) == {}  # "None": SLURM has not said yet
+    assert slurm_module.pending_reasons([Job(0), Job(1)]) == {}  # "None": SLURM has not said yet
     slurm("pending", 4246)
-    assert launchers.pending_reasons([Job(0), Job(1)]) == {"Priority": ["4246_0", "4246_1"]}
-    assert launchers.describe_pending({"Priority": ["4246_0", "4246_1"]}) == \
+    assert slurm_module.pending_reasons([Job(0), Job(1)]) == {"Priority": ["4246_0", "4246_1"]}
+    assert slurm_module.describe_pending({"Priority": ["4246_0", "4246_1"]}) == \
         "2 SLURM job(s) pending (Priority: 4246_0, 4246_1)"
 
 
@@ -192,6 +216,92 @@ def test_a_launcher_hydra_cannot_find_is_one_line_naming_the_install_that_fixes_
     assert not (tmp_path / "sbatch.log").exists() and not (tmp_path / "sweep").exists()
 
 
+def test_a_job_that_ran_out_of_time_names_the_setting_and_how_to_resume(slurm, tmp_path):
+    """submitit catches SLURM's warning signal, so sacct says COMPLETED: its result file says the job timed out."""
+    slurm("timeout", 4251)
+    r = dpgrid("run", *SWEEP, "hydra.launcher.timeout_min=3", f"hydra.sweep.dir={tmp_path / 'sweep'}")
+    assert r.returncode == 2, r.stderr
+    lines = r.stderr.strip().splitlines()
+    assert len(lines) == 2 and lines[1] == (
+        "dpgrid: error: 2 of 2 SLURM job(s) ended before their grid finished: 2 jobs (4251_0 (privacy.epsilon=3), "
+        "4251_1 (privacy.epsilon=5)) ran out of time (raise hydra.launcher.timeout_min=3); the same command resumes "
+        "them (finished runs are kept)"), r.stderr
+    assert "results:" not in r.stdout and "no summary" not in r.stdout
+
+
+def test_a_cluster_without_accounting_notices_a_cancelled_job(slurm, tmp_path, monkeypatch):
+    """No sacct: a job that has left the queue without a result is reported as ended (not waited for), and the
+    missing accounting is said once."""
+    monkeypatch.setattr(slurm_module, "POLL_S", 0.2)
+    slurm("noacct", 4252)
+    r = dpgrid("run", *SWEEP, f"hydra.sweep.dir={tmp_path / 'sweep'}")
+    assert r.returncode == 2, r.stderr
+    lines = r.stderr.strip().splitlines()
+    assert len(lines) == 3 and lines[1].startswith("dpgrid: SLURM's accounting (sacct) does not answer here (Slurm "
+                                                   "accounting storage is disabled)"), r.stderr
+    assert "ended out of the queue without a result" in lines[2] and "accounting" not in r.stdout
+
+
+def test_a_requeued_job_is_waited_for(slurm, tmp_path, monkeypatch):
+    """After a node failure sacct says NODE_FAIL while SLURM has put the job back in the queue: the submitter waits
+    as long as squeue lists it."""
+    monkeypatch.setattr(slurm_module, "POLL_S", 0.2)
+    slurm("requeued", 4253)
+    r = dpgrid("run", *SWEEP, f"hydra.sweep.dir={tmp_path / 'sweep'}")
+    assert r.returncode == 2 and "2 SLURM job(s) pending (BeginTime" in r.stderr, r.stderr
+    assert (tmp_path / "squeue_calls").read_text().count("x") >= 5  # listed for 4 looks, then gone for 2
+
+
+def test_a_resume_never_queues_a_grid_whose_job_is_still_queued(slurm, tmp_path):
+    """The interrupted submitter's jobs are recorded with the sweep; while squeue lists them, the same command queues
+    nothing again and says what to do."""
+    sweep = f"hydra.sweep.dir={tmp_path / 'sweep'}"
+    proc = subprocess.Popen([sys.executable, "-m", "dpgrid.cli", "run", *SWEEP, sweep], stderr=subprocess.PIPE,
+                            stdout=subprocess.DEVNULL, text=True, env=slurm("pending", 4254))
+    proc.stderr.readline(), proc.stderr.readline()  # submitted; then why the jobs wait
+    proc.send_signal(signal.SIGINT)
+    rest = proc.stderr.read()
+    assert proc.wait(timeout=60) == 130 and "the same command refuses to queue their grids again" in rest, rest
+    submitted = (tmp_path / "sbatch.log").read_text()
+    r = dpgrid("run", *SWEEP, sweep)
+    assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1, r.stderr
+    assert "2 grid(s) of this sweep are still queued or running as SLURM job(s) of an earlier submission (4254_0, " \
+           "4254_1); nothing was queued again: wait for them (squeue -j 4254), or cancel them (scancel 4254)" in r.stderr
+    assert (tmp_path / "sbatch.log").read_text() == submitted
+
+
+@pytest.mark.parametrize("override, message", [
+    ("+hydra.launcher.mem=8", "hydra.launcher.mem=8 would ask SLURM for 8 megabytes (sbatch's --mem); set "
+                              "hydra.launcher.mem_gb=8 for gigabytes"),
+    ("+hydra.launcher.cpu_per_task=8", "no setting 'hydra.launcher.cpu_per_task'; did you mean "
+                                       "hydra.launcher.cpus_per_task?"),
+    ("hydra/launcher=slrum", "no hydra/launcher named 'slrum' (did you mean hydra/launcher=slurm?); available: basic, "),
+])
+def test_launcher_settings_that_would_mislead_are_one_line(slurm, tmp_path, override, message):
+    slurm("pending", 4255)
+    args = [a for a in SWEEP if not a.startswith("hydra/launcher")] + (
+        [override] if override.startswith("hydra/launcher") else ["hydra/launcher=slurm", override])
+    r = dpgrid("run", *args, f"hydra.sweep.dir={tmp_path / 'sweep'}")
+    assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1 and message in r.stderr, r.stderr
+    assert "_schema" not in r.stderr and not (tmp_path / "sbatch.log").exists()
+
+
+def test_an_editable_install_hydra_cannot_see_gets_its_fix_from_hydras_own_error(tmp_path):
+    """Hydra's real failure when its plugin discovery misses hydra_plugins.dpgrid_launcher (a default-mode editable
+    install): composing hydra/launcher=slurm raises "Could not load 'hydra/launcher/dpgrid_slurm_schema'", which
+    dpgrid turns into the install that fixes it. Reproduced in a fresh process whose hydra_plugins namespace lacks
+    dpgrid's folder, as such an install leaves it."""
+    code = ("import hydra_plugins, pathlib\n"
+            "hydra_plugins.__path__._path[:] = [p for p in hydra_plugins.__path__ "
+            "if not (pathlib.Path(p) / 'dpgrid_launcher').is_dir()]\n"
+            "hydra_plugins.__path__._recalculate = lambda: hydra_plugins.__path__._path\n"
+            "import dpgrid\n"
+            "try:\n    dpgrid.compose(['hydra/launcher=slurm'], with_hydra=True)\n"
+            "except dpgrid.DpgridError as e:\n    print(e)\n")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=tmp_path)
+    assert "pip install -e \".[cluster]\" --config-settings editable_mode=compat" in r.stdout, r.stdout + r.stderr
+
+
 def grid_lines(stdout: str) -> list:
     return [line for line in stdout.splitlines() if ": best configuration " in line or line.startswith("results: ")]
 
@@ -200,7 +310,7 @@ def test_a_finished_sweep_says_each_grids_result_and_a_resume_queues_only_what_i
                                                                                           monkeypatch):
     from dpgrid import launchers
 
-    monkeypatch.setattr(launchers, "POLL_S", 0.2)
+    monkeypatch.setattr(slurm_module, "POLL_S", 0.2)
     slurm("run", 4250)
     sweep = tmp_path / "sweep"
     r = dpgrid("run", *SWEEP, f"hydra.sweep.dir={sweep}")
@@ -225,7 +335,7 @@ def test_a_finished_sweep_says_each_grids_result_and_a_resume_queues_only_what_i
 def test_a_sweep_larger_than_max_array_size_is_split_into_arrays(slurm, tmp_path, monkeypatch):
     from dpgrid import launchers
 
-    monkeypatch.setattr(launchers, "POLL_S", 0.2)
+    monkeypatch.setattr(slurm_module, "POLL_S", 0.2)
     monkeypatch.setenv("FAKE_MAX_ARRAY", "1")
     slurm("run", 4260)
     r = dpgrid("run", *SWEEP, f"hydra.sweep.dir={tmp_path / 'sweep'}")
@@ -240,18 +350,18 @@ def test_jobs_that_are_one_grid_are_trained_once(slurm, tmp_path, monkeypatch):
     job would find the first's lock)."""
     from dpgrid import launchers
 
-    monkeypatch.setattr(launchers, "POLL_S", 0.2)
+    monkeypatch.setattr(slurm_module, "POLL_S", 0.2)
     slurm("run", 4270)
     r = dpgrid("run", *ONE_GRID, f"hydra.sweep.dir={tmp_path / 'sweep'}")
     assert r.returncode == 0, r.stderr
-    assert "dpgrid: the sweep's 2 jobs are 1 grids" in r.stderr and "submitted 1 SLURM job(s) as 4270" in r.stderr
+    assert "dpgrid: the sweep's 2 jobs are 1 grid (" in r.stderr and "submitted 1 SLURM job(s) as 4270" in r.stderr
     assert len(grid_lines(r.stdout)) == 2, r.stdout
 
 
 def test_several_grids_share_a_job(slurm, tmp_path, monkeypatch):
     from dpgrid import launchers
 
-    monkeypatch.setattr(launchers, "POLL_S", 0.2)
+    monkeypatch.setattr(slurm_module, "POLL_S", 0.2)
     slurm("run", 4280)
     r = dpgrid("run", *SWEEP, "hydra.launcher.grids_per_job=2", f"hydra.sweep.dir={tmp_path / 'sweep'}")
     assert r.returncode == 0, r.stderr

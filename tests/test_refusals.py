@@ -2,6 +2,7 @@
 add what nothing reads or set what is there, list settings given a bare value, a model that does not fit its data,
 loaders that return the wrong dtypes, absurd thread counts, broken symbolic links, a full disk while logging."""
 
+import re
 import errno
 import os
 
@@ -195,3 +196,9 @@ def test_every_scripts_help_describes_it_in_whole_sentences():
         text = subprocess.run([sys.executable, str(script), "--help"], capture_output=True, text=True).stdout
         description = text.split("\n\n")[1].strip() if text.count("\n\n") else ""
         assert description.endswith((".", ")", ":")), f"{script.name}: {description[-60:]!r}"
+        lines = text.splitlines()  # every option says what it does: its help on its line or the next
+        for i, line in enumerate(lines):
+            option = re.match(r"^  (-[-\w]+(?: [\w.]+(?: \[[^]]*\])*)?(?:, -[-\w]+(?: [\w.]+)?)*)(\s{2,}\S.*)?$", line)
+            if option and option.group(1) not in ("-h, --help",) and not option.group(2):
+                follows = lines[i + 1] if i + 1 < len(lines) else ""
+                assert follows.startswith(" " * 8) and follows.strip(), f"{script.name}: {option.group(1)} says nothing"

@@ -24,7 +24,7 @@ def run_ok(*args):
 
 
 def results(out):
-    runs = pd.read_csv(out / "runs.csv").drop(columns=["seconds", "eval_seconds"]).sort_values(["config_id", "seed"])
+    runs = pd.read_csv(out / "runs.csv").drop(columns=["seconds", "eval_seconds", "group_size"]).sort_values(["config_id", "seed"])
     curves = pd.read_csv(out / "curves.csv").sort_values(["config_id", "seed", "step"])
     return runs.reset_index(drop=True), curves.reset_index(drop=True)
 

@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from dpgrid import DpgridError
-from dpgrid.results import selection
+from dpgrid.results import draws, selection
 from dpgrid.privacy import random_stopping
 from dpgrid.config import compile
 
@@ -101,7 +101,7 @@ def test_renyi_curves_agree_with_dp_accounting(shape, mean):
                                              ("liu_talwar", 0, 7)])
 def test_the_number_of_candidates_has_the_stated_mean(rule, eta, mean):
     stopping = random_stopping.parameters(rule, eta, mean, 1e-5)
-    counts = np.array([selection.draw_count(stopping, u) for u in selection.uniforms(40000, torch.Generator().manual_seed(1))])
+    counts = np.array([draws.draw_count(stopping, u) for u in draws.uniforms(40000, torch.Generator().manual_seed(1))])
     assert counts.min() >= (0 if rule == "poisson" else 1)
     assert counts.mean() == pytest.approx(mean, abs=5 * counts.std() / math.sqrt(len(counts)))
 
@@ -110,7 +110,7 @@ def test_a_geometric_draw_by_hand():
     """eta = 1, mean 4: gamma = 1/4, P[K = 1] = 1/4, P[K = 2] = 3/16, so u = 0.2 gives 1, u = 0.3 gives 2."""
     stopping = random_stopping.parameters("truncated_negative_binomial", 1.0, 4, 1e-5)
     assert stopping["gamma"] == pytest.approx(0.25)
-    assert [selection.draw_count(stopping, u) for u in (0.2, 0.3, 0.4374, 0.4376)] == [1, 2, 2, 3]
+    assert [draws.draw_count(stopping, u) for u in (0.2, 0.3, 0.4374, 0.4376)] == [1, 2, 2, 3]
 
 
 # --- plans and refusals ---------------------------------------------------------------------------------

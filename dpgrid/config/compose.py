@@ -140,10 +140,22 @@ DPGRID_LAUNCHER = "hydra_plugins.dpgrid_launcher.SlurmLauncher"
 
 
 def check_launcher(launcher) -> None:
-    """Refuse, before anything is queued, a sweep whose launcher is dpgrid's and which Hydra would not find: an editable
-    install in setuptools' default mode hides the hydra_plugins namespace from Hydra's plugin discovery."""
+    """Refuse, before anything is queued, a sweep whose launcher is dpgrid's and which Hydra would not find (an editable
+    install in setuptools' default mode hides the hydra_plugins namespace from Hydra's plugin discovery), or which
+    asks SLURM for what it would read otherwise (`+hydra.launcher.mem=8`: sbatch's megabytes)."""
     if str(launcher.get("_target_", "")) != DPGRID_LAUNCHER:
         return
+    from hydra_plugins.dpgrid_launcher import DpgridSlurmConf
+    from omegaconf import OmegaConf
+
+    known = set(OmegaConf.structured(DpgridSlurmConf).keys())
+    for key in [k for k in launcher if k not in known]:
+        if key == "mem":
+            raise DpgridError(f"hydra.launcher.mem={launcher[key]} would ask SLURM for {launcher[key]} megabytes (sbatch's "
+                              f"--mem); set hydra.launcher.mem_gb={launcher[key]} for gigabytes")
+        close = closest(key, known)
+        raise DpgridError(f"no setting 'hydra.launcher.{key}'" + (f"; did you mean hydra.launcher.{close[0]}?" if close
+                          else "; SLURM options it does not name go in hydra.launcher.additional_parameters"))
     from hydra.core.plugins import Plugins
     from hydra.plugins.launcher import Launcher
 
@@ -161,16 +173,26 @@ def readable(message: str, overrides: list) -> str:
     if plugin:  # dpgrid's launcher configs stand on Hydra's launcher plugins
         return (f"{first} Hydra's {plugin.group(1)} launcher is not installed: pip install 'dpgrid[cluster]' (or "
                 f"{LAUNCHER_PLUGINS[plugin.group(1)]})")
-    missing = re.search(r"Could not find '(privacy/selection|[^/']+)/([^']*)'", first)
+    if "Could not load 'hydra/launcher/dpgrid_slurm_schema'" in first:  # Hydra did not find dpgrid's launcher plugin
+        import importlib.util
+
+        if importlib.util.find_spec("hydra_plugins.hydra_submitit_launcher") is None:
+            return ("hydra/launcher=slurm: Hydra's submitit launcher is not installed: pip install 'dpgrid[cluster]' "
+                    f"(or {LAUNCHER_PLUGINS['submitit']})")
+        return ("hydra/launcher=slurm: Hydra does not find dpgrid's launcher (hydra_plugins.dpgrid_launcher), as after "
+                "an editable install in setuptools' default mode; install it so that Hydra sees it: "
+                "pip install -e \".[cluster]\" --config-settings editable_mode=compat")
+    missing = re.search(r"Could not find '(privacy/selection|hydra/launcher|[^/']+)/([^']*)'", first)
     if missing:
         group, name = missing.groups()
-        group = group.replace("/", ".")  # privacy/selection, as it is set: privacy.selection=NAME
+        group = group.replace("privacy/", "privacy.")  # privacy/selection, as it is set: privacy.selection=NAME
         start = next((i for i, line in enumerate(lines) if line.startswith("Available options")), None)
         options = []
         for line in lines[start + 1:] if start is not None else []:
             if line.startswith("Config search path"):
                 break
-            options.append(line)
+            if not line.endswith("_schema"):  # a structured config's schema is no option of the group
+                options.append(line)
         close = closest(name, options)
         hint = f" (did you mean {group}={close[0]}?)" if close else ""
         plugin = ("" if close or not name.isidentifier() else

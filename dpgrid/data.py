@@ -62,14 +62,15 @@ def check_loaded(dataset, root, x_tr, y_tr, x_te, y_te) -> None:
     0..classes-1 (a label outside would crash training midway, or count silently as a miss)."""
     name, classes, features = dataset.name, dataset.classes, dataset.features
     task = tasks.get(dataset.task)
-    for what, tensors, needed, fix in (("features", (x_tr, x_te), task.features_dtype, "x.float()" if
-                                        task.features_dtype == "float32" else "x.double()"),
-                                       ("labels", (y_tr, y_te), task.labels_dtype, "y.long()" if
-                                        task.labels_dtype == "int64" else "y.double()")):
+    casts = {"float32": "float", "float64": "double", "int64": "long"}
+    for what, tensors, needed in (("features", (x_tr, x_te), task.features_dtypes),
+                                  ("labels", (y_tr, y_te), (task.labels_dtype,) if task.labels_dtype else ())):
         found = {str(t.dtype).removeprefix("torch.") for t in tensors if isinstance(t, torch.Tensor)}
-        if needed and (found != {needed} or not all(isinstance(t, torch.Tensor) for t in tensors)):
+        if needed and (len(found) != 1 or not found <= set(needed) or
+                       not all(isinstance(t, torch.Tensor) for t in tensors)):
+            fix = f"{'x' if what == 'features' else 'y'}.{casts[needed[0]]}()"
             raise DpgridError(f"dataset={name}: its loader returned {what} of dtype {', '.join(sorted(found)) or 'not a tensor'}; "
-                              f"task {task.name} needs {needed} ({fix} in the loader)")
+                              f"task {task.name} needs {' or '.join(needed)} ({fix} in the loader)")
     if features is not None and x_tr.dim() == 2 and x_tr.shape[1] != int(features):
         raise DpgridError(f"{name}'s data under {root} has {x_tr.shape[1]} features, its config says "
                           f"dataset.features={features}")

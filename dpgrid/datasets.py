@@ -203,6 +203,36 @@ def load_ag_news(root, max_words: int = 15, glove=None) -> Data:
                 embed(test[0], word_index, vectors, max_words), torch.from_numpy(test[1]), "classification", files)
 
 
+def token_ids(texts, word_index, vocabulary: int, max_tokens: int) -> torch.Tensor:
+    """(N, max_tokens) int64 ids of the first `max_tokens` tokens: 2 + a word's GloVe rank where it is among the
+    `vocabulary` most frequent (GloVe's order is its corpus's frequency rank: public, chosen without the data), 1 for
+    any other word, 0 for padding."""
+    ids = np.zeros((len(texts), max_tokens), dtype=np.int64)
+    for i, text in enumerate(texts):
+        ranks = [word_index.get(t, vocabulary) for t in tokenize(text)[:max_tokens]]
+        ids[i, :len(ranks)] = [rank + 2 if rank < vocabulary else 1 for rank in ranks]
+    return torch.from_numpy(ids)
+
+
+def load_ag_news_tokens(root, max_tokens: int = 32, vocabulary: int = 20000, glove=None) -> Data:
+    """AG News (either layout) as token ids of the first `max_tokens` tokens over GloVe's `vocabulary` most frequent
+    words (token_ids), for a model with its own embedding (model=transformer)."""
+    from dpgrid.config.checks import Reader
+
+    read = Reader({"max_tokens": max_tokens, "vocabulary": vocabulary}, "dataset.load.")
+    read.whole("max_tokens")
+    read.whole("vocabulary")
+    root = Path(root)
+    (train, train_path), (test, test_path) = read_ag_news_split(root, "train"), read_ag_news_split(root, "test")
+    word_index, _ = load_glove(glove)
+    files = {str(p.relative_to(root)): p for p in (train_path, test_path)}
+    if glove:
+        files[f"glove:{Path(glove).name}"] = Path(glove)
+    return Data(token_ids(train[0], word_index, vocabulary, max_tokens), torch.from_numpy(train[1]),
+                token_ids(test[0], word_index, vocabulary, max_tokens), torch.from_numpy(test[1]), "classification",
+                files)
+
+
 # --- digits (embedded) ------------------------------------------------------------------------------
 
 def load_digits(root=None) -> Data:

@@ -6,6 +6,9 @@ Parameter counts (paper Table 1): CNN 551,322; AutoEncoder 48,705; BagOfWords 11
 import torch
 from torch import nn
 
+from dpgrid.training.rules import register_rule
+from dpgrid.training.rules.linear import LinearRule
+
 
 class MaxPool2x2Stride1(nn.MaxPool2d):
     """MaxPool2d(2, stride=1). Under no_grad/inference it is computed as the maximum of four shifted
@@ -87,6 +90,11 @@ class LogisticRegression(nn.Linear):
 
     def penalty(self) -> torch.Tensor:
         return 0.5 * self.l2 * self.weight.pow(2).sum()
+
+
+@register_rule(LogisticRegression)
+class LogisticRegressionRule(LinearRule):
+    """Linear's rule: LogisticRegression computes Linear's forward (it differs in its start and its penalty)."""
 
 
 def logistic(inputs: int, l2: float = 0.0) -> LogisticRegression:

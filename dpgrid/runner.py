@@ -20,7 +20,7 @@ from dpgrid.results.curves import append_curves
 from dpgrid.results.files import (check_writable, environment, locked, outermost_missing, read_frame, remove_created,
                                   write_csv)
 from dpgrid.models import build_model
-from dpgrid.training.convolutions import MethodChoice
+from dpgrid.training.rules import MethodChoice
 from dpgrid.training.persample import make_engine
 from dpgrid.results.procedure import Phase, procedure_of, seed_names
 from dpgrid.privacy.randomness import SecureRandom, derive_seed

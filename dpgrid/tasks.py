@@ -49,7 +49,7 @@ class Task:
     targets_are_inputs: bool = False  # reconstruction: the loader's labels are replaced by the inputs
     has_classes: bool = False  # labels are class indices 0..classes-1 (checked at load)
     disclosure: str = ""       # what of the private data its tables show that no epsilon covers (a footnote)
-    features_dtype: str = "float32"  # what a loader returns (torch dtype names); checked at load
+    features_dtypes: tuple = ("float32",)  # what a loader may return (torch dtype names, the first preferred); checked at load
     labels_dtype: str = "int64"      # None: the targets are the inputs (whatever the loader returned)
 
     def better(self, a: float, b: float) -> bool:
@@ -58,13 +58,13 @@ class Task:
 
 TASKS = {task.name: task for task in (
     Task("classification", "accuracy", "accuracy %", True, cross_entropy, correct, scale=100.0, table_name="acc",
-         has_classes=True, valid=(0.0, 100.0)),
+         has_classes=True, valid=(0.0, 100.0), features_dtypes=("float32", "int64")),  # int64: token ids
     Task("reconstruction", "mse", "MSE", False, image_mse, summed_loss, table_scale=100.0, table_name="mse×10²",
          targets_are_inputs=True, labels_dtype=None),
     Task("logistic", "risk", "empirical risk", False, logistic_loss, summed_loss, table_name="risk", table_decimals=4,
          disclosure="not private (no ε covers them, as in the PUR paper): the risk values and curves, evaluated on the "
                     "private training data, and the features' standardisation, made with that data's own mean and "
-                    "variance", features_dtype="float64", labels_dtype="float64"),
+                    "variance", features_dtypes=("float64",), labels_dtype="float64"),
 )}
 BY_METRIC = {task.metric: task for task in TASKS.values()}
 

@@ -47,3 +47,89 @@ def check_stacked(strategy: str, *overrides: str, rtol: float = 1e-9) -> int:
                 assert same, f"{where}, step {ca['step']}: {key} is {ca[key]!r} alone, {cb.get(key)!r} stacked"
                 compared += 1
     return compared
+
+
+def check_rule(module, inputs, *, runs: int = 3, rtol: float = 1e-9) -> int:
+    """Check the fast engine's rule for `module`'s type (dpgrid.training.rules) against per-sample autograd, in
+    float64: each sample's squared gradient norm over the module's parameters that train, weighted sums (two
+    overlapping rows, and two with disjoint supports as online asks for them), the batch whole and in two chunks,
+    every form the rule offers (MethodChoice) forced in turn, and where the rule says `stacks` (and every parameter
+    trains), `runs` copies of the module stacked. `inputs`: a batch (b, ...) the module takes. AssertionError naming what differs; returns how
+    many values were compared.
+
+        from dpgrid.testing import check_rule
+
+        def test_my_layer_rule():
+            check_rule(MyLayer(8), torch.randn(6, 5, 8))
+    """
+    import copy
+
+    import torch
+
+    from dpgrid.training.rules import MethodChoice, disjoint_subsets, rule_for, why_unserved
+
+    module = copy.deepcopy(module).double()
+    rule = rule_for(module)
+    assert rule is not None, f"no rule is registered for {type(module).__name__} (dpgrid.training.rules.register_rule)"
+    assert not why_unserved(module), why_unserved(module)
+    a = inputs.double() if inputs.is_floating_point() else inputs
+    names = tuple(name for name, p in module.named_parameters(recurse=False) if p.requires_grad)
+    assert names, f"{type(module).__name__} has no parameter that trains"
+    params = [getattr(module, name) for name in names]
+    generator = torch.Generator().manual_seed(0)
+    g = torch.randn(module(a).shape, generator=generator, dtype=torch.float64)
+    own = torch.stack([torch.cat([t.flatten() for t in torch.autograd.grad((module(a[i:i + 1]) * g[i:i + 1]).sum(),
+                                                                            params)]) for i in range(len(a))])
+    b = len(a)
+    dense = torch.rand((2, b), generator=generator, dtype=torch.float64)
+    disjoint = torch.zeros((2, b), dtype=torch.float64)
+    disjoint[0, ::2], disjoint[1, 1::2] = dense[0, ::2], dense[1, 1::2]
+    compared = 0
+
+    def close(got, want, what):
+        nonlocal compared
+        assert got.shape == want.shape, f"{what}: shape {tuple(got.shape)}, expected {tuple(want.shape)}"
+        error = float((got - want).detach().norm() / want.detach().norm().clamp_min(1e-300))
+        assert error <= rtol, f"{what}: relative error {error:.2e} against per-sample autograd"
+        compared += want.numel()
+
+    def flat(sums):
+        return torch.cat([s.flatten(1) for s in sums], 1)
+
+    def check(choice, form):
+        half = b // 2
+        for rows, what in ((slice(0, b), "the whole batch"), (slice(0, half), "the first chunk"),
+                           (slice(half, b), "the second chunk")):
+            computed = rule(module, a[rows], g[rows], choice, names)
+            close(computed.sq_norms(), own[rows].pow(2).sum(1), f"{form}, {what}: squared norms")
+            for w, kind in ((dense, "dense"), (disjoint, "disjoint")):
+                w = w[:, rows]
+                close(flat(computed.weighted_sum(w, disjoint_subsets(w))), w @ own[rows],
+                      f"{form}, {what}: weighted sums ({kind} rows)")
+
+    choice = MethodChoice("auto")
+    check(choice, "auto")
+    forms = [name for _, _, times in choice.chosen.values() for name in times]
+    for form in dict.fromkeys(forms):
+        check(MethodChoice(form), form)
+    if rule.stacks and len(names) == len(list(module.parameters(recurse=False))):  # a frozen part never stacks
+        copies = [copy.deepcopy(module) for _ in range(runs)]
+        for copied in copies[1:]:
+            for p in copied.parameters():
+                p.data.add_(torch.randn(p.shape, generator=generator, dtype=torch.float64))
+        stacked = [torch.stack([getattr(c, name).detach() for c in copies]) for name in names]
+        x = torch.stack([a] * runs)
+        out = rule.stacked_forward(module, x, stacked)
+        for run, copied in enumerate(copies):
+            close(out[run], copied(a), f"stacked forward, run {run}")
+        gs = torch.randn(out.shape, generator=generator, dtype=torch.float64)
+        computed = rule(module, x, gs, None, names, stacked=True)
+        w = torch.rand((2, runs, b), generator=generator, dtype=torch.float64)
+        sums = computed.weighted_sum(w)
+        for run, copied in enumerate(copies):
+            ps = [getattr(copied, name) for name in names]
+            per = torch.stack([torch.cat([t.flatten() for t in torch.autograd.grad(
+                (copied(a[i:i + 1]) * gs[run, i:i + 1]).sum(), ps)]) for i in range(b)])
+            close(computed.sq_norms()[run], per.pow(2).sum(1), f"stacked, run {run}: squared norms")
+            close(torch.cat([s[:, run].flatten(1) for s in sums], 1), w[:, run] @ per, f"stacked, run {run}: sums")
+    return compared

@@ -1,12 +1,14 @@
 """Private step vs non-private step, measured in one process, interleaved (so that a shared, noisy machine slows both alike).
 
-For each paper model at batch 512: the non-private SGD step; each strategy's step exactly as
-`dpgrid run` executes it (engine + strategy.step); and Opacus's GradSampleModule (hooks) with its
-DPOptimizer (per-sample clipping and noise) as the outside baseline, timed after the others, alone (its B x P
-per-sample gradients, 230 MB to 1.1 GB at B = 512, would evict the data of whatever step ran next). Median of
---steps timed steps after warm-up; peak memory of each step in a fresh subprocess (ru_maxrss above the set-up).
+For each model at batch 512 (the paper's three, the text transformer and the ViT): the non-private SGD step; each
+strategy's step exactly as `dpgrid run` executes it (engine + strategy.step); and Opacus's GradSampleModule (hooks)
+with its DPOptimizer (per-sample clipping and noise) as the outside baseline, timed after the others, alone (its B x P
+per-sample gradients, 230 MB to 1.1 GB at B = 512, would evict the data of whatever step ran next); on the
+transformers also Opacus's ghost clipping, and fixed_threshold on the torch.func engine (what they trained at before
+their layers had rules). Median of --steps timed steps after warm-up; peak memory of each step in a fresh
+subprocess (ru_maxrss above the set-up).
 
-    python scripts/bench.py [--steps 7] [--models cnn autoencoder bag_of_words] [--engine fast] [--json]
+    python scripts/bench.py [--steps 7] [--models cnn autoencoder bag_of_words transformer vit] [--json]
     python scripts/bench.py --secure --no-opacus --strategies fixed_threshold   # the cost of secure mode
     python scripts/bench.py --grid [--models mlp bag_of_words cnn] [--parallel-runs auto] [--json]  # whole grids
     PYTHONPATH=examples python scripts/bench.py --searchpath file://$PWD/examples/dpgrid_example/conf \
@@ -35,19 +37,25 @@ import dpgrid
 from dpgrid import strategies
 from dpgrid.config.groups import options
 from dpgrid.models import autoencoder, bag_of_words, cnn
-from dpgrid.training.convolutions import CONV_METHODS, MethodChoice
+from dpgrid.transformers import transformer, vit
+from dpgrid.training.rules import MethodChoice
+from dpgrid.training.rules.convolution import CONV_METHODS
 from dpgrid.training.persample import make_engine, per_sample_losses
 from dpgrid.runner import build_strategy
 from dpgrid.training.threads import keep_freed_memory
 
-# each paper model with its input shape, task, classes and the dataset it trains on
+# each model with its input shape, task, classes and the dataset it trains on: the paper's, and the transformers
+# (token ids of 32 tokens over 20,000 words; 28 x 28 images)
 MODELS = {"cnn": (cnn, (1, 28, 28), "classification", 10, "mnist"),
           "autoencoder": (autoencoder, (1, 28, 28), "reconstruction", 0, "fashion_mnist"),
-          "bag_of_words": (bag_of_words, (750,), "classification", 4, "ag_news")}
+          "bag_of_words": (bag_of_words, (750,), "classification", 4, "ag_news"),
+          "transformer": (transformer, (32,), "classification", 4, "ag_news_tokens"),
+          "vit": (vit, (1, 28, 28), "classification", 10, "mnist")}
+TOKENS = 20002  # the transformer's ids: 0 (padding), 1 (other words) and 20,000 words
 BATCH = 512
 # the largest private step / non-private step ratio each model's strategies should keep (on a 2-core CPU)
 # the largest ratio to the non-private step each model's private steps should keep (2-core CPU, 2 threads)
-STEP_TARGETS = {"cnn": 1.2, "bag_of_words": 1.2, "autoencoder": 1.3}
+STEP_TARGETS = {"cnn": 1.2, "bag_of_words": 1.2, "autoencoder": 1.3, "transformer": 1.3, "vit": 1.3}
 NOISE = 1.0
 
 
@@ -80,10 +88,20 @@ def synchronize():
         torch.cuda.synchronize(DEVICE)
 
 
+def inputs(model_name, n: int, g):
+    """n inputs of the model: uniform pixels or features, or token ids (each text's last quarter padding)."""
+    shape = MODELS[model_name][1]
+    if model_name != "transformer":
+        return torch.rand((n, *shape), generator=g)
+    ids = torch.randint(1, TOKENS, (n, *shape), generator=g)
+    ids[:, -shape[0] // 4:] = 0
+    return ids
+
+
 def batch(model_name):
     build, shape, task, classes, _ = MODELS[model_name]
     g = torch.Generator().manual_seed(0)
-    x = torch.rand((BATCH, *shape), generator=g)
+    x = inputs(model_name, BATCH, g)
     y = x if task == "reconstruction" else torch.randint(0, classes, (BATCH,), generator=g)
     return x.to(DEVICE), y.to(DEVICE), task
 
@@ -123,7 +141,7 @@ def strategy_step(model_name, strategy, engine_name):
     return lambda: s.step(engine(x, y))
 
 
-N_TRAIN = {"cnn": 60000, "autoencoder": 60000, "bag_of_words": 120000}
+N_TRAIN = {"cnn": 60000, "autoencoder": 60000, "bag_of_words": 120000, "transformer": 120000, "vit": 60000}
 SECURE_MODES = {"sampled:seeded": (False, False), "sampled:secure_sampling": (True, False),
                 "sampled:secure": (True, True)}
 
@@ -136,7 +154,7 @@ def sampled_step(model_name, mode, engine_name):
     build, shape, task, classes, _ = MODELS[model_name]
     model, n = build().to(DEVICE), N_TRAIN[model_name]
     g = torch.Generator().manual_seed(0)
-    x = torch.rand((n, *shape), generator=g)
+    x = inputs(model_name, n, g)
     y = x if task == "reconstruction" else torch.randint(0, classes, (n,), generator=g)
     x, y = x.to(DEVICE), y.to(DEVICE)
     sampler = SecureRandom() if secure_sampling else torch.Generator().manual_seed(1)
@@ -169,11 +187,46 @@ def opacus_step(model_name):
     return step
 
 
+def opacus_ghost_step(model_name):
+    """Opacus's ghost clipping (GradSampleModuleFastGradientClipping: two backward passes, the norms from the first)
+    with its DPOptimizerFastGradientClipping: Opacus's fastest private step where it serves the model's layers."""
+    from opacus.grad_sample import GradSampleModuleFastGradientClipping
+    from opacus.optimizers import DPOptimizerFastGradientClipping
+    from opacus.utils.fast_gradient_clipping_utils import DPLossFastGradientClipping
+
+    model = GradSampleModuleFastGradientClipping(MODELS[model_name][0]().to(DEVICE), max_grad_norm=1.0)
+    x, y, task = batch(model_name)
+    opt = DPOptimizerFastGradientClipping(torch.optim.SGD(model.parameters(), lr=0.01), noise_multiplier=NOISE,
+                                          max_grad_norm=1.0, expected_batch_size=BATCH)
+    criterion = DPLossFastGradientClipping(model, opt, torch.nn.CrossEntropyLoss(reduction="mean") if
+                                           task == "classification" else torch.nn.MSELoss(reduction="mean"))
+
+    def step():
+        opt.zero_grad(set_to_none=True)
+        criterion(model(x), y).backward()
+        opt.step()
+    return step
+
+
+def fallback_step(model_name):
+    """FixedThreshold's step on the torch.func engine: what a model trains at when no rule serves a layer of it (the
+    transformers before dpgrid had rules for Embedding, LayerNorm and Linear on sequences)."""
+    name = next(n for n in dp_sgd_strategies()
+                if strategies.resolve(dpgrid.compose([f"strategy={n}"]).strategy) is strategies.FixedThreshold)
+    return strategy_step(model_name, name, "func")
+
+
+# the steps timed after dpgrid's, alone (each evicts the others' data: B x P per-sample gradients): Opacus's
+# private steps and the torch.func fallback; which models each is timed on
+RIVALS = {"opacus": (opacus_step, tuple(MODELS)), "opacus_ghost": (opacus_ghost_step, ("transformer", "vit")),
+          "func": (fallback_step, ("transformer", "vit"))}
+
+
 def make_step(model_name, method, engine_name):
     if method == "nonprivate":
         return nonprivate_step(model_name)
-    if method == "opacus":
-        return opacus_step(model_name)
+    if method in RIVALS:
+        return RIVALS[method][0](model_name)
     if method in SECURE_MODES:
         return sampled_step(model_name, method, engine_name)
     return strategy_step(model_name, method, engine_name)
@@ -338,7 +391,7 @@ def commit() -> str:
 def ratios(report: dict) -> dict:
     """{"model strategy": private step / non-private step, "model opacus": Opacus's / non-private} of a report."""
     found = {f"{r['model']} {r['strategy']}": r["ratio_to_nonprivate"] for r in report["results"]}
-    found.update({f"{r['model']} opacus": r["ratio_to_nonprivate"] for r in report.get("opacus", [])})
+    found.update({f"{r['model']} {r.get('method', 'opacus')}": r["ratio_to_nonprivate"] for r in report.get("opacus", [])})
     return found
 
 
@@ -413,7 +466,8 @@ def main():
                         help="the private steps to time beside the non-private one")
     parser.add_argument("--engine", default="fast", choices=["fast", "func"],
                         help="the per-sample engine (train.engine)")
-    parser.add_argument("--no-opacus", action="store_true", help="skip Opacus's step (timed apart, after dpgrid's)")
+    parser.add_argument("--no-opacus", action="store_true", help="skip Opacus's steps and the torch.func fallback's "
+                        "(timed apart, after dpgrid's)")
     parser.add_argument("--secure", action="store_true", help="also time seeded vs secure sampling and noise")
     parser.add_argument("--no-memory", action="store_true", help="skip the peak-memory subprocesses")
     parser.add_argument("--json", action="store_true", help="print only one JSON object")
@@ -487,19 +541,20 @@ def main():
         seconds = interleaved(steps, repeats)
         ratios = {m: seconds[m] / seconds["nonprivate"] for m in methods}
         if not args.no_opacus:  # timed after, alone: its per-sample gradients (B x P numbers) evict the others' data
-            rival = {"opacus": make_step(model_name, "opacus", args.engine)}
-            warm(rival.values(), args.warmup)
-            methods.append("opacus")
-            seconds["opacus"] = interleaved(rival, repeats)["opacus"]
-            ratios["opacus"] = seconds["opacus"] / seconds["nonprivate"]
+            for rival_name in [name for name, (_, models) in RIVALS.items() if model_name in models]:
+                rival = {rival_name: make_step(model_name, rival_name, args.engine)}
+                warm(rival.values(), args.warmup)
+                methods.append(rival_name)
+                seconds[rival_name] = interleaved(rival, repeats)[rival_name]
+                ratios[rival_name] = seconds[rival_name] / seconds["nonprivate"]
         for m in methods:
             row = {"model": model_name, "seconds": seconds[m], "repeats": repeats, "ratio_to_nonprivate": ratios[m]}
             if not args.no_memory:
                 row["peak_mb"] = peak_memory_mb(model_name, m, args.engine)
             if m == "nonprivate":
                 report["nonprivate"].append(row)
-            elif m == "opacus":
-                report["opacus"].append(row)
+            elif m in RIVALS:
+                report["opacus"].append({**row, "method": m})
             elif m in SECURE_MODES:
                 report.setdefault("secure", []).append({"model": model_name, "mode": m, **{k: v for k, v in row.items() if k != "model"}})
             else:
@@ -522,7 +577,7 @@ def main():
         print(f"per-sample method: {line}")
     print(f"{'model':<13} {'step':<16} {'seconds':>8} {'ratio':>6} {'target':>7} {'peak MB':>8}")
     for r in report["nonprivate"] + report["results"] + report["opacus"]:
-        name = r.get("strategy", "opacus" if r in report["opacus"] else "nonprivate")
+        name = r.get("strategy", r.get("method", "nonprivate"))
         target = f"{r['target_ratio']:.2f}{'' if r['met'] else '!'}" if r.get("target_ratio") else ""
         print(f"{r['model']:<13} {name:<16} {r['seconds']:>8.4f} {r['ratio_to_nonprivate']:>6.2f} {target:>7} "
               f"{r.get('peak_mb', float('nan')):>8.0f}")
@@ -536,8 +591,10 @@ def main():
                   f"secure sampling and noise x{secure['sampled:secure'] / secure['sampled:seeded']:.3f}")
     for o in report["opacus"]:
         fastest = max((r for r in report["results"] if r["model"] == o["model"]), key=lambda r: r["seconds"])
+        rival = {"opacus": "Opacus hooks", "opacus_ghost": "Opacus ghost clipping",
+                 "func": "the torch.func fallback"}[o.get("method", "opacus")]
         print(f"{o['model']}: slowest dpgrid strategy ({fastest['strategy']}) is {o['seconds'] / fastest['seconds']:.1f}x "
-              "faster than Opacus hooks")
+              f"faster than {rival}")
     if record is not None:
         moved = compare(report, record)
         print(f"against the record ({record.get('commit')}, {record.get('date')}, {record['machine'].get('cpu')}): "

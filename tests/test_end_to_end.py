@@ -145,7 +145,7 @@ def test_the_non_private_baseline_does_not_depend_on_epsilon(tmp_path):
 def test_the_engine_fallback_is_announced_once_per_grid(tmp_path, monkeypatch):
     from dpgrid.training import persample
 
-    monkeypatch.setattr(persample, "unsupported_layer", lambda module: "no fast per-sample rule (test)")
+    monkeypatch.setattr(persample, "why_unserved", lambda module: "no fast per-sample rule (test)")
     r = dpgrid("run", "strategy=fixed_threshold", "grid.k=2", "train.seeds=2", "train.epochs=1",
                f"hydra.run.dir={tmp_path / 'grid'}")
     assert r.returncode == 0, r.stderr

@@ -1,5 +1,5 @@
-"""The engines' per-sample norms and weighted sums against a plain loop (one backward per sample),
-in float64, for every layer type of the three paper models."""
+"""The engines' per-sample norms and weighted sums against a plain loop (one backward per sample), in float64, on
+whole models (each layer rule alone: tests/test_rules.py), and the convolutions' per-sample methods."""
 
 import pytest
 import torch
@@ -7,8 +7,10 @@ from torch import nn
 
 from dpgrid.models import autoencoder, bag_of_words, cnn
 from dpgrid import DpgridError
-from dpgrid.training.convolutions import CONV_METHODS, MethodChoice, applicable
 from dpgrid.training.persample import FastEngine, FuncEngine, make_engine
+from dpgrid.training.rules import MethodChoice
+from dpgrid.training.rules import convolution as convolutions
+from dpgrid.training.rules.convolution import CONV_METHODS, applicable
 
 
 def small_cnn():  # the CNN's layer types (Conv2d with padding, MaxPool2d stride 1) at test size
@@ -112,8 +114,8 @@ def test_fast_engine_agrees_with_func_on_the_full_models(build, x, task):
 
 
 def test_unsupported_layer_falls_back_with_a_warning():
-    model = nn.Sequential(nn.Linear(4, 4), nn.LayerNorm(4), nn.Linear(4, 2))
-    with pytest.warns(UserWarning, match="LayerNorm.*falling back"):
+    model = nn.Sequential(nn.Linear(4, 4), nn.PReLU(), nn.Linear(4, 2))
+    with pytest.warns(UserWarning, match=r"PReLU has no rule \(dpgrid.training.rules.register_rule\)\): falling back"):
         engine = make_engine(model, "classification")
     assert isinstance(engine, FuncEngine)
     assert isinstance(make_engine(bag_of_words(), "classification"), FastEngine)
@@ -203,7 +205,7 @@ def test_weighted_sums_of_disjoint_and_overlapping_weights(engine, clip_at):
 
 def test_unfolded_correlation_is_the_grouped_one_across_chunks():
     """The two ways of computing per-sample correlations agree (float64), with chunks that split the batch."""
-    from dpgrid.training.convolutions import correlate_by_unfolding, correlate_per_sample
+    from dpgrid.training.rules.convolution import correlate_by_unfolding, correlate_per_sample
 
     torch.manual_seed(2)
     x, kernels = torch.randn(10, 3, 9, 8, dtype=torch.float64), torch.randn(10, 5, 7, 7, dtype=torch.float64)
@@ -212,37 +214,40 @@ def test_unfolded_correlation_is_the_grouped_one_across_chunks():
         assert torch.allclose(correlate_by_unfolding(x, kernels, padding, chunk=4), grouped, rtol=1e-12, atol=1e-12)
 
 
-LAYERS = {"strided": lambda c: nn.Conv2d(c, 5, 3, stride=2, padding=1, dilation=2), "plain": lambda c: nn.Conv2d(c, 5, 4),
-          "same": lambda c: nn.Conv2d(c, 5, 3, padding="same"), "transposed": lambda c: nn.ConvTranspose2d(c, 5, 3),
-          "transposed_to_one": lambda c: nn.ConvTranspose2d(c, 1, 3)}
+LAYERS = {"strided": lambda c: nn.Conv2d(c, 6, 3, stride=2, padding=1, dilation=2), "plain": lambda c: nn.Conv2d(c, 6, 4),
+          "same": lambda c: nn.Conv2d(c, 6, 3, padding="same"), "transposed": lambda c: nn.ConvTranspose2d(c, 6, 3),
+          "transposed_to_one": lambda c: nn.ConvTranspose2d(c, 1, 3),
+          "grouped": lambda c: nn.Conv2d(c, 6, 3, stride=2, groups=c),
+          "transposed_strided": lambda c: nn.ConvTranspose2d(c, 6, 3, stride=2, padding=1, output_padding=1, groups=c)}
 
 
 @pytest.mark.parametrize("channels", [1, 3])
 @pytest.mark.parametrize("layer", LAYERS)
-@pytest.mark.parametrize("method", ["grouped", "depthwise", "backward_weight_kernel"])
-def test_each_method_in_chunks_gives_each_samples_own_gradient(method, layer, channels):
-    """Each way of computing a convolution's per-sample gradients, whole and in chunks that split the batch unevenly
-    (10 samples in chunks of 4: the engine's tests run on batches smaller than the built-in chunks), is each sample's
-    own gradient (float64, against autograd on each sample alone), with one input channel and with three."""
-    from dpgrid.training import convolutions
-
+def test_each_method_in_chunks_gives_each_samples_own_gradient(layer, channels):
+    """Each way of computing a convolution's per-sample gradients that is offered for the layer, whole and in chunks
+    that split the batch unevenly (10 samples in chunks of 4: the engine's tests run on batches smaller than the
+    built-in chunks), is each sample's own gradient (float64, against autograd on each sample alone), with one input
+    channel and with three."""
     torch.manual_seed(4)
     module = LAYERS[layer](channels).double()
     a = torch.randn(10, channels, 11, 11, dtype=torch.float64)
     g = torch.randn_like(module(a))
     own = torch.stack([torch.autograd.grad((module(a[i:i + 1]) * g[i:i + 1]).sum(), module.weight)[0]
                        for i in range(len(a))])
-    per_sample = getattr(convolutions, method)
-    for computed in (per_sample(module, a, g), convolutions.in_chunks(per_sample, 4)(module, a, g)):
-        assert computed.shape == own.shape and torch.allclose(computed, own, rtol=1e-12, atol=1e-12)
+    methods = {"grouped": convolutions.grouped, "depthwise": convolutions.depthwise,
+               "backward": convolutions.backward_weight_kernel}
+    offered = {name.rstrip("0123456789") for name in applicable(module)} & set(methods)
+    assert "backward" in offered
+    for name in offered:
+        per_sample = methods[name]
+        for computed in (per_sample(module, a, g), convolutions.in_chunks(per_sample, 4)(module, a, g)):
+            assert computed.shape == own.shape and torch.allclose(computed, own, rtol=1e-12, atol=1e-12), name
 
 
 def test_the_method_choice_times_the_applicable_methods_once_per_shape_and_keeps_the_fastest(monkeypatch):
-    from dpgrid.training import convolutions
-
     calls = []
-    monkeypatch.setattr(convolutions, "timed", lambda method, module, a, g: calls.append(method) or
-                        {convolutions.CONV_METHODS["grouped"]: 3.0, convolutions.CONV_METHODS["unfold16"]: 1.0}.get(method, 2.0))
+    monkeypatch.setattr(MethodChoice, "measure", staticmethod(lambda forms, device: calls.extend(forms) or
+                        {name: {"grouped": 3.0, "unfold16": 1.0}.get(name, 2.0) for name in forms}))
     model = wide_convs().double()
     engine = FastEngine(model, "classification", MethodChoice("auto"))
     x, y = torch.rand(6, 2, 9, 9, dtype=torch.float64), torch.randint(0, 3, (6,))
@@ -250,7 +255,7 @@ def test_the_method_choice_times_the_applicable_methods_once_per_shape_and_keeps
     assert calls == []  # a sum asked before any norm needs no per-sample gradient
     engine(x, y).norms
     offered = 4 * (len(CONV_METHODS) - 1) + 1  # four layer shapes, every method each (depthwise: the 8 -> 1 layer's)
-    assert len(calls) == offered
+    assert len(calls) == offered and calls.count("depthwise64") == 1
     engine(x, y).norms
     assert len(calls) == offered  # measured once per shape
     assert engine.methods.summary() == "unfold16,unfold16,unfold16,unfold16"
@@ -276,7 +281,11 @@ def test_a_strided_convolution_is_given_only_the_methods_that_compute_it():
     deep = nn.Conv2d(64, 64, 3)  # unfolded in chunks of 16: 2.3 GiB; of 64: 9 GiB
     assert applicable(deep, torch.empty(2, 64, 224, 224), torch.empty(2, 64, 222, 222)) == [
         "grouped", "grouped64", "backward32", "backward128"]
-    assert MethodChoice("unfold64").choose(nn.Conv2d(2, 3, 3, stride=2), None, None)[0] == "grouped"
+    forced = MethodChoice("unfold64")  # not offered for this layer: its first form, measured nothing
+    assert forced.pick("key", "a strided layer", {"grouped": lambda: "grouped's", "backward32": lambda: 0}) == "grouped's"
+    assert forced.describe() == ["a strided layer: grouped (train.conv_method)"]
+    assert applicable(nn.Conv2d(2, 4, 3, groups=2)) == ["backward32", "backward128"]
+    assert applicable(nn.ConvTranspose2d(2, 3, 3, stride=2)) == ["backward32", "backward128"]
 
 
 def test_the_config_offers_the_methods_the_engine_has():

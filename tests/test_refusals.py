@@ -64,8 +64,8 @@ def test_a_model_that_does_not_fit_its_data_writes_nothing(model, tmp_path):
 
 
 @pytest.mark.parametrize("features, labels, message", [
-    (torch.float64, torch.int64, "returned features of dtype float64; task classification needs float32 (x.float()"),
-    (torch.int64, torch.int64, "returned features of dtype int64"),
+    (torch.float64, torch.int64, "returned features of dtype float64; task classification needs float32 or int64 (x.float()"),
+    (torch.int16, torch.int64, "returned features of dtype int16; task classification needs float32 or int64"),
     (torch.float32, torch.float32, "returned labels of dtype float32; task classification needs int64 (y.long()"),
 ])
 def test_a_loaders_dtypes_are_checked_at_load(features, labels, message, monkeypatch, tmp_path):

@@ -108,7 +108,9 @@ def test_few_functions_read_the_whole_config():
 
 
 def test_no_hidden_process_state():
-    """No result cache, no registration at import, no Hydra internals, no hook found by hasattr."""
+    """No result cache, no Hydra internals, no hook found by hasattr, no registration at import but the layer rules'
+    class decorators (@register_rule: the fast engine's registry, keyed by layer type, as Opacus's grad samplers;
+    test_layer_types_are_dispatched_by_the_registry_alone)."""
     found = []
     for path in sorted(PACKAGE.rglob("*.py")):
         text = path.read_text()
@@ -120,6 +122,35 @@ def test_no_hidden_process_state():
             if isinstance(node, ast.Expr) and isinstance(node.value, ast.Call):
                 found.append(f"{path.relative_to(ROOT)}:{node.lineno}: a call at import time")
     assert not found, found
+
+
+def test_layer_types_are_dispatched_by_the_registry_alone():
+    """A parametrised layer type is named in its rule's module (dpgrid/training/rules/) and nowhere else in the
+    engines: no isinstance or type() test on torch's parametrised layers outside it; the registry is written by the
+    register_rule decorator alone."""
+    found = []
+    for path in sorted(PACKAGE.rglob("*.py")):
+        if "rules" in path.relative_to(PACKAGE).parts:
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Call) and ast.unparse(node.func) in ("isinstance", "issubclass", "type"):
+                named = {ast.unparse(n).removeprefix("nn.").removeprefix("torch.nn.") for n in ast.walk(node)
+                         if isinstance(n, (ast.Attribute, ast.Name))}
+                if named & PARAMETRISED:
+                    found.append(f"{path.relative_to(ROOT)}:{node.lineno}: {ast.unparse(node)}")
+            if isinstance(node, ast.Subscript) and ast.unparse(node.value) == "RULES" and \
+                    isinstance(getattr(node, "ctx", None), ast.Store):
+                found.append(f"{path.relative_to(ROOT)}:{node.lineno}: writes the registry")
+    assert not found, found
+    from dpgrid.training.rules import RULES
+
+    assert {cls.__name__ for cls in RULES} >= {"Linear", "Conv1d", "Conv2d", "ConvTranspose2d", "Embedding", "LayerNorm",
+                                             "RMSNorm", "GroupNorm", "InstanceNorm2d"}
+
+
+PARAMETRISED = {"Linear", "Bilinear", "Conv1d", "Conv2d", "Conv3d", "ConvTranspose1d", "ConvTranspose2d",
+                "ConvTranspose3d", "Embedding", "EmbeddingBag", "LayerNorm", "RMSNorm", "GroupNorm", "InstanceNorm1d",
+                "InstanceNorm2d", "InstanceNorm3d", "MultiheadAttention", "PReLU", "LSTM", "GRU", "RNN"}
 
 
 def test_the_plan_and_the_spec_are_frozen():
@@ -300,8 +331,8 @@ def test_no_strategy_branches_on_whether_it_is_stacked():
 
 def test_one_training_loop():
     """Every run, alone or stacked, is trained by one loop (dpgrid.training.train.train_runs): it is the only
-    function in dpgrid that takes a strategy's step. The stacked engine's norms and sums are the fast engine's
-    LinearFactors with a leading run dimension, not maths of its own."""
+    function in dpgrid that takes a strategy's step. The stacked engine's norms and sums are the layer rules' (the
+    fast engine's) with a leading run dimension, not maths of its own."""
     steps = []
     for path in sorted(PACKAGE.rglob("*.py")):
         for node in ast.walk(ast.parse(path.read_text())):
@@ -313,7 +344,7 @@ def test_one_training_loop():
     tree = ast.parse((PACKAGE / "training" / "stacked.py").read_text())
     engine = next(n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == "StackedEngine")
     called = {ast.unparse(c.func) for c in ast.walk(engine) if isinstance(c, ast.Call)}
-    assert "LinearFactors" in called and not called & {"torch.einsum", "torch.bmm", "torch.matmul"}, called
+    assert "rule_for" in called and not called & {"torch.einsum", "torch.bmm", "torch.matmul"}, called
 
 
 def public_members(cls) -> set:

@@ -50,6 +50,10 @@ EXPECT = {
     "dataset.stacked_seconds_per_step": (False, positive, None),
     "dataset.load.max_words": (True, whole(), "max_words"),  # the model's width follows it: the first to refuse it
     "model.max_words": (True, whole(), None),
+    "dataset.load.max_tokens": (True, whole(), "max_tokens"),    # the transformer's positions follow it
+    "dataset.load.vocabulary": (True, whole(), "vocabulary"),    # and its embedding's rows
+    **{f"model.{key}": (True, whole(), None) for key in ("vocabulary", "max_tokens", "width", "depth", "heads",
+                                                         "mlp_ratio", "classes", "image", "channels", "patch")},
     "model.embedding_dim": (True, whole(), None),
     "dataset.classes": (True, whole(2), None),
     "dataset.mean": (False, lambda v: 0 <= v <= 1, None),
@@ -88,7 +92,12 @@ WHERE = {"model.max_words": ("ag_news", "online", []), "model.embedding_dim": ("
          "privacy.tuning_rate": ("digits", "online", ["privacy.selection=subsample_tuning"]),
          **{key: ("iris", "pur", []) for key in ("dataset.delta", "dataset.features", "dataset.l2", "dataset.feature_bound",
                                                  "dataset.load.feature_bound", "dataset.radius", "model.inputs", "model.l2")},
-         "strategy.axes.sigma": ("iris", "constant_noise", [])}
+         "strategy.axes.sigma": ("iris", "constant_noise", []),
+         "strategy.beta1": ("digits", "dpadam", []), "strategy.beta2": ("digits", "dpadam", []),
+         **{key: ("ag_news_tokens", "online", []) for key in (
+             "dataset.load.max_tokens", "dataset.load.vocabulary", "model.vocabulary", "model.max_tokens", "model.width",
+             "model.depth", "model.heads", "model.mlp_ratio", "model.classes")},
+         **{f"model.{key}": ("fashion_mnist_classes", "online", []) for key in ("image", "channels", "patch")}}
 
 
 def leaves(node, prefix=""):

@@ -116,7 +116,7 @@ def is_number(v) -> bool:
 BUDGETS = ("per_grid", "per_run")
 SAVE_MODELS = ("released", "all", "none")  # train.save_models (dpgrid.results.models)
 CONV_METHODS = ("grouped", "grouped64", "depthwise64", "backward32", "backward128", "unfold16",
-                "unfold64")  # train.conv_method besides auto (dpgrid.training.convolutions)
+                "unfold64")  # train.conv_method besides auto (dpgrid.training.rules.convolution)
 
 
 def check_config(cfg, n_train: int = None) -> list:

@@ -39,7 +39,7 @@ class Training:
     threads: str = "auto"  # torch threads: auto (chosen when the grid runs, dpgrid.training.threads) or a number
     parallel_runs: str = "auto"  # runs trained stacked: auto (dpgrid.training.stacked.group_size) or a number
     save_models: str = "released"  # released | all | none (dpgrid.results.models)
-    conv_method: str = "auto"    # a convolution's per-sample method: auto (measured) or one (dpgrid.training.convolutions)
+    conv_method: str = "auto"    # a convolution's per-sample method: auto (measured) or one (dpgrid.training.rules.convolution)
 
 
 @dataclass(frozen=True)

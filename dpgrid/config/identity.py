@@ -9,7 +9,6 @@ from pathlib import Path
 
 from omegaconf import OmegaConf
 
-from dpgrid import DpgridError
 
 # Settings that cannot change what a run computes. data.root: the data's content is recorded instead
 # (plan.json's data_files), so a moved data directory resumes and a changed file is named.

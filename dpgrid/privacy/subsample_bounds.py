@@ -42,7 +42,6 @@ from dataclasses import dataclass
 import numpy as np
 from scipy.special import gammaln, logsumexp
 
-from dpgrid import DpgridError
 from dpgrid.privacy.accountants import smallest_noise
 
 INTEGER_ORDERS = np.arange(2, 257)  # Zhu & Wang's bound holds at integer orders

@@ -6,16 +6,11 @@ How they are computed is this module's business: engines change without touching
 
 - `FastEngine` (default): book-keeping (Bu et al. 2023) with ghost norms (Li et al. 2022). One
   forward, one backward to the layer OUTPUTS (no weight gradients), then per layer, from the layer
-  input a_i and output gradient G_i of each sample:
-    Linear (2-D input):  ||g_i||^2 = ||G_i||^2 ||a_i||^2 (+ ||G_i||^2 for the bias), never materialised;
-                         sum_i w_i g_i = (w * G)^T A, one matmul.
-    Conv2d:              g_i = a_i correlated with G_i, materialised per sample (out x in x k x k
-                         numbers: small for convolutions), by the fastest of the weight-gradient kernel with the
-                         batch as groups, a grouped convolution and unfolding in chunks, measured per layer shape
-                         (dpgrid.training.convolutions).
-    ConvTranspose2d:     g_i = G_i correlated with a_i (stride 1, no padding), likewise.
+  input a_i and output gradient G_i of each sample, the rule its type registered (dpgrid.training.rules: Linear
+  on inputs of any rank, Embedding, LayerNorm, RMSNorm, GroupNorm, InstanceNorm, Conv1d, Conv2d, ConvTranspose2d;
+  a user's own type registers its rule). Only the parameters that train (requires_grad) are computed for.
 - `FuncEngine`: torch.func vmap(grad), materialises all b x P numbers; the reference, and the
-  fallback for models with other parametrised layers.
+  fallback, with one warning, for a model with a parametrised layer no rule serves.
 """
 
 from typing import Callable
@@ -25,8 +20,7 @@ from torch import nn
 from torch.func import functional_call, grad, vmap
 
 from dpgrid import DpgridError, tasks
-from dpgrid.training.convolutions import MethodChoice
-from dpgrid.training.layers import disjoint_subsets, layer_factors
+from dpgrid.training.rules import MethodChoice, disjoint_subsets, rule_for, why_unserved
 
 
 class PerSampleGrads:
@@ -94,16 +88,23 @@ def empty_batch(params, device, n_groups: int) -> PerSampleGrads:
                           lambda w: [torch.zeros_like(p) for p in params], device)
 
 
+def trainable(model: nn.Module) -> list:
+    """The model's parameters that train (requires_grad), in model.parameters() order: what the engines compute for
+    and the strategies update; a frozen parameter gets no per-sample work and no noise."""
+    return [p for p in model.parameters() if p.requires_grad]
+
+
 def parametrised_layers(model: nn.Module) -> list:
-    """The modules that own parameters, in model order: the layers of the fast engine and the parameter groups."""
-    return [m for m in model.modules() if any(True for _ in m.parameters(recurse=False))]
+    """The modules that own parameters that train, in model order: the layers of the fast engine and the parameter
+    groups."""
+    return [m for m in model.modules() if any(p.requires_grad for p in m.parameters(recurse=False))]
 
 
 def parameter_groups(model: nn.Module) -> list:
-    """The indices (in model.parameters() order) of each parametrised module's own parameters: one group
+    """The indices (in trainable(model) order) of each parametrised module's own parameters that train: one group
     per layer, in model order."""
-    position = {id(p): i for i, p in enumerate(model.parameters())}
-    return [[position[id(p)] for p in m.parameters(recurse=False)] for m in parametrised_layers(model)]
+    position = {id(p): i for i, p in enumerate(trainable(model))}
+    return [[position[id(p)] for p in m.parameters(recurse=False) if p.requires_grad] for m in parametrised_layers(model)]
 
 
 def per_sample_losses(out: torch.Tensor, y: torch.Tensor, task: str) -> torch.Tensor:
@@ -126,12 +127,12 @@ class FuncEngine(OneRunEngine):
     """Per-sample gradients with torch.func (vmap over grad): exact, materialises b x P numbers."""
 
     def __init__(self, model: nn.Module, task: str):
-        self.params = list(model.parameters())
+        self.params = trainable(model)
         self.groups = parameter_groups(model)
-        names = [n for n, _ in model.named_parameters()]
+        names = [n for n, p in model.named_parameters() if p.requires_grad]
 
-        def loss(params, x, y):
-            out = functional_call(model, dict(zip(names, params)), (x.unsqueeze(0),))
+        def loss(params, x, y):  # the frozen parameters are the module's own (constants here)
+            out = functional_call(model, dict(zip(names, params)), (x.unsqueeze(0),), strict=False)
             return per_sample_losses(out, y.unsqueeze(0), task)[0]
 
         self._grads = vmap(grad(loss), in_dims=(None, 0, 0))
@@ -155,38 +156,28 @@ class FuncEngine(OneRunEngine):
 
 # --- the fast engine --------------------------------------------------------------------------------
 
-def unsupported_layer(module: nn.Module):
-    """Why FastEngine cannot handle this parametrised module, or None when it can."""
-    if isinstance(module, nn.Linear):
-        return None
-    if isinstance(module, nn.Conv2d):
-        return "grouped convolution" if module.groups != 1 or module.padding_mode != "zeros" else None
-    if isinstance(module, nn.ConvTranspose2d):
-        plain = (module.stride == (1, 1) and module.padding == (0, 0) and module.dilation == (1, 1)
-                 and module.groups == 1 and module.output_padding == (0, 0))
-        return None if plain else "ConvTranspose2d other than stride 1, no padding"
-    return type(module).__name__
-
-
-def unsupported_layers(model: nn.Module) -> dict:
-    """{layer type: why} for the parametrised layers the fast engine cannot handle (empty when it can)."""
-    return {type(m).__name__: why for m in parametrised_layers(model) if (why := unsupported_layer(m))}
+def unsupported_layers(model: nn.Module) -> list:
+    """Why the fast engine cannot serve the model's parametrised layers, once per reason (empty when it can): no rule
+    of the registry (dpgrid.training.rules) serves a layer's type, or not in its configuration."""
+    return sorted({why for m in parametrised_layers(model) if (why := why_unserved(m))})
 
 
 class FastEngine(OneRunEngine):
-    """Book-keeping per-sample norms and weighted sums (see the module docstring)."""
+    """Book-keeping per-sample norms and weighted sums, a rule per layer (see the module docstring)."""
 
     def __init__(self, model: nn.Module, task: str, methods: MethodChoice = None):
         self.model, self.task = model, task
-        self.methods = methods or MethodChoice()  # a convolution's per-sample method, measured once per shape
-        self.params = list(model.parameters())
+        self.methods = methods or MethodChoice()  # where two exact forms compete, measured once per layer shape
+        self.params = trainable(model)
         self.layers = parametrised_layers(model)
         problems = unsupported_layers(model)
         if problems:
-            raise NotImplementedError(f"layers the fast engine cannot handle: {problems}")
+            raise NotImplementedError(f"the fast engine cannot serve this model: {'; '.join(problems)}")
         position = {id(p): i for i, p in enumerate(self.params)}
-        self._slots = [(position[id(m.weight)], position[id(m.bias)] if m.bias is not None else None)
-                       for m in self.layers]
+        # each layer's parameters that train: their names (the rule's) and their places among the engine's
+        self._own = [[(name, position[id(p)]) for name, p in m.named_parameters(recurse=False) if p.requires_grad]
+                     for m in self.layers]
+        self._rules = [rule_for(m) for m in self.layers]
         self._record = None  # a dict only while __call__ runs its forward
         for m in self.layers:
             m.register_forward_hook(self._save)
@@ -207,7 +198,8 @@ class FastEngine(OneRunEngine):
         outputs = [record[m][1] for m in self.layers]
         # Gradients of sum_i loss_i w.r.t. each layer's output: G_i of every sample, no weight grads.
         out_grads = torch.autograd.grad(losses.sum(), outputs)
-        factors = [layer_factors(m, record[m][0], g, self.methods) for m, g in zip(self.layers, out_grads)]
+        factors = [rule(m, record[m][0], g, self.methods, tuple(name for name, _ in own))
+                   for rule, m, g, own in zip(self._rules, self.layers, out_grads, self._own)]
 
         def norms():
             return torch.sqrt(sum(f.sq_norms() for f in factors))
@@ -215,11 +207,9 @@ class FastEngine(OneRunEngine):
         def weighted_sum(w):
             sums = [None] * len(self.params)
             subsets = disjoint_subsets(w)
-            for f, (iw, ib) in zip(factors, self._slots):
-                weight, bias = f.weighted_sum(w.to(f.dtype), subsets)
-                sums[iw] = weight
-                if ib is not None:
-                    sums[ib] = bias
+            for f, own in zip(factors, self._own):
+                for (_, at), total in zip(own, f.weighted_sum(w.to(f.dtype), subsets)):
+                    sums[at] = total
             return sums
 
         def group_norms():  # the engine's groups are its layers
@@ -227,11 +217,9 @@ class FastEngine(OneRunEngine):
 
         def group_sum(w):
             sums = [None] * len(self.params)
-            for layer, (f, (iw, ib)) in enumerate(zip(factors, self._slots)):
-                weight, bias = f.weighted_sum(w[:, layer][None].to(f.dtype))
-                sums[iw] = weight[0]
-                if ib is not None:
-                    sums[ib] = bias[0]
+            for layer, (f, own) in enumerate(zip(factors, self._own)):
+                for (_, at), total in zip(own, f.weighted_sum(w[:, layer][None].to(f.dtype))):
+                    sums[at] = total[0]
             return sums
 
         return PerSampleGrads(len(x), norms, weighted_sum, group_norms, group_sum, x.device)
@@ -261,10 +249,10 @@ def engine_for(model: nn.Module, name: str = "fast") -> tuple:
     """(the engine a grid of this model uses, a warning or None): fast when every parametrised layer is
     supported, else func. Asked once per grid, when it is compiled."""
     check_model(model, name)
-    problems = unsupported_layers(model) if name == "fast" else {}
+    problems = unsupported_layers(model) if name == "fast" else []
     if problems:
-        return "func", (f"layers the fast engine cannot handle: {problems}; falling back to the slower torch.func "
-                        "engine (exact, more memory)")
+        return "func", (f"the fast engine cannot serve this model ({'; '.join(problems)}): falling back to the slower "
+                        "torch.func engine (exact, more memory)")
     return name, None
 
 

@@ -12,10 +12,10 @@ numbers match the one-at-a-time run within float rounding. A padded row is given
 infinite norm, so it is in no weighted sum and in no count (clip weights min(1, C/inf) = 0; 1[inf <= C] = 0);
 a sum over the batch that counts every sample weighs them by `grads.in_batch()` (the mask).
 
-Per-sample gradients of a Linear layer with 2-D input are never materialised (ghost norms, the fast engine's
-LinearFactors with a leading run dimension):
-  ||g_i||^2 = ||G_i||^2 ||a_i||^2 (+ ||G_i||^2 for the bias),   sum_i w_i g_i = (w * G)^T A   per run.
-Only Sequential models of Linear layers and parameter-free modules stack; others train one run at a time.
+Each layer is served by its type's rule (dpgrid.training.rules) with a leading run dimension, where the rule has a
+stacked form (`stacks`: Linear, whose per-sample gradients are never materialised,
+  ||g_i||^2 = ||G_i||^2 ||a_i||^2 (+ ||G_i||^2 for the bias),   sum_i w_i g_i = (w * G)^T A   per run).
+Only Sequential models of such layers and parameter-free modules stack; others train one run at a time.
 """
 
 import os
@@ -23,8 +23,8 @@ import os
 import torch
 from torch import nn
 
-from dpgrid.training.layers import LinearFactors
 from dpgrid.training.persample import PerSampleGrads, check_model, per_sample_losses
+from dpgrid.training.rules import rule_for, why_unserved
 
 STATE_COPIES = 8  # tensors as large as the parameters a stacked step holds (weights, noise, sums, moments, ...)
 MAX_GROUP = 64    # auto's largest group: a group's runs are committed when it ends, so a kill loses at most one
@@ -39,10 +39,14 @@ def why_not_stacked(model: nn.Module, strategy_cls) -> str:
     if not strategy_cls.stacks:
         return f"{strategy_cls.__name__}'s step is written for one run, it does not say `stacks = True`"
     if not isinstance(model, nn.Sequential):
-        return f"the model is a {type(model).__name__}, not an nn.Sequential of Linear layers"
+        return f"the model is a {type(model).__name__}, not an nn.Sequential of layers that stack"
+    if not all(p.requires_grad for p in model.parameters()):
+        return "part of the model is frozen (train.trainable): such runs train one at a time"
     for layer in model:
-        if type(layer) is not nn.Linear and any(True for _ in layer.parameters()):
-            return f"the model has {type(layer).__name__} layers (only Linear layers stack)"
+        if any(True for _ in layer.parameters()):
+            rule = rule_for(layer)
+            if rule is None or not rule.stacks or why_unserved(layer) or any(True for _ in layer.children()):
+                return f"the model has {type(layer).__name__} layers (no stacked form: they train one run at a time)"
     return ""
 
 
@@ -60,8 +64,9 @@ def bytes_per_run(model: nn.Module, batch_size: int) -> int:
     """What one run adds to a group: its state (STATE_COPIES x the parameters) and its batch's activations and
     output gradients (a Poisson batch padded to 1.5 B)."""
     itemsize = next(model.parameters()).element_size()
-    linear = [layer for layer in model if isinstance(layer, nn.Linear)]
-    widths = linear[0].in_features + sum(layer.out_features for layer in linear)
+    # a parametrised layer's input and output widths (a Sequential's layers: each output is the next input)
+    shapes = [layer.weight.shape for layer in model if any(True for _ in layer.parameters())]
+    widths = shapes[0][1] + sum(shape[0] for shape in shapes)
     return itemsize * (STATE_COPIES * sum(p.numel() for p in model.parameters()) + 3 * int(1.5 * batch_size) * widths)
 
 
@@ -96,18 +101,17 @@ class StackedModel:
                 p.data = stacked[run]
 
     def forward(self, x: torch.Tensor) -> tuple:
-        """(outputs (G, b, ...), [(input, output) of each Linear layer]) for inputs x of shape (G, b, ...)."""
+        """(outputs (G, b, ...), [(layer, its parameters' names, input, output) of each parametrised layer]) for
+        inputs x of shape (G, b, ...)."""
         records, params = [], iter(self.params)
         for layer in self.layers:
-            if type(layer) is nn.Linear:
-                weight = next(params)
-                bias = next(params) if layer.bias is not None else None
+            names = tuple(name for name, _ in layer.named_parameters())
+            if names:
                 inputs = x
-                x = torch.bmm(inputs, weight.transpose(1, 2)) if bias is None else \
-                    torch.baddbmm(bias.unsqueeze(1), inputs, weight.transpose(1, 2))
+                x = rule_for(layer).stacked_forward(layer, inputs, [next(params) for _ in names])
                 if not x.requires_grad:  # the first layer: its output starts the graph the backward walks
                     x.requires_grad_(True)
-                records.append((inputs.detach(), x, bias is not None))
+                records.append((layer, names, inputs.detach(), x))
             else:  # parameter-free and per sample: applied to the runs' samples as one batch
                 x = layer(x.flatten(0, 1)).unflatten(0, x.shape[:2])
         return x, records
@@ -129,30 +133,23 @@ class StackedEngine:
         out, records = self.stack.forward(x)
         losses = per_sample_losses(out.flatten(0, 1), y.flatten(0, 1), self.task).view(runs, b)
         # gradients of sum_i loss_i w.r.t. each layer's output: G_i of every sample (0 for padding)
-        out_grads = torch.autograd.grad((losses * mask.to(losses.dtype)).sum(), [r[1] for r in records])
-        factors = [LinearFactors(a, g, has_bias) for (a, _, has_bias), g in zip(records, out_grads)]
+        out_grads = torch.autograd.grad((losses * mask.to(losses.dtype)).sum(), [r[3] for r in records])
+        factors = [rule_for(layer)(layer, a, g, None, names, stacked=True)
+                   for (layer, names, a, _), g in zip(records, out_grads)]
         padding = mask == 0
 
         def norms():
             return torch.sqrt(sum(f.sq_norms() for f in factors)).masked_fill(padding, float("inf"))
 
         def weighted_sums(w):  # w (m, G, b) -> per parameter (m, G, *shape)
-            sums = []
-            for f in factors:
-                weight, bias = f.weighted_sum(w.to(f.dtype))
-                sums += [weight] if bias is None else [weight, bias]
-            return sums
+            return [total for f in factors for total in f.weighted_sum(w.to(f.dtype))]
 
         def group_norms():  # (G, b, L): each layer's norms, a padded row's inf (in no sum, no count)
             return torch.sqrt(torch.stack([f.sq_norms() for f in factors], -1)).masked_fill(padding[..., None],
                                                                                            float("inf"))
 
         def group_sums(w):  # w (G, b, L) -> per parameter (G, *shape): layer l's sum weighted by w[..., l]
-            sums = []
-            for layer, f in enumerate(factors):
-                weight, bias = f.weighted_sum(w[None, ..., layer].to(f.dtype))
-                sums += [weight[0]] if bias is None else [weight[0], bias[0]]
-            return sums
+            return [total[0] for layer, f in enumerate(factors) for total in f.weighted_sum(w[None, ..., layer].to(f.dtype))]
 
         return PerSampleGrads(b, norms, weighted_sums, group_norms, group_sums, device=x.device, mask=mask)
 

@@ -1,15 +1,22 @@
-"""A convolution's per-sample gradients: the exact methods that compute them, and the choice among them by
-measurement (MethodChoice), once per layer shape and device, as cuDNN's benchmark mode chooses its algorithms.
+"""Convolutions: nn.Conv2d (any stride, dilation, padding and groups), nn.ConvTranspose2d (any stride, padding and
+groups) and nn.Conv1d (as a Conv2d of height 1). A convolution's per-sample gradients are small (out x in x kernel):
+they are materialised when the norms are first asked for, by whichever exact method measures fastest for the layer's
+shape (MethodChoice, as cuDNN's benchmark mode chooses its algorithms); weighted sums asked before that (the
+non-private mean) are one weight gradient of the weighted output gradients, as the non-private step computes it.
 
 Each method takes a layer, its inputs a (b, C, H, W) and output gradients g, and returns (b, *weight.shape):
     Conv2d:           dW_i[o, c, u, v] = sum_{h,w} G_i[o, h, w] a_i[c, s h + d u - p, s w + d v - p]
-    ConvTranspose2d:  dW_i[c, o, u, v] = sum_p a_i[c, p] G_i[o, p + (u, v)]      (stride 1, no padding)
-They differ in speed and float rounding only; which is fastest depends on the layer's shape and the device."""
+    ConvTranspose2d:  dW_i[c, o, u, v] = sum_p a_i[c, p] G_i[o, s p + d (u, v) - p]
+The transposed one is a Conv2d weight gradient with the roles swapped (the output gradients as the input, the inputs
+as the output gradients). They differ in speed and float rounding only."""
 
 import math
+from types import SimpleNamespace
 
 import torch
 from torch import nn
+
+from dpgrid.training.rules import LayerRule, register_rule
 
 
 def correlate_by_unfolding(x, kernels, padding=(0, 0), chunk=64):
@@ -55,12 +62,12 @@ def correlate_depthwise(x, kernels, padding=0, stride=1, dilation=1):
 def correlated(module, a, g) -> tuple:
     """(x, kernels, padding): the pair whose correlation, sample by sample, is a layer's weight gradient, with
     numeric padding. A Conv2d's input (padded as Conv2d pads it) with its output gradients as kernels; a
-    ConvTranspose2d's (stride 1, no padding) output gradients with its inputs: a Conv2d weight gradient with the roles
-    swapped. The layer's stride and dilation apply as they are (a ConvTranspose2d's are 1)."""
-    if isinstance(module, nn.Conv2d):
-        x, padding = padded_input(module, a)
-        return x, g, padding
-    return g, a, (0, 0)
+    ConvTranspose2d's output gradients with its inputs: a Conv2d weight gradient with the roles swapped. The layer's
+    stride and dilation apply as they are."""
+    if module.transposed:
+        return g, a, module.padding
+    x, padding = padded_input(module, a)
+    return x, g, padding
 
 
 def by_correlation(correlate):
@@ -75,14 +82,14 @@ def by_correlation(correlate):
 
 def backward_weight_kernel(module, a, g):
     """The layer's own weight-gradient kernel with the batch as groups: input (1, b C, H, W) and output gradient
-    (1, b O, H', W') give the (b O, C, h, w) gradients of a b-group convolution, which are the b per-sample gradients
-    (any stride, padding and dilation). The MNIST CNN's 16 -> 32 layer at b = 512, 2-core CPU: 13-17 ms in chunks of
+    (1, b O, H', W') give the (b O, C / groups, h, w) gradients of a (b x groups)-group convolution, which are the b
+    per-sample gradients (any stride, padding, dilation and groups). The MNIST CNN's 16 -> 32 layer at b = 512, 2-core CPU: 13-17 ms in chunks of
     32-128, against 36-40 ms grouped (forward with G_i as the kernel) and 13-22 ms for the summed weight gradient."""
     x, dy, padding = correlated(module, a, g)
     n, shape = len(x), module.weight.shape
     grads = torch.nn.grad.conv2d_weight(x.reshape(1, -1, *x.shape[2:]), (n * shape[0], *shape[1:]),
                                         dy.reshape(1, -1, *dy.shape[2:]), module.stride, padding, module.dilation,
-                                        groups=n)
+                                        groups=n * module.groups)
     return grads.view(n, *shape)
 
 
@@ -128,83 +135,31 @@ WORKSPACE_BYTES = 256 << 20  # no method whose temporary is larger is measured (
 
 
 def applicable(module, a=None, g=None) -> list:
-    """The methods of CONV_METHODS that compute this layer's per-sample gradients: unfolding takes stride and
-    dilation 1; the grouped convolution and the backward-weight kernel take any. The depthwise correlation copies
-    each sample's correlated input once per kernel, and is offered only where that input has one channel (a Conv2d
-    from one channel, a ConvTranspose2d to one): there it measured 2x faster than the others (the MNIST CNN's
-    1 -> 16 layer 4.0 ms against 7.8 ms), everywhere else 2-40x slower. Given the batch's inputs a and output
-    gradients g, a method whose temporary would exceed WORKSPACE_BYTES is not offered either, so that measuring it on
-    the first batch cannot exhaust the memory (the MNIST CNN's and the autoencoder's layers: at most 35 MB)."""
+    """The methods of CONV_METHODS that compute this layer's per-sample gradients: the backward-weight kernel takes any
+    stride, padding, dilation and groups; the grouped and depthwise correlations take one group and, transposed, stride 1
+    and no padding; unfolding stride and dilation 1 too. The depthwise correlation copies each sample's correlated
+    input once per kernel, and is offered only where that input has one channel (a Conv2d from one channel, a
+    ConvTranspose2d to one): there it measured 2x faster than the others (the MNIST CNN's 1 -> 16 layer 4.0 ms against
+    7.8 ms), everywhere else 2-40x slower. Given the batch's inputs a and output gradients g, a method whose temporary
+    would exceed WORKSPACE_BYTES is not offered either, so that measuring it on the first batch cannot exhaust the
+    memory (the MNIST CNN's and the autoencoder's layers: at most 35 MB)."""
     plain = module.stride == (1, 1) and module.dilation == (1, 1)
-    single = (module.in_channels if isinstance(module, nn.Conv2d) else module.out_channels) == 1
-    names = [name for name in CONV_METHODS if (plain or not name.startswith("unfold"))
-             and (single or not name.startswith("depthwise"))]
+    correlates = module.groups == 1 and (not module.transposed or (module.stride == (1, 1) and module.padding == (0, 0)))
+    single = (module.out_channels if module.transposed else module.in_channels) == 1
+    names = [name for name in CONV_METHODS if name.startswith("backward") or correlates and
+             (plain or not name.startswith("unfold")) and (single or not name.startswith("depthwise"))]
     if a is None:
         return names
     x, kernels, _ = correlated(module, a, g)
     return [name for name in names if workspace(name, module, x, kernels) * x.element_size() <= WORKSPACE_BYTES]
 
 
-class MethodChoice:
-    """The per-sample method of each convolution, per layer shape and device: `setting` (train.conv_method) forces
-    one; `auto` times every applicable method on the first batch that reaches a shape (one warm-up and two timed
-    calls each, synchronised on CUDA), keeps the fastest and reuses it, as cuDNN's benchmark mode does. Every method
-    is exact; they differ in speed and float rounding only. One choice serves a whole grid."""
-
-    def __init__(self, setting: str = "auto"):
-        self.setting, self.chosen = setting, {}  # {layer key: (method, {method: seconds})}
-
-    def per_sample(self, module, a, g):
-        key = (type(module).__name__, module.in_channels, module.out_channels, module.kernel_size, module.stride,
-               module.padding, module.dilation, tuple(a.shape[2:]), str(a.device), str(a.dtype))
-        if key not in self.chosen:
-            self.chosen[key] = self.choose(module, a, g)
-        return CONV_METHODS[self.chosen[key][0]](module, a, g)
-
-    def choose(self, module, a, g) -> tuple:
-        names = applicable(module, a, g)
-        if self.setting != "auto":
-            return (self.setting if self.setting in names else "grouped"), {}
-        times = {name: timed(CONV_METHODS[name], module, a, g) for name in names}
-        return min(times, key=times.get), times
-
-    def describe(self) -> list:
-        """One line per layer shape: its method, and what each candidate took when measured."""
-        lines = []
-        for (kind, c_in, c_out, kernel, *_, size, device, _), (name, times) in self.chosen.items():
-            measured = ", ".join(f"{m} {t * 1e3:.1f} ms" for m, t in sorted(times.items(), key=lambda kv: kv[1]))
-            lines.append(f"{kind} {c_in}->{c_out} {kernel[0]}x{kernel[1]} on {size[0]}x{size[1]} ({device}): {name}"
-                         + (f" ({measured}, measured on the first batch)" if times else " (train.conv_method)"))
-        return lines
-
-    def summary(self) -> str:
-        """The methods chosen, layer by layer, for runs.csv (e.g. "grouped,unfold64")."""
-        return ",".join(name for name, _ in self.chosen.values())
-
-
-def timed(method, module, a, g) -> float:
-    import time
-
-    def sync():
-        if a.is_cuda:
-            torch.cuda.synchronize(a.device)
-
-    method(module, a, g)
-    sync()
-    best = float("inf")
-    for _ in range(2):
-        start = time.perf_counter()
-        method(module, a, g)
-        sync()
-        best = min(best, time.perf_counter() - start)
-    return best
-
-
 def summed_weight_grad(module, a, g):
     """sum_i dW_i: the layer's ordinary weight gradient from inputs a and output gradients g, the kernel's own on
     the layer's correlated pair."""
     x, dy, padding = correlated(module, a, g)
-    return torch.nn.grad.conv2d_weight(x, module.weight.shape, dy, module.stride, padding, module.dilation)
+    return torch.nn.grad.conv2d_weight(x, module.weight.shape, dy, module.stride, padding, module.dilation,
+                                       groups=module.groups)
 
 
 def padded_input(module, a):
@@ -219,3 +174,67 @@ def padded_input(module, a):
         total = d * (k - 1)
         pads += [total // 2, total - total // 2]
     return nn.functional.pad(a, pads), (0, 0)
+
+
+@register_rule(nn.Conv2d, nn.ConvTranspose2d, nn.Conv1d)
+class ConvRule(LayerRule):
+    """A convolution's per-sample gradients, materialised (b, *weight.shape) when its norms are first asked for;
+    weighted sums before that (the non-private baseline's mean asks no norm) are one weight gradient of the w-weighted
+    output gradients and never materialise them. A Conv1d is served as a Conv2d of height 1."""
+
+    @staticmethod
+    def unsupported(module) -> str:
+        return f"{type(module).__name__} with padding_mode={module.padding_mode}" if module.padding_mode != "zeros" else ""
+
+    def __init__(self, module, a, g, choice, params, stacked=False):
+        super().__init__(as_2d(module), a, g, choice, params, stacked)
+        if isinstance(module, nn.Conv1d):  # (b, C, L) -> (b, C, 1, L)
+            self.a, self.g = a.unsqueeze(2), g.unsqueeze(2)
+        self.weight_shape = module.weight.shape
+        self.has_weight, self.has_bias = "weight" in params, "bias" in params
+        self.bg = self.g.flatten(2).sum(2) if self.has_bias else None
+        self._wg = None
+
+    @property
+    def wg(self):
+        if self._wg is None:
+            m, a, g = self.module, self.a, self.g
+            key = (m.transposed, m.in_channels, m.out_channels, m.kernel_size, m.stride, m.padding, m.dilation, m.groups,
+                   tuple(a.shape[2:]), str(a.device), str(a.dtype))
+            kind = "ConvTranspose2d" if m.transposed else "Conv2d"
+            description = (f"{kind} {m.in_channels}->{m.out_channels} {m.kernel_size[0]}x{m.kernel_size[1]} on "
+                           f"{a.shape[2]}x{a.shape[3]} ({a.device})")
+            forms = {name: (lambda method: lambda: method(m, a, g))(CONV_METHODS[name]) for name in applicable(m, a, g)}
+            self._wg = self.choice.pick(key, description, forms, a.device)
+        return self._wg
+
+    def sq_norms(self):
+        s = torch.linalg.vector_norm(self.wg.flatten(1), dim=1).square_() if self.has_weight else 0
+        return s + torch.linalg.vector_norm(self.bg, dim=1).square_() if self.has_bias else s
+
+    def weighted_sum(self, w, subsets=None):
+        """w: (m, b) -> [(m, *weight.shape), (m, out)] of the parameters that train. Materialised: disjoint subsets
+        would not save work."""
+        sums = []
+        if self.has_weight:
+            if self._wg is not None:
+                weight = torch.tensordot(w, self._wg, dims=1)
+            else:
+                weight = torch.stack([summed_weight_grad(self.module, self.a, self.g * row[:, None, None, None])
+                                      for row in w])
+            sums.append(weight.view(len(w), *self.weight_shape))
+        if self.has_bias:
+            sums.append(w @ self.bg)
+        return sums
+
+
+def as_2d(module):
+    """A convolution as the Conv2d (or transposed) its per-sample methods read: a Conv1d's attributes with a height-1
+    dimension in front."""
+    if isinstance(module, nn.Conv1d):
+        padding = module.padding if isinstance(module.padding, str) else (0, *module.padding)
+        return SimpleNamespace(transposed=False, in_channels=module.in_channels, out_channels=module.out_channels,
+                               kernel_size=(1, *module.kernel_size), stride=(1, *module.stride), padding=padding,
+                               dilation=(1, *module.dilation), groups=module.groups,
+                               weight=SimpleNamespace(shape=(*module.weight.shape[:2], 1, module.weight.shape[2])))
+    return module  # Conv2d and ConvTranspose2d say whether they are transposed (`transposed`)

@@ -210,6 +210,12 @@ def model_command(args: list) -> None:
               + (" (it replaced the file that was there)" if replaced else ""))
 
 
+def audit_command(args: list) -> None:
+    from dpgrid.audit.command import audit_command as audit
+
+    audit(args)
+
+
 def main(argv=None) -> None:
     """The command line. It leaves the process as it found it (warning filters and format, the SIGTERM
     handler, sys.argv, the log handlers a Hydra job adds), so that it can be called again from Python or a test."""
@@ -270,7 +276,8 @@ def dispatch(argv: list) -> None:
         print(f"{usage(argv[1:])}\n\nsettings (key = default: meaning), each a Hydra override key=value:\n{settings()}")
         return
     command, args = argv[0], argv[1:]
-    commands = {"run": run_command, "plan": plan_command, "tables": tables_command, "model": model_command}
+    commands = {"run": run_command, "plan": plan_command, "tables": tables_command, "model": model_command,
+                "audit": audit_command}
     if command not in commands:
         fail(f"unknown command {command!r}; valid: {', '.join(commands)}")
     from dpgrid import DpgridError

@@ -3,6 +3,8 @@
 Parameter counts (paper Table 1): CNN 551,322; AutoEncoder 48,705; BagOfWords 113,156.
 """
 
+import contextlib
+
 import torch
 from torch import nn
 
@@ -110,15 +112,38 @@ def logistic(inputs: int, l2: float = 0.0) -> LogisticRegression:
 
 
 def build_model(model_cfg) -> nn.Module:
-    """The model a `model` config names in `_target_`, called with the config's other keys."""
+    """The model a `model` config names in `_target_`, called with the config's other keys (but dpgrid's own,
+    dpgrid.specs.MODEL_KEYS: a run's start is dpgrid.finetuning's)."""
     from dpgrid import DpgridError
     from dpgrid.plugins import call
 
-    model = call(model_cfg, "model")
+    from dpgrid.specs import own_keys
+
+    model = call(own_keys(model_cfg), "model")
     if not isinstance(model, nn.Module):
         raise DpgridError(f"model: _target_ {model_cfg._target_} returned {type(model).__name__}, not a torch.nn.Module")
     return model
 
 
+def starting_model(spec) -> nn.Module:
+    """A run's model before training: built from the grid's model config, then started as the grid says
+    (checkpoint, adapters, the part that trains: dpgrid.finetuning). Draws from torch's random state."""
+    from dpgrid.finetuning import prepare
+
+    return prepare(build_model(spec.model), spec.start, f"model={spec.settings['model'].get('_target_')}")
+
+
 def count_parameters(model: nn.Module) -> int:
     return sum(p.numel() for p in model.parameters())
+
+
+@contextlib.contextmanager
+def default_dtype(dtype):
+    """Models built inside draw their initial weights in `dtype` (None: unchanged). Drawn in float32 and
+    then converted, they would differ by a float32 rounding between CPUs (the vectorised kernels differ)."""
+    previous = torch.get_default_dtype()
+    torch.set_default_dtype(dtype or previous)
+    try:
+        yield
+    finally:
+        torch.set_default_dtype(previous)

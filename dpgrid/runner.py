@@ -5,7 +5,6 @@ Output directory: resolved `config.yaml`, `plan.json`, `runs.csv` (one row per f
 commit record), `curves.csv` (every validation), `summary.csv` (per configuration, best marked).
 """
 
-import contextlib
 from dataclasses import dataclass
 from pathlib import Path
 from types import MappingProxyType
@@ -15,13 +14,14 @@ import torch
 from tqdm.auto import tqdm
 
 from dpgrid import DpgridError, data as data_mod, tasks
+from dpgrid.audit import canaries as audit_canaries
 from dpgrid.config import check_loaded
 from dpgrid.results.curves import append_curves
 from dpgrid.results.files import (check_writable, environment, locked, outermost_missing, read_frame, remove_created,
                                   write_csv)
-from dpgrid.models import build_model
+from dpgrid.models import default_dtype, starting_model
 from dpgrid.training.rules import MethodChoice
-from dpgrid.training.persample import make_engine
+from dpgrid.training.persample import make_engine, trainable
 from dpgrid.results.procedure import Phase, procedure_of, seed_names
 from dpgrid.privacy.randomness import SecureRandom, derive_seed
 from dpgrid.results import ledger
@@ -41,7 +41,7 @@ def initial_model(spec, seed: int, device):
     own = procedure_of(spec.plan.method).start_seed(seed, spec.plan.seeds)
     with torch.random.fork_rng(devices=[]), default_dtype(torch.float64 if spec.train.float64 else None):
         torch.manual_seed(derive_seed(spec.plan.dataset, "init", own))
-        return build_model(spec.model).to(device)
+        return starting_model(spec).to(device)
 
 
 def sources(spec, config: dict, seed: int, device, phase: Phase = None) -> tuple:
@@ -72,15 +72,20 @@ def train_together(spec, data, runs: list, progress: bool = False, conv_methods:
         raise RuntimeError(f"runs of {len(lengths)} lengths cannot train stacked")
     steps = lengths.pop()
     if len(runs) == 1:
-        params, hp, noise_source = models[0].parameters(), configs[0], noise_sources[0]
+        params, hp, noise_source = trainable(models[0]), configs[0], noise_sources[0]
         engine = make_engine(models[0], data.task, spec.train.engine, conv_methods)
     else:
         stack = StackedModel(models)
         params, noise_source, engine = stack.params, list(noise_sources), StackedEngine(stack, data.task)
         hp = {k: tuple(c[k] for c in configs) for k in configs[0] if k != "config_id"}
+    canaries = audit_canaries.gradient_canaries(spec.audit, engine, runs, phase, models[0])  # one run at a time
+    if canaries is not None:
+        engine, params = canaries, [*params, canaries.coordinates]
     strategy = build_strategy(spec, params, hp, noise_source, steps, phase)
     results = train_runs(models, engine, strategy, data, steps, spec.plan.sample_rate, spec.train.eval_every,
                          list(samplers), spec.train.sampling, progress)
+    if canaries is not None:
+        results[0].canary_scores = canaries.scores()
     return keeping_weights(spec, results, models)
 
 
@@ -110,18 +115,6 @@ def phase_noise(plan, phase: Phase) -> Noise:
     return Noise(phase.noise_multiplier if own else plan.noise_multiplier,
                  MappingProxyType(dict(phase.per_query or {}) if own else dict(plan.per_query)), plan.delta,
                  plan.accountant, MappingProxyType(dict(plan.problem)))
-
-
-@contextlib.contextmanager
-def default_dtype(dtype):
-    """Models built inside draw their initial weights in `dtype` (None: unchanged). Drawn in float32 and
-    then converted, they would differ by a float32 rounding between CPUs (the vectorised kernels differ)."""
-    previous = torch.get_default_dtype()
-    torch.set_default_dtype(dtype or previous)
-    try:
-        yield
-    finally:
-        torch.set_default_dtype(previous)
 
 
 @dataclass
@@ -202,6 +195,7 @@ def train_grid(spec, out: Path, progress: bool, on_lock=None) -> "Trained":
     """train's work, with the directory's lock held. Everything that can refuse the grid is asked before
     anything is written: the data, the model on it, the directory's config, data and release."""
     data = data_mod.load(spec.dataset, spec.data_root, spec.train.device)
+    data = audit_canaries.with_input_canaries(spec.audit, data, spec.dataset.classes)
     if spec.train.float64:
         data = data.in_float64()
     check_fit(spec, data)
@@ -269,6 +263,8 @@ def train_phase(spec, out: Path, data, phase: Phase, done: set, progress: bool, 
                 continue
             if result.weights is not None:  # before the commit: a committed run's model is never missing
                 keep_weights(out, config["config_id"], seed, result.weights)
+            if result.canary_scores is not None:  # an audit's: what its attacker reads of this run
+                audit_canaries.keep_scores(out, config["config_id"], seed, result.canary_scores)
             append_curves(out / "curves.csv", [dict(config_id=config["config_id"], seed=seed, **c) for c in result.curve])
             row = run_row(spec, config, seed, result, phase.draw, torch.get_num_threads(), conv_methods.summary(), phase,
                           len(group))
@@ -286,6 +282,8 @@ def stacking(spec, data, runs: int) -> int:
     why one at a time when stacking was asked for or would serve and cannot. A selection says it whatever the number
     of its runs, which depends on how many candidates were drawn (and prints nothing that does)."""
     device, procedure = data.x_train.device, procedure_of(spec.plan.method)
+    if spec.audit is not None:  # its canaries are added run by run
+        return 1
     if procedure.releases_best_only:  # a group holds one candidate's runs at most: asked as if there were two
         runs = 2 * spec.plan.seeds    # candidates, so that neither the group nor the line depends on how many were drawn
     size, why = group_size(spec.train.parallel_runs, initial_model(spec, 0, device), spec.strategy_cls, runs,

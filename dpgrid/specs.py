@@ -34,3 +34,53 @@ def dataset_spec(node) -> DatasetSpec:
                        normalize=str(node.get("normalize", "unit")), mean=number("mean", float), std=number("std", float),
                        seconds_per_step=number("seconds_per_step", float),
                        stacked_seconds_per_step=number("stacked_seconds_per_step", float))
+
+
+MODEL_KEYS = ("init", "lora")  # dpgrid's keys in every model config (conf/config.yaml): not the callable's arguments
+
+
+def own_keys(model_cfg):
+    """A model config without dpgrid's keys (MODEL_KEYS): what its callable takes (resolved where it sits)."""
+    from omegaconf import DictConfig, OmegaConf
+
+    if isinstance(model_cfg, DictConfig) and any(key in model_cfg for key in MODEL_KEYS):
+        return OmegaConf.create({key: value for key, value in OmegaConf.to_container(model_cfg, resolve=True).items()
+                                 if key not in MODEL_KEYS})
+    if isinstance(model_cfg, dict):
+        return {key: value for key, value in model_cfg.items() if key not in MODEL_KEYS}
+    return model_cfg
+
+
+@dataclass(frozen=True)
+class Start:
+    """What a run's model starts from and which part of it trains (model.init, model.lora, train.trainable; applied
+    by dpgrid.finetuning.prepare)."""
+    init: Optional[str] = None         # a .safetensors checkpoint's path, as given (public by assumption)
+    init_sha256: Optional[str] = None  # its checksum: the grid's identity, so a changed file is another grid
+    lora_rank: int = 0                 # 0: no adapters
+    lora_alpha: float = 1.0
+    lora_targets: tuple = ()           # module-name globs of the Linear layers that get adapters
+    trainable: tuple = ("*",)          # parameter-name globs of the parameters that train
+    trainable_parameters: Optional[int] = None  # how many numbers train (counted when the model is built)
+
+    @property
+    def is_default(self) -> bool:
+        """Every parameter trains from the model's own random start."""
+        return self.init is None and not self.lora_rank and self.trainable == ("*",)
+
+    def to_dict(self) -> dict:
+        """What plan.json and model.json say of it (only what is set away from training every parameter from a
+        random start)."""
+        found = {}
+        if self.init:
+            found["init"] = {"path": self.init, "sha256": self.init_sha256,
+                             "covered": "no: a public checkpoint by assumption; epsilon covers what training on the "
+                                        "private data changed"}
+        if self.lora_rank:
+            found["lora"] = {"rank": self.lora_rank, "alpha": self.lora_alpha, "targets": list(self.lora_targets),
+                             "merged": True}
+        if self.trainable != ("*",):
+            found["trainable"] = list(self.trainable)
+        if found and self.trainable_parameters is not None:
+            found["trainable_parameters"] = self.trainable_parameters
+        return found

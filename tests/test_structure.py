@@ -94,6 +94,16 @@ def test_every_config_folder_is_installed():
     assert folders <= listed, folders - listed
 
 
+def test_every_package_is_installed():
+    """pyproject lists dpgrid's packages by name: a new subpackage missing there imports from a checkout (and an
+    editable install) and is absent from `pip install .`, which the CI and a user's machine run."""
+    import tomllib
+
+    listed = set(tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]["packages"])
+    packages = {".".join(p.parent.relative_to(ROOT).parts) for p in PACKAGE.rglob("__init__.py")}
+    assert packages <= listed, packages - listed
+
+
 def functions(path):
     return [node for node in ast.walk(ast.parse(path.read_text())) if isinstance(node, (ast.FunctionDef,
                                                                                        ast.AsyncFunctionDef))]

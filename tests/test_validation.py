@@ -55,6 +55,8 @@ EXPECT = {
     **{f"model.{key}": (True, whole(), None) for key in ("vocabulary", "max_tokens", "width", "depth", "heads",
                                                          "mlp_ratio", "classes", "image", "channels", "patch")},
     "model.embedding_dim": (True, whole(), None),
+    "model.lora.rank": (True, whole(0), None),  # > 0 needs model.lora.targets: only 0 of the values tried is valid
+    "model.lora.alpha": (False, positive, None),
     "dataset.classes": (True, whole(2), None),
     "dataset.mean": (False, lambda v: 0 <= v <= 1, None),
     "dataset.std": (False, lambda v: 0 < v <= 1, None),

@@ -178,6 +178,45 @@ def check_config(cfg, n_train: int = None) -> list:
     return warnings
 
 
+def start_of(read: Reader):
+    """The grid's dpgrid.specs.Start (model.init, model.lora, train.trainable), checked: a missing checkpoint is refused
+    here (its checksum is the grid's identity); what its tensors fit is asked when the model is built."""
+    from dpgrid.specs import Start
+
+    trainable = read.get("train.trainable")
+    if not isinstance(trainable, (list, tuple)) and not OmegaConf.is_list(trainable) or not len(trainable) or \
+            not all(isinstance(p, str) and p for p in trainable):
+        read.refuse("train.trainable", "a non-empty list of parameter-name globs, e.g. [\"*\"] or [\"head.*\"]",
+                    OmegaConf.to_object(trainable) if OmegaConf.is_config(trainable) else trainable)
+    init = read.get("model.init")
+    if init is not None and (not isinstance(init, str) or not init):
+        read.refuse("model.init", "null or the path of a .safetensors file", init)
+    rank = read.whole("model.lora.rank", low=0) if read.has("model.lora.rank") else 0
+    targets = read.get("model.lora.targets") or []
+    if read.has("model.lora.alpha"):
+        read.positive("model.lora.alpha")
+    if rank:
+        if not len(targets) or not all(isinstance(t, str) and t for t in targets):
+            read.refuse("model.lora.targets", "a non-empty list of module-name globs (the Linear layers that get "
+                        "adapters) when model.lora.rank > 0", OmegaConf.to_object(targets) if OmegaConf.is_config(targets)
+                        else targets)
+    elif len(targets):
+        raise DpgridError("model.lora.targets are set but model.lora.rank is 0: set model.lora.rank (e.g. 8) to add "
+                          "adapters, or leave model.lora.targets empty")
+    digest = None
+    if init is not None:
+        from pathlib import Path
+
+        if not Path(init).is_file():
+            raise DpgridError(f"model.init: no file {init}")
+        from dpgrid.data import fingerprint
+
+        digest = fingerprint({"init": init})["init"]["sha256"]
+    return Start(init=init, init_sha256=digest, lora_rank=rank,
+                 lora_alpha=float(read.get("model.lora.alpha")) if rank else 1.0,
+                 lora_targets=tuple(str(t) for t in targets), trainable=tuple(str(p) for p in trainable))
+
+
 def check_size(n_configs: int, runs: int, steps: int, seconds_per_step, allow_large: bool) -> None:
     """Refuse a grid far beyond what the user likely meant, unless grid.allow_large=true."""
     total = runs * steps

@@ -18,10 +18,10 @@ from typing import Any, Mapping, Optional
 from omegaconf import OmegaConf
 
 from dpgrid import DpgridError
-from dpgrid.config.identity import config_hash, flat_privacy
+from dpgrid.config.identity import config_hash, flat_privacy, identity_settings
 from dpgrid.config.selection import selection_of
 from dpgrid.plugins import target_of
-from dpgrid.specs import dataset_spec
+from dpgrid.specs import Start, dataset_spec, own_keys
 
 @dataclass(frozen=True)
 class Training:
@@ -62,6 +62,8 @@ class GridSpec:
     settings: Mapping           # the resolved config without hydra: written as config.yaml, hashed
     config_hash: str
     warnings: tuple = ()        # to show once, when the grid starts or is planned
+    start: Any = Start()        # dpgrid.specs.Start: the checkpoint every run starts from, adapters, what trains
+    audit: Any = None           # dpgrid.audit.canaries.AuditSpec: the canaries of `dpgrid audit`'s grid (None: none)
 
     def announce(self) -> "GridSpec":
         """Show the grid's warnings (once: a grid is compiled once); returns the spec."""
@@ -79,7 +81,7 @@ def compile(cfg, n_train: int = None, plan: bool = True, before_plan=None) -> Gr
     starts; `before_plan(spec)` is then asked what else may refuse the grid (`dpgrid run`: its run directory,
     dpgrid.results.claim); plan=False stops there (the spec has no plan, its device is as configured): a sweep's
     jobs are all checked so. Reads no file but what N needs (the data, where the config does not state N)."""
-    from dpgrid.config.checks import Reader, check_config
+    from dpgrid.config.checks import Reader, check_config, start_of
 
     selection_cls, selection = selection_of(cfg.privacy.selection)  # its keys typed: a misspelt one is refused first
     warnings = check_config(cfg, n_train)  # first, and before torch is imported: a bad value is refused at once
@@ -112,6 +114,7 @@ def compile(cfg, n_train: int = None, plan: bool = True, before_plan=None) -> Gr
     only = tuple(str(o) for o in cfg.grid.only) if cfg.grid.only is not None else None
     plain = settings_of(cfg)
     plain["privacy"]["selection"] = selection
+    start = start_of(Reader(cfg))
     privacy = flat_privacy(plain["privacy"])
     spec = GridSpec(
         plan=None, strategy_cls=strategy_cls, selection_cls=selection_cls, options=MappingProxyType(arguments(cfg.strategy)),
@@ -123,10 +126,10 @@ def compile(cfg, n_train: int = None, plan: bool = True, before_plan=None) -> Gr
                        float64=bool(cfg.train.float64), secure_rng=bool(cfg.privacy.secure_rng),
                        threads=str(cfg.train.threads), parallel_runs=str(cfg.train.parallel_runs),
                        save_models=str(cfg.train.save_models), conv_method=str(cfg.train.conv_method)),
-        dataset=dataset, model=target_of(read_only(cfg.model), "model"),
+        dataset=dataset, model=target_of(own_keys(read_only(cfg.model)), "model"), start=start,
         data_root=str(cfg.data.root), protocol=str(cfg.protocol), overwrite=bool(cfg.overwrite), stopping_seed=int(privacy["stopping_seed"]),
         privacy=MappingProxyType(privacy), settings=MappingProxyType(plain),
-        config_hash=config_hash(plain, strategy_cls.private, selection_cls.accounts_seeds),
+        config_hash=config_hash(identity_settings(plain, start), strategy_cls.private, selection_cls.accounts_seeds),
         warnings=tuple(warnings))
     if before_plan is not None:
         before_plan(spec)
@@ -134,19 +137,23 @@ def compile(cfg, n_train: int = None, plan: bool = True, before_plan=None) -> Gr
         return spec
     device = resolve_device(spec.train.device)  # torch from here on
     privacy_plan = make_plan(spec, configs, n_train, 0)  # reads the dataset's constants first: a model key
+    from dpgrid.finetuning import prepare
     from dpgrid.models import build_model, count_parameters
     from dpgrid.plugins import check_arguments
     from dpgrid.training.persample import engine_for
 
-    check_arguments(cfg.model, "model")
+    check_arguments(own_keys(cfg.model), "model")
     check_arguments(cfg.dataset.load, "dataset.load", given_by_dpgrid=("root",))
     model = build_model(cfg.model)  # interpolated from one is named as the user set it
+    prepare(model, start, f"model={spec.settings['model'].get('_target_')}")  # the checkpoint fits, the globs match
     engine, fallback = engine_for(model, spec.train.engine)  # refused before anything is written
     once = (f"train.eval_every={spec.train.eval_every} is more than a run's T = {privacy_plan.steps} steps: each run "
             "is validated once, after its last step (its learning curve is one point); lower train.eval_every",) \
         if spec.train.eval_every > privacy_plan.steps else ()
+    trains = sum(p.numel() for p in model.parameters() if p.requires_grad)
     return replace(spec, plan=replace(privacy_plan, model_parameters=count_parameters(model)),
                    train=replace(spec.train, device=str(device), engine=engine),
+                   start=replace(start, trainable_parameters=trains) if not start.is_default else start,
                    warnings=spec.warnings + ((fallback,) if fallback else ()) + once)
 
 

@@ -11,6 +11,7 @@ from dpgrid.config import groups
 from dpgrid.config.checks import wrong_type
 from dpgrid.config.groups import config_dir
 from dpgrid.config.selection import selection_keys, selection_overrides, selection_owners
+from dpgrid.specs import MODEL_KEYS
 
 
 def compose(overrides=(), with_hydra: bool = False):
@@ -50,7 +51,7 @@ def compose(overrides=(), with_hydra: bool = False):
         key = getattr(e, "full_key", None) or "the config"
         raise DpgridError(f"{key}: {str(e).splitlines()[0]} (it reads a setting this composition does not have: "
                           f"another {key.split('.')[0]} or dataset, or set the key)") from None
-    if OmegaConf.is_missing(cfg, "model"):
+    if OmegaConf.is_missing(cfg, "model") or set(cfg.model) <= set(MODEL_KEYS):  # dpgrid's keys of every model only
         searchpath = next((o.partition("=")[2] for o in overrides if o.startswith("hydra.searchpath=")), None)
         raise DpgridError(f"dataset={cfg.dataset.get('name', '?')} names no model: pass model=<name> (available: "
                           f"{', '.join(groups.options('model', searchpath))}), or give the dataset config a default model with "

@@ -63,20 +63,23 @@ def protocol_settings(groups: list) -> list:
 
 
 def documented(text: str):
-    """(key, value, comment) of each setting of a config file: top-level keys with a value and section.key
-    ones; the defaults list and Hydra's own section are left out."""
-    section = ""
+    """(key, value, comment) of each setting of a config file, named by its dotted path (section.subsection.key);
+    the defaults list and Hydra's own section are left out."""
+    sections, skipping = [], False  # sections: (indent, name) of the sections the line is inside
     for raw in text.splitlines():
-        if raw.startswith(("defaults", "hydra", "  -")) or not raw.strip() or raw.lstrip().startswith("#"):
-            section = "" if raw.startswith("hydra") else section
+        if not raw.strip() or raw.lstrip().startswith(("#", "-")):
             continue
         match = re.match(r"^(\s*)(\w+):\s*([^#]*?)\s*(?:#\s*(.*))?$", raw)
         if not match:
             continue
         indent, key, value, comment = match.groups()
         if not indent:
-            section = key if not value else ""
-            if value:
-                yield key, value, comment or ""
-        elif section:
-            yield f"{section}.{key}", value, comment or ""
+            skipping = key in ("defaults", "hydra")
+        while sections and sections[-1][0] >= len(indent):
+            sections.pop()
+        if skipping:
+            continue
+        if not value:
+            sections.append((len(indent), key))
+        else:
+            yield ".".join([name for _, name in sections] + [key]), value, comment or ""

@@ -17,7 +17,9 @@ NOT_HASHED = ("train.device", "train.engine", "train.conv_method", "train.thread
               "overwrite", "grid.allow_large", "data.root", "data.check_before_queue",
               "dataset.stacked_seconds_per_step")  # the last a time estimate only
 # settings added after grids were recorded, hashed only when set away from these defaults: older grids keep their hash
-HASHED_WHEN_SET = {"train.float64": False, "privacy.selection_accountant": "rdp", "privacy.stopping_rounds": None,
+HASHED_WHEN_SET = {"train.float64": False, "train.trainable": ["*"], "model.init": None,
+                   "model.lora": {"rank": 0, "alpha": 8.0, "targets": []},
+                   "privacy.selection_accountant": "rdp", "privacy.stopping_rounds": None,
                    "privacy.tuning_rate": 0.1, "privacy.tuning_search": "random_stopping", "privacy.tuning_split": "shared",
                    "privacy.final_data": "full"}
 
@@ -39,6 +41,15 @@ def flat_privacy(privacy: dict) -> dict:
     flat.update(RECORDED_BY_EVERY_GRID)
     flat.update({key: value for key, value in node.items() if key not in ("_target_", "name")})
     return {**flat, "selection": node.get("name")}
+
+
+def identity_settings(settings: dict, start) -> dict:
+    """The settings as hashed: a checkpoint (model.init) by its content, not its path (a moved file is the same grid,
+    a changed one another)."""
+    if not start.init:
+        return settings
+    model = {**settings["model"], "init": f"sha256:{start.init_sha256}"}
+    return {**settings, "model": model}
 
 
 def config_hash(settings: dict, private: bool = True, accounts_seeds: bool = False) -> str:

@@ -48,6 +48,7 @@ class TrainConfig:
     threads: str = "auto"
     parallel_runs: str = "auto"
     save_models: str = "released"
+    trainable: list[str] = field(default_factory=lambda: ["*"])
 
 
 @dataclass

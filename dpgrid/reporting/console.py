@@ -31,6 +31,10 @@ def plan_header(spec) -> str:
         budget = f"{noise} ({plan.accountant}); epsilon = {plan.epsilon:g}, delta = {plan.delta:g} {scope}"
         if plan.epsilon_with_seeds is not None and plan.epsilon_with_seeds > plan.epsilon_spent * (1 + 1e-9):
             budget += f"; the means over seeds cost epsilon = {plan.epsilon_with_seeds:.4g}"
+    if not spec.start.is_default:
+        from dpgrid.reporting.describe import start_line
+
+        budget += f"; {start_line(spec.start)}"
     return f"plan: {plan.strategy} on {plan.dataset}: {runs}; {shape}; {budget}"
 
 

@@ -14,6 +14,8 @@ def print_plan(spec, compare: bool, start: float) -> None:
           f"k = {plan.k}, {plan.model_parameters:,} parameters")
     print(f"  N = {plan.n_train}, B = {plan.batch_size}, q = {plan.sample_rate:.5g}, "
           f"T = {plan.steps} steps per run, {plan.epochs} epochs")
+    if not spec.start.is_default:
+        print(f"  {start_line(spec.start)}")
     from dpgrid.results.procedure import procedure_of
 
     procedure = procedure_of(plan.method)  # what the grid's procedure says of itself
@@ -57,10 +59,10 @@ def grouping(spec, runs: int) -> tuple:
     """(group size, '' or ': why one at a time') for `runs` runs of this grid on its device."""
     import torch
 
-    from dpgrid.models import build_model
+    from dpgrid.models import starting_model
     from dpgrid.training.stacked import group_size
 
-    size, why = group_size(spec.train.parallel_runs, build_model(spec.model), spec.strategy_cls, runs,
+    size, why = group_size(spec.train.parallel_runs, starting_model(spec), spec.strategy_cls, runs,
                            spec.plan.batch_size, torch.device(spec.train.device))
     return size, f": {why}" if why else ""
 
@@ -155,3 +157,17 @@ def print_release(model, run_dir, seed: int) -> None:
         print(f"  chosen: {record['chosen_by']}")
     print(f"randomness: {record['randomness']}")
     print(f"load: dpgrid.load_model({run_dir!r}, seed={seed})  # {type(model).__name__}, eval mode")
+
+
+def start_line(start) -> str:
+    """What a fine-tuning grid's runs start from and train, in one line (dpgrid plan, the plan header)."""
+    parts = [f"from {start.init} (sha256 {start.init_sha256[:12]}, public: outside epsilon)" if start.init else
+             "from the model's random start"]
+    if start.lora_rank:
+        parts.append(f"LoRA rank {start.lora_rank}, alpha {start.lora_alpha:g} on {', '.join(start.lora_targets)} "
+                     "(released merged)")
+    if start.trainable != ("*",):
+        parts.append(f"train.trainable={list(start.trainable)}")
+    return "; ".join(parts) + (f"; {start.trainable_parameters:,} parameters train"
+                               if start.trainable_parameters is not None else "")
+

@@ -46,6 +46,11 @@ def claim(out: Path, spec, data_files: dict = None) -> None:
 def held(out: Path, spec, previous: dict, data_files) -> str:
     """Why `out`, holding runs and the plan.json `previous`, is not this grid's to resume ('' when it is)."""
     recorded = previous.get("config_hash")
+    there = ((previous.get("start") or {}).get("init") or {}).get("sha256")
+    if recorded and recorded != spec.config_hash and there and there != spec.start.init_sha256:
+        return (f"{out} was trained from another checkpoint: model.init={spec.start.init} is not the file its results "
+                f"were made from (sha256 {spec.start.init_sha256[:12] if spec.start.init_sha256 else 'none'}, there "
+                f"{there[:12]}); restore that file, choose another hydra.run.dir, or pass overwrite=true")
     if recorded and recorded != spec.config_hash:
         return other_config(out, spec.settings, spec.strategy_cls.private, recorded, spec.config_hash,
                             spec.selection_cls.accounts_seeds)

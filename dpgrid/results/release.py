@@ -46,10 +46,13 @@ def keep_weights(out: Path, config_id: str, seed: int, state: dict) -> None:
 
 
 def final_weights(model) -> dict:
-    """A copy of a model's final weights, or None when one is not finite (a diverged run keeps no model)."""
+    """A copy of a model's final weights (its adapters merged: the base architecture's), or None when one is not
+    finite (a diverged run keeps no model)."""
     import torch
 
-    state = {name: t.detach().to("cpu").clone() for name, t in model.state_dict().items()}
+    from dpgrid.finetuning import merged_state
+
+    state = {name: t.detach().to("cpu").clone() for name, t in merged_state(model).items()}
     return state if all(bool(torch.isfinite(t).all()) for t in state.values() if t.is_floating_point()) else None
 
 

@@ -61,6 +61,7 @@ def statement(spec, plan_record: dict, configuration: dict, chosen_by: str) -> d
                       if spec.dataset.normalize == "standardize" else {})},
         "configuration": configuration,
         "model": dict(spec.settings["model"]),
+        **({"start": spec.start.to_dict()} if not spec.start.is_default else {}),
         "config_hash": spec.config_hash, "dpgrid": __version__,
         "plan": grid_plan(plan_record),
     }

@@ -9,6 +9,7 @@ curves.csv is the test set's, not the training batches'."""
 import math
 import time
 from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 from tqdm.auto import tqdm
@@ -29,6 +30,7 @@ class RunResult:
     steps: int = 0             # steps taken (fewer than planned when the strategy stopped itself)
     curve: list = field(default_factory=list)  # dicts: step, value, clip, lr, test_loss
     weights: dict = None       # the final weights (a state dict on the CPU), where the grid keeps them
+    canary_scores: Any = None  # an audited run's white-box canary scores (dpgrid.audit.canaries)
 
 
 def batches(n: int, sample_rate: float, batch_size: int, sampling: str, source):

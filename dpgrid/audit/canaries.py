@@ -1,0 +1,141 @@
+"""The canaries of an audit, inside a grid's runs.
+
+White box (gradient canaries, Nasr et al. 2023): canary i is a training example whose gradient is G e_i on a
+coordinate of its own, G far above any clipping threshold. The m coordinates form one extra parameter vector that
+the model never reads, so no real example's gradient touches them and what moves them is the canaries and the noise:
+the strategy clips, noises and updates it as every other parameter (it cannot tell it apart). An included canary
+joins each step's batch with probability q, as a real example is sampled. The attacker sees every iterate: canary
+i's score is its coordinate's descent, sum_t -(theta_{t+1} - theta_t)_i / s_t, each step scaled by the spread s_t of
+that step's moves over the m coordinates (the noise's scale: it follows an adaptive threshold, learning rate or
+Adam's normalisation without knowing them).
+
+Black box (input canaries): m examples of the test split under a random wrong label, the included ones appended to
+the training data; the attacker sees the released model only, and scores a canary by minus its loss there.
+"""
+
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from dpgrid.data import Data
+from dpgrid.training.persample import PerSampleGrads
+
+THREATS = ("white_box", "black_box")
+GRADIENT_NORM = 1e6  # a white-box canary's gradient norm: far above any threshold, so clipping alone bounds it
+
+
+@dataclass(frozen=True)
+class AuditSpec:
+    """What an audited grid adds to its runs: the canaries and their secret coins."""
+    threat: str
+    canaries: int
+    coins: tuple        # m booleans: canary i included (secret until the audit ends)
+    seed: int           # the audit's draws: coins, canaries, their sampling in each run
+    sample_rate: float  # q: a white-box canary's chance to join a step's batch
+
+    @property
+    def included(self) -> np.ndarray:
+        return np.flatnonzero(self.coins)
+
+
+def draw_coins(canaries: int, seed: int) -> tuple:
+    rng = np.random.default_rng([seed, 0])
+    return tuple(bool(c) for c in rng.integers(0, 2, canaries))
+
+
+def input_canaries(audit: AuditSpec, data: Data, classes: int) -> tuple:
+    """(inputs, targets) of the m black-box canaries: test examples under a random wrong label (for reconstruction,
+    the examples themselves)."""
+    rng = np.random.default_rng([audit.seed, 1])
+    pick = torch.from_numpy(rng.choice(len(data.x_test), audit.canaries, replace=False))
+    x = data.x_test[pick.to(data.x_test.device)]
+    if data.task != "classification":  # reconstruction: the targets are the inputs
+        return x, x
+    shift = torch.from_numpy(rng.integers(1, classes, audit.canaries)).to(data.y_test.device)
+    return x, (data.y_test[pick.to(data.y_test.device)] + shift) % classes
+
+
+def with_input_canaries(audit, data: Data, classes: int) -> Data:
+    """The training data with the included black-box canaries appended (unchanged outside a black-box audit)."""
+    if audit is None or audit.threat != "black_box":
+        return data
+    x, y = input_canaries(audit, data, classes)
+    included = torch.from_numpy(audit.included).to(x.device)
+    return Data(torch.cat([data.x_train, x[included]]), torch.cat([data.y_train, y[included]]), data.x_test,
+                data.y_test, data.task, data.files)
+
+
+def gradient_canaries(audit, engine, runs: list, phase, model) -> "GradientCanaries | None":
+    """In a white-box audit, the engine of a run trained alone (`runs`: its one (config, seed)) with the canaries
+    added; else None."""
+    if audit is None or audit.threat != "white_box":
+        return None
+    (config, seed), = runs
+    streams = (phase.streams or ()) if phase is not None else ()
+    return GradientCanaries(engine, audit, (config["config_id"], seed, *streams), next(model.parameters()))
+
+
+def keep_scores(out, config_id: str, seed: int, scores: np.ndarray) -> None:
+    """A run's canary scores beside its results: what the attacker reads of it (out/audit/)."""
+    (out / "audit").mkdir(exist_ok=True)
+    np.save(out / "audit" / f"{config_id}_seed{seed}.npy", scores)
+
+
+class GradientCanaries:
+    """A run's engine with the white-box canaries added to each batch (module docstring). `coordinates`: the extra
+    parameter vector (m,), handed to the strategy beside the model's; `trace` its value before each step."""
+
+    def __init__(self, engine, audit: AuditSpec, names: tuple, like: torch.Tensor):
+        from dpgrid.privacy.randomness import derive_seed
+
+        self.engine, self.audit = engine, audit
+        self.coordinates = torch.zeros(audit.canaries, dtype=like.dtype, device=like.device)
+        self.included = torch.tensor(audit.coins, device=like.device)
+        self.sampling = torch.Generator().manual_seed(derive_seed("audit", audit.seed, *names))
+        self.trace = []
+
+    def gradients(self, data, indices: list) -> PerSampleGrads:
+        self.trace.append(self.coordinates.detach().clone())
+        base = self.engine.gradients(data, indices)
+        joins = torch.rand(self.audit.canaries, generator=self.sampling) < self.audit.sample_rate
+        rows = (joins.to(self.included.device) & self.included).nonzero().squeeze(1)
+        return joined(base, rows, self.coordinates)
+
+    def scores(self) -> np.ndarray:
+        """Each canary's descent over the run, every step scaled by the spread of its moves (module docstring)."""
+        path = torch.stack(self.trace + [self.coordinates.detach().clone()]).double()
+        moves = -(path[1:] - path[:-1])
+        spread = moves.std(dim=1, keepdim=True)
+        scaled = torch.where(spread > 0, moves / spread.clamp_min(1e-300), torch.zeros_like(moves))
+        return scaled.sum(0).cpu().numpy()
+
+
+def joined(base: PerSampleGrads, rows: torch.Tensor, coordinates: torch.Tensor) -> PerSampleGrads:
+    """`base` with one more example per entry of `rows` (canary indices), whose gradient is GRADIENT_NORM on its own
+    coordinate of `coordinates` (the last parameter and the last group) and zero elsewhere; the real examples'
+    gradients are zero there."""
+    b, k, m = base.size, len(rows), len(coordinates)
+    big = torch.full((k,), GRADIENT_NORM, dtype=coordinates.dtype, device=coordinates.device)
+
+    def norms():
+        return torch.cat([base.norms.to(big.dtype), big])
+
+    def canary_sum(w):  # w (n, k) -> (n, m)
+        out = coordinates.new_zeros((len(w), m))
+        out[:, rows] = w.to(out.dtype) * GRADIENT_NORM
+        return out
+
+    def sums(w):
+        return list(base._sum_fn(w[:, :b])) + [canary_sum(w[:, b:])]
+
+    def group_norms():
+        real = base.group_norms
+        top = torch.cat([real, real.new_zeros((b, 1))], 1)
+        bottom = torch.cat([real.new_zeros((k, real.shape[1])), big.to(real.dtype)[:, None]], 1)
+        return torch.cat([top, bottom])
+
+    def group_sums(w):  # w (b + k, L + 1)
+        return list(base._group_sum_fn(w[:b, :-1])) + [canary_sum(w[b:, -1][None])[0]]
+
+    return PerSampleGrads(b + k, norms, sums, group_norms, group_sums, device=coordinates.device)

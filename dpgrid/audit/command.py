@@ -1,0 +1,166 @@
+"""`dpgrid audit OVERRIDES`: the grid those overrides configure, run once more with m canaries each included by a
+secret coin, and a measured lower bound on epsilon beside the epsilon its plan claims (docs/audit.md).
+
+    dpgrid audit strategy=fixed_threshold privacy.epsilon=1 [--canaries 1000] [--threat white_box|black_box]
+                 [--confidence 0.95] [--seed S] [hydra.run.dir=DIR]
+
+The grid trains in the audit's own directory (hydra.run.dir, by default audits/ mirroring outputs/), never in another
+run directory; what it releases (the released configuration's models; a selection's chosen candidate's) is all the
+canaries are scored on. The result is audit.json there and one line on the console.
+"""
+
+import json
+import secrets
+import sys
+import time
+from dataclasses import replace
+from pathlib import Path
+
+from dpgrid import DpgridError
+
+OPTIONS = {"--canaries": int, "--threat": str, "--confidence": float, "--seed": int}
+DEFAULTS = {"--canaries": 1000, "--threat": "white_box", "--confidence": 0.95, "--seed": None}
+
+
+def parse(args: list) -> tuple:
+    """({option: value}, the Hydra overrides)."""
+    options, overrides, rest = dict(DEFAULTS), [], list(args)
+    while rest:
+        arg = rest.pop(0)
+        name, _, value = arg.partition("=") if arg.startswith("--") else (arg, "", "")
+        if name in OPTIONS:
+            if not value:
+                if not rest:
+                    raise DpgridError(f"dpgrid audit: {name} needs a value")
+                value = rest.pop(0)
+            try:
+                options[name] = OPTIONS[name](value)
+            except ValueError:
+                raise DpgridError(f"dpgrid audit: {name} must be {OPTIONS[name].__name__}, got {value!r}") from None
+        elif arg.startswith("-"):
+            raise DpgridError(f"dpgrid audit: unknown option {arg}; valid: {', '.join(OPTIONS)} and Hydra overrides")
+        else:
+            overrides.append(arg)
+    from dpgrid.audit.canaries import THREATS
+
+    if options["--threat"] not in THREATS:
+        raise DpgridError(f"dpgrid audit: --threat must be one of {', '.join(THREATS)}, got {options['--threat']!r}")
+    if options["--canaries"] < 20:
+        raise DpgridError(f"dpgrid audit: --canaries must be at least 20, got {options['--canaries']}")
+    if not 0.5 <= options["--confidence"] < 1:
+        raise DpgridError(f"dpgrid audit: --confidence must be in [0.5, 1), got {options['--confidence']}")
+    return options, overrides
+
+
+def audit_directory(run_dir: Path, given: bool, overwrite: bool) -> Path:
+    """hydra.run.dir as given, else the grid's run directory under audits/ instead of outputs/. Refused when it holds
+    anything but an earlier audit (which overwrite=true replaces)."""
+    import shutil
+
+    out = run_dir if given else Path("audits", *(run_dir.parts[1:] if run_dir.parts[:1] == ("outputs",) else
+                                                 run_dir.parts))
+    if out.exists() and any(out.iterdir()):
+        if not (out / "audit.json").exists() and not (out / "grid").exists():
+            raise DpgridError(f"{out} holds files that are not an audit's: dpgrid audit writes only into a directory "
+                              "of its own (choose another hydra.run.dir)")
+        if not overwrite:
+            raise DpgridError(f"{out} holds an earlier audit; pass overwrite=true to replace it, or choose another "
+                              "hydra.run.dir")
+        shutil.rmtree(out)
+    return out
+
+
+def audit_command(args: list) -> None:
+    from dpgrid.audit.bound import audit_scores
+    from dpgrid.audit.canaries import AuditSpec, draw_coins
+    from dpgrid.config import compile
+    from dpgrid.config.compose import compose
+    from dpgrid.data import load
+    from dpgrid.runner import train
+
+    options, overrides = parse(args)
+    cfg = compose(overrides, with_hydra=True)
+    checked = compile(cfg, plan=False)
+    if checked.dataset.task not in ("classification", "reconstruction"):
+        raise DpgridError(f"dpgrid audit audits DP-SGD grids (classification, reconstruction); dataset="
+                          f"{checked.dataset.name} has task {checked.dataset.task}")
+    m, threat = options["--canaries"], options["--threat"]
+    data = load(checked.dataset, checked.data_root)
+    if threat == "black_box" and m > len(data.x_test):
+        raise DpgridError(f"dpgrid audit: --canaries={m} black-box canaries are drawn from the test split, which holds "
+                          f"{len(data.x_test)}; ask for fewer")
+    seed = options["--seed"] if options["--seed"] is not None else secrets.randbits(62)
+    coins = draw_coins(m, seed)
+    n_train = data.n_train + (sum(coins) if threat == "black_box" else 0)
+    spec = compile(cfg, n_train).announce()
+    if spec.train.save_models == "none":
+        raise DpgridError("dpgrid audit scores the canaries on what the grid releases: train.save_models=none "
+                          "releases nothing")
+    out = audit_directory(Path(str(cfg.hydra.run.dir)), any(o.startswith("hydra.run.dir=") for o in overrides),
+                          bool(cfg.overwrite))
+    spec = replace(spec, audit=AuditSpec(threat, m, coins, seed, spec.plan.sample_rate))
+    start = time.perf_counter()
+    train(spec, out / "grid", progress=True)
+    scores, released = canary_scores(spec, out / "grid", data)
+    claimed = spec.plan.epsilon_with_seeds if spec.plan.private and spec.plan.epsilon_spent is not None else None
+    found = audit_scores(scores, coins, spec.plan.delta, options["--confidence"]) if released else \
+        {"epsilon_lower_bound": 0.0, "guesses": 0, "correct": 0, "tried": []}
+    record = {"epsilon_lower_bound": found["epsilon_lower_bound"], "epsilon_claimed": claimed,
+              "delta": spec.plan.delta, "confidence": options["--confidence"], "canaries": m,
+              "threat_model": threat, "included": int(sum(coins)), "guesses": found["guesses"],
+              "correct": found["correct"], "tried": found["tried"], "released_runs": released,
+              "runs": len(json_lines(out / "grid" / "runs.csv")), "strategy": spec.plan.strategy,
+              "dataset": spec.plan.dataset, "selection": spec.plan.selection, "seed": seed,
+              "seconds": round(time.perf_counter() - start, 1), "grid": str(out / "grid"), "overrides": overrides}
+    (out / "audit.json").write_text(json.dumps(record, indent=2) + "\n")
+    print(summary_line(record))
+    if claimed is not None and record["epsilon_lower_bound"] > claimed:
+        print(f"dpgrid: warning: the measured lower bound exceeds the claimed epsilon: the claim is falsified at "
+              f"{options['--confidence']:.0%} confidence", file=sys.stderr)
+
+
+def json_lines(path: Path) -> list:
+    return path.read_text().splitlines()[1:] if path.exists() else []
+
+
+def summary_line(record: dict) -> str:
+    claimed = f"epsilon = {record['epsilon_claimed']:.4g}" if record["epsilon_claimed"] is not None else "no epsilon"
+    return (f"audit ({record['threat_model'].replace('_', '-')}, {record['canaries']} canaries, "
+            f"{len(record['released_runs'])} released of {record['runs']} runs): epsilon >= "
+            f"{record['epsilon_lower_bound']:.3g} at {record['confidence']:.0%} confidence ({record['correct']} of "
+            f"{record['guesses']} guesses right); claimed {claimed}, delta = {record['delta']:g}")
+
+
+def canary_scores(spec, grid: Path, data) -> tuple:
+    """(each canary's score, summed over the released runs; the released runs as "config_id seed") from what the
+    grid released. No release (every run diverged): (None, [])."""
+    import numpy as np
+
+    statement = grid / "model" / "model.json"
+    if not statement.exists():
+        return None, []
+    record = json.loads(statement.read_text())
+    config_id = record["configuration"]["config_id"]
+    seeds = [entry["seed"] for entry in record["models"]]
+    released = [f"{config_id} seed {seed}" for seed in seeds]
+    if spec.audit.threat == "white_box":
+        return sum(np.load(grid / "audit" / f"{config_id}_seed{seed}.npy") for seed in seeds), released
+    return input_canary_scores(spec, grid, data, seeds), released
+
+
+def input_canary_scores(spec, grid: Path, data, seeds: list):
+    """Minus each black-box canary's loss, averaged over the released models."""
+    import torch
+
+    from dpgrid import tasks
+    from dpgrid.audit.canaries import input_canaries
+    from dpgrid.results.models import load_model
+
+    x, y = input_canaries(spec.audit, data, spec.dataset.classes)
+    total = 0
+    for seed in seeds:
+        model = load_model(grid, seed, trust=[spec.model.target])
+        with torch.no_grad():
+            total = total - tasks.get(spec.dataset.task).loss(model(x.to(next(model.parameters()).dtype)
+                                                                    if x.is_floating_point() else x), y)
+    return (total / len(seeds)).double().cpu().numpy()

@@ -1,0 +1,140 @@
+"""Private fine-tuning: every run starts from a public checkpoint (`model.init`), trains a chosen part of the model
+(`train.trainable`: parameter-name globs) and, with `model.lora.rank > 0`, low-rank adapters on chosen Linear layers
+(Hu et al. 2022; privately, Yu et al. 2022).
+
+What the epsilon covers does not change: the checkpoint is public by assumption (an input of the grid, like its
+configurations), and the noise of every step is calibrated to the parameters that train, which alone see the
+private data. A frozen parameter gets no per-sample work (the engines serve `requires_grad` parameters only) and no
+noise. LoRA: W x + (alpha / r) B A x, A (r x in) drawn from the run's seed, B (out x r) zero, W frozen; the adapters
+are plain Linear layers, so the fast engine serves them. A released model has its adapters merged (W + (alpha / r)
+B A, exact up to rounding): it is the base architecture, loaded as any other.
+"""
+
+import fnmatch
+from pathlib import Path
+
+import torch
+from torch import nn
+
+from dpgrid import DpgridError
+
+
+class LoRALinear(nn.Module):
+    """A frozen Linear layer `base` plus (alpha / r) up(down(x)): down (r x in) and up (out x r, zero at the start) are
+    Linear layers without bias, trained."""
+
+    def __init__(self, base: nn.Linear, rank: int, alpha: float):
+        super().__init__()
+        self.base, self.scale = base, alpha / rank
+        kind = dict(device=base.weight.device, dtype=base.weight.dtype)
+        self.down = nn.Linear(base.in_features, rank, bias=False, **kind)
+        self.up = nn.Linear(rank, base.out_features, bias=False, **kind)
+        nn.init.zeros_(self.up.weight)
+
+    def forward(self, x):
+        return self.base(x) + self.scale * self.up(self.down(x))
+
+    def merged(self) -> tuple:
+        """(weight, bias) of the one Linear layer this is: W + scale B A."""
+        return self.base.weight + self.scale * self.up.weight @ self.down.weight, self.base.bias
+
+
+def read_checkpoint(path: str) -> dict:
+    """The state dict a .safetensors file holds; DpgridError in one line when there is none."""
+    from safetensors import SafetensorError
+    from safetensors.torch import load_file
+
+    if not Path(path).is_file():
+        raise DpgridError(f"model.init: no file {path}")
+    try:
+        return load_file(path)
+    except (SafetensorError, OSError, ValueError) as e:
+        reason = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        raise DpgridError(f"model.init: {path} is not a safetensors file ({reason})") from None
+
+
+def load_checkpoint(model: nn.Module, path: str, where: str) -> None:
+    """The checkpoint's tensors into the model, every name and shape checked: DpgridError naming the first
+    mismatch (a missing or an unexpected name, or a shape)."""
+    tensors, own = read_checkpoint(path), model.state_dict()
+    missing = [name for name in own if name not in tensors]
+    unexpected = [name for name in tensors if name not in own]
+    shapes = [name for name in own if name in tensors and tuple(tensors[name].shape) != tuple(own[name].shape)]
+    if missing:
+        why = f"{missing[0]} is missing from it"
+    elif unexpected:
+        why = f"it has {unexpected[0]}, which {where} has not"
+    elif shapes:
+        why = f"{shapes[0]} is {tuple(tensors[shapes[0]].shape)} there, {tuple(own[shapes[0]].shape)} in {where}"
+    else:
+        with torch.no_grad():
+            for name, value in own.items():
+                value.copy_(tensors[name].to(value.dtype))
+        return
+    raise DpgridError(f"model.init: {path} does not fit {where}: {why}")
+
+
+def add_adapters(model: nn.Module, rank: int, alpha: float, targets: tuple, where: str) -> None:
+    """Wrap each Linear layer whose module name matches a glob of `targets` in a LoRALinear (in place)."""
+    modules = {name: m for name, m in model.named_modules() if name}
+    for pattern in targets:
+        matched = [name for name in modules if fnmatch.fnmatchcase(name, pattern)]
+        if not matched:
+            raise DpgridError(f"model.lora.targets: {pattern!r} matches no module of {where} (its modules: "
+                              f"{', '.join(list(modules)[:8])}{', ...' if len(modules) > 8 else ''})")
+        other = next((name for name in matched if type(modules[name]) is not nn.Linear), None)
+        if other is not None:
+            raise DpgridError(f"model.lora.targets: {pattern!r} matches {other}, a {type(modules[other]).__name__}, "
+                              "not a Linear layer")
+    for name in [n for n in modules if any(fnmatch.fnmatchcase(n, p) for p in targets)]:
+        parent, _, child = name.rpartition(".")
+        setattr(model.get_submodule(parent) if parent else model, child, LoRALinear(modules[name], rank, alpha))
+
+
+def choose_trainable(model: nn.Module, patterns: tuple, where: str) -> None:
+    """requires_grad on the parameters whose names match a glob of `patterns`, off on the others (an adapted layer's
+    base always off); DpgridError for a glob that matches nothing, or when nothing trains."""
+    named = dict(model.named_parameters())
+    for pattern in patterns:
+        if not any(fnmatch.fnmatchcase(name, pattern) for name in named):
+            raise DpgridError(f"train.trainable: {pattern!r} matches no parameter of {where} (its parameters: "
+                              f"{', '.join(list(named)[:8])}{', ...' if len(named) > 8 else ''})")
+    bases = tuple(f"{name}.base." for name, m in model.named_modules() if isinstance(m, LoRALinear))
+    for name, p in named.items():
+        p.requires_grad_(not name.startswith(bases or ("\0",)) and
+                         any(fnmatch.fnmatchcase(name, pattern) for pattern in patterns))
+    if not any(p.requires_grad for p in named.values()):
+        raise DpgridError(f"train.trainable={list(patterns)} leaves no parameter of {where} to train")
+
+
+def prepare(model: nn.Module, start, where: str) -> nn.Module:
+    """The model as a run starts it (`start`: the grid's dpgrid.specs.Start): the checkpoint loaded, the adapters
+    added (their A from torch's current random state: the run's seed), the chosen part trainable. `where`: the
+    model's name in messages."""
+    if start.init:
+        load_checkpoint(model, start.init, where)
+    if start.lora_rank:
+        add_adapters(model, start.lora_rank, start.lora_alpha, start.lora_targets, where)
+    choose_trainable(model, start.trainable, where)
+    return model
+
+
+def merged_state(model: nn.Module) -> dict:
+    """The model's state dict with every adapter merged into its Linear layer (the base architecture's names)."""
+    state = dict(model.state_dict())
+    for name, module in model.named_modules():
+        if isinstance(module, LoRALinear):
+            for key in [k for k in state if k.startswith(f"{name}.")]:
+                del state[key]
+            weight, bias = module.merged()
+            state[f"{name}.weight"] = weight.detach()
+            if bias is not None:
+                state[f"{name}.bias"] = bias.detach()
+    return state
+
+
+def checksum(path: str) -> str:
+    """The checkpoint's SHA-256 (cached as the data files' are)."""
+    from dpgrid.data import fingerprint
+
+    return fingerprint({"init": path})["init"]["sha256"]

@@ -1,0 +1,137 @@
+"""`dpgrid audit`: the one-run bound (dpgrid.audit.bound) against exact toys, and the audit of whole grids: strategies
+that forget the noise, add a tenth of it or never clip are caught (a lower bound above their claimed epsilon); the
+built-in strategies are not.
+
+Confidence: every bound is stated at 95%. The toys' seeds are fixed, so each outcome is one draw, the same on every
+run; the Monte Carlo checks bound the fraction of repetitions in which the bound exceeds the truth, which the theorem
+keeps below 5% (a fixed-seed draw of 400 repetitions: at most 5% + 3 standard errors). The grids' audits are single
+draws too (fixed --seed): a built-in strategy passes with probability >= 95% for any seed, a broken one is caught by
+a margin (the bound, its claim) printed in the assertion."""
+
+import json
+import math
+
+import numpy as np
+import pytest
+
+from dpgrid.audit.bound import audit_scores, epsilon_lower_bound, p_value
+
+from .command import dpgrid as run_dpgrid, one_line
+from .conftest import ROOT
+
+AUDITED = ROOT / "tests" / "audited"
+
+
+def test_the_p_value_is_the_binomial_tail_at_delta_0_and_grows_with_delta():
+    from scipy.stats import binom
+
+    assert p_value(100, 20, 15, 1.0, 0.0) == pytest.approx(binom.sf(14, 20, math.e / (1 + math.e)), rel=1e-12)
+    assert p_value(100, 20, 15, 1.0, 1e-3) > p_value(100, 20, 15, 1.0, 0.0)
+    assert p_value(100, 20, 15, 2.0, 0.0) > p_value(100, 20, 15, 1.0, 0.0)  # a larger epsilon explains more
+
+
+def test_chance_level_guessing_bounds_nothing_and_perfect_guessing_a_lot():
+    assert epsilon_lower_bound(1000, 200, 100, 1e-5, 0.05) == 0.0
+    perfect = epsilon_lower_bound(1000, 200, 200, 0.0, 0.05)
+    # every guess right: the epsilon at which p^200 = 0.05, p = e^eps / (1 + e^eps)
+    assert perfect == pytest.approx(math.log(0.05 ** (1 / 200) / (1 - 0.05 ** (1 / 200))), rel=1e-5)
+
+
+def test_randomised_response_is_never_overstated_more_often_than_the_confidence_allows():
+    """Each canary released by randomised response at epsilon0 (pure DP, exact): the guesses are the responses, W is
+    exactly Binomial(r, e^eps0 / (1 + e^eps0)); the 95% bound exceeds epsilon0 in at most 5% of repetitions."""
+    rng = np.random.default_rng(0)
+    m, eps0, reps = 400, 1.0, 400
+    over = 0
+    for _ in range(reps):
+        coins = rng.integers(0, 2, m).astype(bool)
+        truthful = rng.random(m) < math.exp(eps0) / (1 + math.exp(eps0))
+        scores = np.where(coins == truthful, 1.0, -1.0) + rng.random(m) * 1e-3  # ties broken at random
+        over += audit_scores(scores, coins, 0.0, 0.95)["epsilon_lower_bound"] > eps0
+    assert over / reps <= 0.05 + 3 * math.sqrt(0.05 * 0.95 / reps), over
+
+
+def gaussian_epsilon(mu: float, delta: float) -> float:
+    """The Gaussian mechanism's epsilon at delta, sensitivity mu in units of its noise: dp_accounting's."""
+    import dp_accounting
+
+    accountant = dp_accounting.pld.PLDAccountant()
+    accountant.compose(dp_accounting.GaussianDpEvent(1 / mu))
+    return accountant.get_epsilon(delta)
+
+
+@pytest.mark.parametrize("mu", [1.0, 3.0])
+def test_gaussian_canaries_are_bounded_by_the_gaussian_mechanisms_own_epsilon(mu):
+    """Each canary a Gaussian mechanism (score N(mu, 1) when in, N(0, 1) when out): the bound stays below the true
+    epsilon(delta) in >= 95% of repetitions, and recovers a good part of what one run can show: the truth, or where
+    that is beyond the method's ceiling at m canaries (every guess right), the ceiling."""
+    rng = np.random.default_rng(1)
+    delta, m, reps = 1e-5, 2000, 60
+    truth = gaussian_epsilon(mu, delta)
+    bounds = []
+    for _ in range(reps):
+        coins = rng.integers(0, 2, m).astype(bool)
+        bounds.append(audit_scores(rng.normal(mu * coins, 1.0), coins, delta, 0.95)["epsilon_lower_bound"])
+    bounds = np.array(bounds)
+    assert (bounds > truth).mean() <= 0.05 + 3 * math.sqrt(0.05 * 0.95 / reps), (bounds.max(), truth)
+    ceiling = audit_scores(coins.astype(float), coins, delta, 0.95)["epsilon_lower_bound"]
+    assert np.median(bounds) > 0.3 * min(truth, ceiling), (np.median(bounds), truth, ceiling)
+
+
+def audit(tmp_path, strategy, *extra, epsilon=1, canaries=500, seed=1):
+    out = tmp_path / strategy
+    r = run_dpgrid("audit", f"strategy={strategy}", "grid.k=2", "train.seeds=1", "train.epochs=5",
+                   f"privacy.epsilon={epsilon}", "--canaries", canaries, "--seed", seed, f"hydra.run.dir={out}",
+                   f"hydra.searchpath=[file://{AUDITED / 'conf'}]", *extra, path=[AUDITED])
+    assert r.returncode == 0, r.stderr
+    return json.loads((out / "audit.json").read_text()), r
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("strategy", ["no_noise", "tenth_noise", "no_clip"])
+def test_a_strategy_that_does_not_earn_its_epsilon_is_caught(tmp_path, strategy):
+    found, r = audit(tmp_path, strategy)
+    assert found["epsilon_lower_bound"] > found["epsilon_claimed"], found
+    assert "the claim is falsified at 95% confidence" in r.stderr
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("strategy", ["fixed_threshold", "online", "fixed_quantile", "adamwosm", "dpadam"])
+def test_the_built_in_strategies_are_not(tmp_path, strategy):
+    found, r = audit(tmp_path, strategy)
+    assert found["epsilon_lower_bound"] <= found["epsilon_claimed"], found
+    assert {"epsilon_lower_bound", "epsilon_claimed", "confidence", "canaries", "threat_model"} <= set(found)
+    assert r.stdout.startswith("audit (white-box, 500 canaries, 1 released of ")
+
+
+@pytest.mark.slow
+def test_a_selection_is_audited_on_its_chosen_candidate_and_the_black_box_on_the_released_model(tmp_path):
+    found, _ = audit(tmp_path, "fixed_threshold", "privacy.selection=random_stopping")
+    assert found["selection"] == "random_stopping" and len(found["released_runs"]) == 1
+    assert found["epsilon_lower_bound"] <= found["epsilon_claimed"]
+    black, _ = audit(tmp_path / "black", "no_noise", "--threat", "black_box", canaries=100)
+    assert black["threat_model"] == "black_box" and black["epsilon_lower_bound"] >= 0
+
+
+@pytest.mark.slow
+def test_the_audit_writes_only_its_own_directory(tmp_path):
+    run = tmp_path / "run"
+    r = run_dpgrid("run", "grid.k=2", "train.seeds=1", "train.epochs=1", f"hydra.run.dir={run}")
+    assert r.returncode == 0, r.stderr
+    before = {p: p.stat().st_mtime_ns for p in run.rglob("*")}
+    refused = run_dpgrid("audit", "grid.k=2", f"hydra.run.dir={run}", "--seed", 1)
+    assert refused.returncode == 2 and one_line(refused.stderr) and "not an audit's" in refused.stderr
+    assert {p: p.stat().st_mtime_ns for p in run.rglob("*")} == before
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--canaries", "5"], "--canaries must be at least 20"),
+    (["--threat", "grey"], "--threat must be one of white_box, black_box"),
+    (["--confidence", "1.5"], "--confidence must be in [0.5, 1)"),
+    (["--seeds", "3"], "unknown option --seeds"),
+    (["dataset=iris", "strategy=pur"], "dpgrid audit audits DP-SGD grids"),
+])
+def test_bad_audit_options_are_one_line(tmp_path, args, message):
+    r = run_dpgrid("audit", *args, f"hydra.run.dir={tmp_path / 'a'}")
+    assert r.returncode == 2 and one_line(r.stderr) and message in r.stderr, r.stderr
+    assert not (tmp_path / "a").exists()

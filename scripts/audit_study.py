@@ -1,5 +1,5 @@
-"""How tight `dpgrid audit` is: the white-box lower bound against the claimed epsilon, for every private strategy
-and the default strategy's random-stopping selection at epsilon in {1, 4, 8} on digits (docs/audit.md, "How tight").
+"""How tight `dpgrid audit` is: the white-box lower bound against the claimed epsilon, for every private DP-SGD
+strategy and the default strategy's random-stopping selection at epsilon in {1, 4, 8} on digits (docs/audit.md, "How tight").
 
     python scripts/audit_study.py [--canaries 1000] [--epochs 10]      # about 15 minutes on 2 CPU cores
 
@@ -23,14 +23,19 @@ EPSILONS = (1, 4, 8)
 
 
 def grids() -> list:
-    """[(name, overrides)]: every private strategy's grid (asked of conf/strategy, never listed here), and the
-    default strategy's random-stopping selection."""
+    """[(name, overrides)]: every private strategy that runs on the default dataset (digits; asked of conf/strategy,
+    never listed here: the noise schedules run on logistic tasks only), and the default strategy's random-stopping
+    selection."""
     import dpgrid
     from dpgrid import strategies
     from dpgrid.config.groups import options
 
-    private = [name for name in options("strategy") if strategies.resolve(dpgrid.compose([f"strategy={name}"]).strategy
-                                                                          ).private]
+    task = str(dpgrid.compose([]).dataset.task)
+    private = []
+    for name in options("strategy"):
+        cls = strategies.resolve(dpgrid.compose([f"strategy={name}"]).strategy)
+        if cls.private and (cls.tasks is None or task in cls.tasks):
+            private.append(name)
     default = str(dpgrid.compose([]).strategy.name)
     return [(name, [f"strategy={name}"]) for name in private] + \
         [(f"{default} + random stopping", ["privacy.selection=random_stopping"])]

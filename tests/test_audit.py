@@ -78,9 +78,9 @@ def test_gaussian_canaries_are_bounded_by_the_gaussian_mechanisms_own_epsilon(mu
     assert np.median(bounds) > 0.3 * min(truth, ceiling), (np.median(bounds), truth, ceiling)
 
 
-def audit(tmp_path, strategy, *extra, epsilon=1, canaries=500, seed=1):
+def audit(tmp_path, strategy, *extra, epsilon=1, canaries=500, seed=1, epochs=5):
     out = tmp_path / strategy
-    r = run_dpgrid("audit", f"strategy={strategy}", "grid.k=2", "train.seeds=1", "train.epochs=5",
+    r = run_dpgrid("audit", f"strategy={strategy}", "grid.k=2", "train.seeds=1", f"train.epochs={epochs}",
                    f"privacy.epsilon={epsilon}", "--canaries", canaries, "--seed", seed, f"hydra.run.dir={out}",
                    f"hydra.searchpath=[file://{AUDITED / 'conf'}]", *extra, path=[AUDITED])
     assert r.returncode == 0, r.stderr
@@ -106,9 +106,17 @@ def test_the_built_in_strategies_are_not(tmp_path, strategy):
 
 @pytest.mark.slow
 def test_a_selection_is_audited_on_its_chosen_candidate_and_the_black_box_on_the_released_model(tmp_path):
-    found, _ = audit(tmp_path, "fixed_threshold", "privacy.selection=random_stopping")
+    import pandas as pd
+
+    # (online's k = 2 selection draws the same configuration twice here and releases the second draw: a candidate
+    # whose run seed is not its model's index, the case that names the run by runs.csv, not by model.json)
+    found, _ = audit(tmp_path, "online", "privacy.selection=random_stopping", epochs=10, canaries=200, seed=0)
     assert found["selection"] == "random_stopping" and len(found["released_runs"]) == 1
     assert found["epsilon_lower_bound"] <= found["epsilon_claimed"]
+    runs = pd.read_csv(tmp_path / "online" / "grid" / "runs.csv")
+    chosen = json.loads((tmp_path / "online" / "grid" / "selection.json").read_text())["chosen"]["config_id"]
+    assert found["released_runs"][0].split(" seed ")[0] == chosen
+    assert int(found["released_runs"][0].split(" seed ")[1]) in set(runs[runs.config_id == chosen].seed)
     black, _ = audit(tmp_path / "black", "no_noise", "--threat", "black_box", canaries=100)
     assert black["threat_model"] == "black_box" and black["epsilon_lower_bound"] >= 0
 

@@ -140,3 +140,27 @@ def test_a_model_with_frozen_parts_trains_one_run_at_a_time():
 
     spec = compile(load_cfg("digits", "fixed_threshold", **SMALL, **{"train.trainable": '["2.*"]'}))
     assert grouping(spec, 4) == (1, ": part of the model is frozen (train.trainable): such runs train one at a time")
+
+
+@pytest.mark.slow
+def test_public_pretraining_then_private_fine_tuning_on_real_data(tmp_path):
+    """The study's path (scripts/finetuning_study.py) in miniature, on the real files: a non-private FashionMNIST grid
+    releases the public checkpoint; private MNIST grids start from it, training the classifier alone or LoRA adapters,
+    and release models that classify MNIST well above chance."""
+    from .conftest import shared_data
+
+    root = shared_data()
+    public = tmp_path / "public"
+    train(compile(load_cfg("fashion_mnist_classes", "nodp", **{"model": "image_mlp", "data.root": str(root),
+                                                                "grid.k": 2, "train.seeds": 1, "train.epochs": 1})),
+          public, progress=False)
+    init = str(public / "model" / "seed0.safetensors")
+    for name, extra in (("last", {"train.trainable": '["3.*"]'}),
+                        ("lora", {"model.lora.rank": 4, "model.lora.targets": '["1"]'})):
+        cfg = load_cfg("mnist", "fixed_threshold", **{"model": "image_mlp", "data.root": str(root), "grid.k": 2,
+                                                      "train.seeds": 1, "train.epochs": 1, "privacy.epsilon": 3,
+                                                      "model.init": init, **extra})
+        train(compile(cfg), tmp_path / name, progress=False)
+        statement = json.loads((tmp_path / name / "model" / "model.json").read_text())
+        assert statement["start"]["init"]["path"] == init and statement["privacy"]["epsilon_target"] == 3
+        assert statement["score"]["value"] > 30, statement["score"]  # ten classes: chance is 10 %

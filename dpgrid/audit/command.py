@@ -139,13 +139,18 @@ def canary_scores(spec, grid: Path, data) -> tuple:
     statement = grid / "model" / "model.json"
     if not statement.exists():
         return None, []
+    import pandas as pd
+
+    from dpgrid.results.release import chosen_runs
+
     record = json.loads(statement.read_text())
     config_id = record["configuration"]["config_id"]
-    seeds = [entry["seed"] for entry in record["models"]]
-    released = [f"{config_id} seed {seed}" for seed in seeds]
+    # the released runs as the release chose them: (the run's seed, its index among the released models)
+    _, runs, _ = chosen_runs(spec, pd.read_csv(grid / "runs.csv"), pd.read_csv(grid / "summary.csv"))
+    released = [f"{config_id} seed {seed}" for seed, _ in runs]
     if spec.audit.threat == "white_box":
-        return sum(np.load(grid / "audit" / f"{config_id}_seed{seed}.npy") for seed in seeds), released
-    return input_canary_scores(spec, grid, data, seeds), released
+        return sum(np.load(grid / "audit" / f"{config_id}_seed{seed}.npy") for seed, _ in runs), released
+    return input_canary_scores(spec, grid, data, [index for _, index in runs]), released
 
 
 def input_canary_scores(spec, grid: Path, data, seeds: list):

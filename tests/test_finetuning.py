@@ -143,13 +143,11 @@ def test_a_model_with_frozen_parts_trains_one_run_at_a_time():
 
 
 @pytest.mark.slow
-def test_public_pretraining_then_private_fine_tuning_on_real_data(tmp_path):
+def test_public_pretraining_then_private_fine_tuning_on_real_data(tmp_path, shared_data):
     """The study's path (scripts/finetuning_study.py) in miniature, on the real files: a non-private FashionMNIST grid
     releases the public checkpoint; private MNIST grids start from it, training the classifier alone or LoRA adapters,
     and release models that classify MNIST well above chance."""
-    from .conftest import shared_data
-
-    root = shared_data()
+    root = shared_data
     public = tmp_path / "public"
     train(compile(load_cfg("fashion_mnist_classes", "nodp", **{"model": "image_mlp", "data.root": str(root),
                                                                 "grid.k": 2, "train.seeds": 1, "train.epochs": 1})),

@@ -290,15 +290,22 @@ def test_an_editable_install_hydra_cannot_see_gets_its_fix_from_hydras_own_error
     """Hydra's real failure when its plugin discovery misses hydra_plugins.dpgrid_launcher (a default-mode editable
     install): composing hydra/launcher=slurm raises "Could not load 'hydra/launcher/dpgrid_slurm_schema'", which
     dpgrid turns into the install that fixes it. Reproduced in a fresh process whose hydra_plugins namespace lacks
-    dpgrid's folder, as such an install leaves it."""
-    code = ("import hydra_plugins, pathlib\n"
-            "hydra_plugins.__path__._path[:] = [p for p in hydra_plugins.__path__ "
-            "if not (pathlib.Path(p) / 'dpgrid_launcher').is_dir()]\n"
+    dpgrid's folder, as such an install leaves it, and keeps every other plugin (after `pip install .` they share one
+    folder with dpgrid's)."""
+    code = ("import hydra_plugins, pathlib, sys\n"
+            "seen = pathlib.Path(sys.argv[1])\n"
+            "seen.mkdir()\n"
+            "for folder in list(hydra_plugins.__path__):\n"
+            "    for entry in pathlib.Path(folder).iterdir():\n"
+            "        if entry.name != 'dpgrid_launcher' and not (seen / entry.name).exists():\n"
+            "            (seen / entry.name).symlink_to(entry)\n"
+            "hydra_plugins.__path__._path[:] = [str(seen)]\n"
             "hydra_plugins.__path__._recalculate = lambda: hydra_plugins.__path__._path\n"
             "import dpgrid\n"
             "try:\n    dpgrid.compose(['hydra/launcher=slurm'], with_hydra=True)\n"
             "except dpgrid.DpgridError as e:\n    print(e)\n")
-    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=tmp_path)
+    r = subprocess.run([sys.executable, "-c", code, str(tmp_path / "hydra_plugins")], capture_output=True, text=True,
+                       cwd=tmp_path)
     assert "pip install -e \".[cluster]\" --config-settings editable_mode=compat" in r.stdout, r.stdout + r.stderr
 
 

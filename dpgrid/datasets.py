@@ -188,17 +188,23 @@ def embed(texts, word_index, vectors, max_words: int) -> torch.Tensor:
     return torch.from_numpy(table[inverse.reshape(rows.shape)].reshape(len(texts), max_words * dim))
 
 
+def read_ag_news(root, glove=None) -> tuple:
+    """(train (texts, labels), test (texts, labels), GloVe's (word index, vectors), the files read) of AG News in
+    either layout: what both of its encodings start from."""
+    root = Path(root)
+    (train, train_path), (test, test_path) = read_ag_news_split(root, "train"), read_ag_news_split(root, "test")
+    files = {str(p.relative_to(root)): p for p in (train_path, test_path)}
+    if glove:
+        files[f"glove:{Path(glove).name}"] = Path(glove)
+    return train, test, load_glove(glove), files
+
+
 def load_ag_news(root, max_words: int = 15, glove=None) -> Data:
     """AG News (either layout) as concatenated GloVe-50 vectors of the first `max_words` tokens."""
     from dpgrid.config.checks import Reader
 
     Reader({"max_words": max_words}, "dataset.load.").whole("max_words")
-    root = Path(root)
-    (train, train_path), (test, test_path) = read_ag_news_split(root, "train"), read_ag_news_split(root, "test")
-    word_index, vectors = load_glove(glove)
-    files = {str(p.relative_to(root)): p for p in (train_path, test_path)}
-    if glove:
-        files[f"glove:{Path(glove).name}"] = Path(glove)
+    train, test, (word_index, vectors), files = read_ag_news(root, glove)
     return Data(embed(train[0], word_index, vectors, max_words), torch.from_numpy(train[1]),
                 embed(test[0], word_index, vectors, max_words), torch.from_numpy(test[1]), "classification", files)
 
@@ -222,12 +228,7 @@ def load_ag_news_tokens(root, max_tokens: int = 32, vocabulary: int = 20000, glo
     read = Reader({"max_tokens": max_tokens, "vocabulary": vocabulary}, "dataset.load.")
     read.whole("max_tokens")
     read.whole("vocabulary")
-    root = Path(root)
-    (train, train_path), (test, test_path) = read_ag_news_split(root, "train"), read_ag_news_split(root, "test")
-    word_index, _ = load_glove(glove)
-    files = {str(p.relative_to(root)): p for p in (train_path, test_path)}
-    if glove:
-        files[f"glove:{Path(glove).name}"] = Path(glove)
+    train, test, (word_index, _), files = read_ag_news(root, glove)
     return Data(token_ids(train[0], word_index, vocabulary, max_tokens), torch.from_numpy(train[1]),
                 token_ids(test[0], word_index, vocabulary, max_tokens), torch.from_numpy(test[1]), "classification",
                 files)

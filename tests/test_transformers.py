@@ -106,12 +106,18 @@ def test_a_transformer_grid_runs_end_to_end_and_releases_its_model(tmp_path):
     args = ["dataset=ag_news_tokens", "strategy=fixed_threshold", "grid.k=3", "train.epochs=1", "train.seeds=1",
             "train.batch_size=16", "dataset.n_train=64", "train.eval_every=2", f"data.root={tmp_path / 'data'}",
             f"dataset.load.glove={glove}", "dataset.load.vocabulary=12", "dataset.load.max_tokens=16",
-            "model.width=16", "model.depth=1", f"hydra.run.dir={tmp_path / 'grid'}"]
-    r = run_dpgrid("run", *args)
-    assert r.returncode == 0 and "falling back" not in r.stderr, r.stderr
+            "model.width=16", "model.depth=1"]
+    trains_on_the_fast_engine_and_releases(tmp_path, args, runs=9)  # fixed_threshold at k = 3: 3 x 3
+
+
+def trains_on_the_fast_engine_and_releases(tmp_path, args: list, runs: int) -> None:
+    """`dpgrid run *args` in tmp_path/grid: no layer falls back to torch.func, each of the grid's `runs`
+    configurations trains (1 seed), and the released model scores as its run did."""
     out = tmp_path / "grid"
-    spec = compile(dpgrid.compose(args[:-1]))
-    assert len(read_frame(out / "runs.csv")) == len(spec.plan.configurations) == (9 if "fixed_threshold" in args[1] else 3)
+    r = run_dpgrid("run", *args, f"hydra.run.dir={out}")
+    assert r.returncode == 0 and "falling back" not in r.stderr, r.stderr
+    spec = compile(dpgrid.compose(args))
+    assert len(read_frame(out / "runs.csv")) == len(spec.plan.configurations) == runs
     released_model_scores_as_its_run(out, (spec.dataset, tmp_path / "data"))
 
 
@@ -120,10 +126,5 @@ def test_a_vit_grid_runs_end_to_end_and_releases_its_model(tmp_path):
     make_idx_root(tmp_path / "data", n_train=64, n_test=16)
     args = ["dataset=mnist", "model=vit", "strategy=online", "grid.k=3", "train.epochs=1", "train.seeds=1",
             "train.batch_size=16", "dataset.n_train=64", "train.eval_every=2", f"data.root={tmp_path / 'data'}",
-            "model.width=16", "model.depth=1", f"hydra.run.dir={tmp_path / 'grid'}"]
-    r = run_dpgrid("run", *args)
-    assert r.returncode == 0 and "falling back" not in r.stderr, r.stderr
-    out = tmp_path / "grid"
-    spec = compile(dpgrid.compose(args[:-1]))
-    assert len(read_frame(out / "runs.csv")) == len(spec.plan.configurations) == (9 if "fixed_threshold" in args[1] else 3)
-    released_model_scores_as_its_run(out, (spec.dataset, tmp_path / "data"))
+            "model.width=16", "model.depth=1"]
+    trains_on_the_fast_engine_and_releases(tmp_path, args, runs=3)  # online at k = 3

@@ -39,24 +39,31 @@ class LoRALinear(nn.Module):
         return self.base.weight + self.scale * self.up.weight @ self.down.weight, self.base.bias
 
 
-def read_checkpoint(path: str) -> dict:
-    """The state dict a .safetensors file holds; DpgridError in one line when there is none."""
+def read_checkpoint(path: str, sha256: str = None) -> dict:
+    """The state dict a .safetensors file holds; DpgridError in one line when there is none, or when its bytes are not
+    those of `sha256` (the checksum the grid was planned with: every run starts from the file the identity names)."""
+    import hashlib
+
     from safetensors import SafetensorError
-    from safetensors.torch import load_file
+    from safetensors.torch import load
 
     if not Path(path).is_file():
         raise DpgridError(f"model.init: no file {path}")
+    data = Path(path).read_bytes()
+    if sha256 is not None and hashlib.sha256(data).hexdigest() != sha256:
+        raise DpgridError(f"model.init: {path} changed since the grid was planned (its checksum is the grid's "
+                          "identity): restore it, or run the grid again with the new file")
     try:
-        return load_file(path)
+        return load(data)
     except (SafetensorError, OSError, ValueError) as e:
         reason = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
         raise DpgridError(f"model.init: {path} is not a safetensors file ({reason})") from None
 
 
-def load_checkpoint(model: nn.Module, path: str, where: str) -> None:
+def load_checkpoint(model: nn.Module, path: str, where: str, sha256: str = None) -> None:
     """The checkpoint's tensors into the model, every name and shape checked: DpgridError naming the first
     mismatch (a missing or an unexpected name, or a shape)."""
-    tensors, own = read_checkpoint(path), model.state_dict()
+    tensors, own = read_checkpoint(path, sha256), model.state_dict()
     missing = [name for name in own if name not in tensors]
     unexpected = [name for name in tensors if name not in own]
     shapes = [name for name in own if name in tensors and tuple(tensors[name].shape) != tuple(own[name].shape)]
@@ -99,9 +106,9 @@ def choose_trainable(model: nn.Module, patterns: tuple, where: str) -> None:
         if not any(fnmatch.fnmatchcase(name, pattern) for name in named):
             raise DpgridError(f"train.trainable: {pattern!r} matches no parameter of {where} (its parameters: "
                               f"{', '.join(list(named)[:8])}{', ...' if len(named) > 8 else ''})")
-    bases = tuple(f"{name}.base." for name, m in model.named_modules() if isinstance(m, LoRALinear))
+    bases = [f"{name}.base." for name, m in model.named_modules() if isinstance(m, LoRALinear)]
     for name, p in named.items():
-        p.requires_grad_(not name.startswith(bases or ("\0",)) and
+        p.requires_grad_(not any(name.startswith(base) for base in bases) and
                          any(fnmatch.fnmatchcase(name, pattern) for pattern in patterns))
     if not any(p.requires_grad for p in named.values()):
         raise DpgridError(f"train.trainable={list(patterns)} leaves no parameter of {where} to train")
@@ -112,7 +119,7 @@ def prepare(model: nn.Module, start, where: str) -> nn.Module:
     added (their A from torch's current random state: the run's seed), the chosen part trainable. `where`: the
     model's name in messages."""
     if start.init:
-        load_checkpoint(model, start.init, where)
+        load_checkpoint(model, start.init, where, start.init_sha256)
     if start.lora_rank:
         add_adapters(model, start.lora_rank, start.lora_alpha, start.lora_targets, where)
     choose_trainable(model, start.trainable, where)

@@ -63,6 +63,8 @@ def test_the_checkpoint_is_the_grids_identity_by_its_content(tmp_path, checkpoin
     with pytest.raises(DpgridError, match="was trained from another checkpoint: model.init=.* is not the file"):
         train(other, out, progress=False)
     assert compile(load_cfg("digits", "fixed_threshold", **SMALL)).config_hash != spec.config_hash
+    with pytest.raises(DpgridError, match="changed since the grid was planned"):  # edited while the grid runs
+        initial_model(spec, 1, "cpu")
 
 
 def test_frozen_parameters_stay_as_they_start_and_get_no_noise(tmp_path, checkpoint):

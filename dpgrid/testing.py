@@ -53,7 +53,8 @@ def check_rule(module, inputs, *, runs: int = 3, rtol: float = 1e-9) -> int:
     """Check the fast engine's rule for `module`'s type (dpgrid.training.rules) against per-sample autograd, in
     float64: each sample's squared gradient norm over the module's parameters that train, weighted sums (two
     overlapping rows, and two with disjoint supports as online asks for them), the batch whole and in two chunks,
-    every form the rule offers (MethodChoice) forced in turn, and where the rule says `stacks` (and every parameter
+    every form the rule offers (MethodChoice) forced in turn, with output gradients that are zero at the first and last
+    positions of every sample (or at all but one: a rule may drop such positions) as well as dense ones, and where the rule says `stacks` (and every parameter
     trains), `runs` copies of the module stacked. `inputs`: a batch (b, ...) the module takes. AssertionError naming what differs; returns how
     many values were compared.
 
@@ -63,6 +64,7 @@ def check_rule(module, inputs, *, runs: int = 3, rtol: float = 1e-9) -> int:
             check_rule(MyLayer(8), torch.randn(6, 5, 8))
     """
     import copy
+    import itertools
 
     import torch
 
@@ -78,9 +80,19 @@ def check_rule(module, inputs, *, runs: int = 3, rtol: float = 1e-9) -> int:
     params = [getattr(module, name) for name in names]
     generator = torch.Generator().manual_seed(0)
     g = torch.randn(module(a).shape, generator=generator, dtype=torch.float64)
-    own = torch.stack([torch.cat([t.flatten() for t in torch.autograd.grad((module(a[i:i + 1]) * g[i:i + 1]).sum(),
-                                                                            params)]) for i in range(len(a))])
+    gradients = [("", g)]
+    if g.dim() >= 3 and g.shape[1] >= 3:  # zero along dim 1 (a sequence's positions) in every sample
+        ends, one = g.clone(), torch.zeros_like(g)
+        ends[:, 0], ends[:, -1], ends[0, 1] = 0, 0, 0
+        one[:, 1] = g[:, 1]
+        gradients += [(" (dead first and last positions)", ends), (" (one live position)", one)]
     b = len(a)
+
+    def per_sample(g):
+        return torch.stack([torch.cat([t.flatten() for t in torch.autograd.grad((module(a[i:i + 1]) * g[i:i + 1]).sum(),
+                                                                                params)]) for i in range(b)])
+
+    owns = [(what, g, per_sample(g)) for what, g in gradients]
     dense = torch.rand((2, b), generator=generator, dtype=torch.float64)
     disjoint = torch.zeros((2, b), dtype=torch.float64)
     disjoint[0, ::2], disjoint[1, 1::2] = dense[0, ::2], dense[1, 1::2]
@@ -98,8 +110,10 @@ def check_rule(module, inputs, *, runs: int = 3, rtol: float = 1e-9) -> int:
 
     def check(choice, form):
         half = b // 2
-        for rows, what in ((slice(0, b), "the whole batch"), (slice(0, half), "the first chunk"),
-                           (slice(half, b), "the second chunk")):
+        for (rows, part), (dead, g, own) in itertools.product(
+                ((slice(0, b), "the whole batch"), (slice(0, half), "the first chunk"),
+                 (slice(half, b), "the second chunk")), owns):
+            what = part + dead
             computed = rule(module, a[rows], g[rows], choice, names)
             close(computed.sq_norms(), own[rows].pow(2).sum(1), f"{form}, {what}: squared norms")
             for w, kind in ((dense, "dense"), (disjoint, "disjoint")):

@@ -3,9 +3,12 @@
 
 - (b, in): ||g_i||^2 = ||G_i||^2 ||a_i||^2 (+ ||G_i||^2 for the bias), never materialised (Li et al. 2022); sums
   sum_i w_i g_i = (w * G)^T A, one matmul. Stacked runs ((G, b, in): dpgrid.training.stacked) the same per run.
-- (b, T, in): the ghost norm, ||g_i||^2 = <A_i A_i^T, G_i G_i^T> (Gram matrices over positions, b T^2 numbers), or
-  the per-sample gradients G_i^T A_i materialised (b out in numbers, reused by the sums), whichever measures cheaper
-  for the shape; sums are one matmul over the b T rows either way. Stacked, (G, b, T, in): the ghost norm per run.
+- (b, T, in): first the positions before the first and after the last where some sample's output gradient is
+  non-zero are dropped (exact: they add nothing to any g_i; a class-token readout's last block and padding at the
+  end that no one attends to have them); then the ghost norm,
+  ||g_i||^2 = <A_i A_i^T, G_i G_i^T> (Gram matrices over positions, b T^2 numbers), or the norms of the per-sample
+  gradients G_i^T A_i materialised a few samples at a time, whichever measures cheaper for the shape; sums are one
+  matmul over the b T rows either way, as the weight gradient is. Stacked, (G, b, T, in): the ghost norm per run.
 """
 
 import torch
@@ -13,7 +16,42 @@ from torch import nn
 
 from dpgrid.training.rules import LayerRule, register_rule
 
-MEASURED = 128  # the samples of the first batch on which a sequence's two forms are timed
+CHUNK_BYTES = 1 << 20  # per-sample gradients are materialised this much at a time (cache-sized: no large buffer)
+
+
+SCREENED = 8  # samples whose dead positions are looked for first: the whole batch is read only where they share some
+
+
+def live_span(g):
+    """(first, last + 1) of the positions where some sample's output gradient is non-zero (g: (b, T, out)), or None
+    where that is all of them. CPU only: on CUDA the test would synchronise with the host every step."""
+    if g.is_cuda:
+        return None
+
+    def live(rows):  # (T,): some sample of rows has a non-zero gradient there (NaN counts); no temporary as large as g
+        return ((rows.amax(-1) != 0) | (rows.amin(-1) != 0)).any(0)
+
+    if bool(live(g[:SCREENED]).all()):
+        return None
+    positions = live(g).nonzero().squeeze(1).tolist()
+    span = (positions[0], positions[-1] + 1) if positions else (0, 0)
+    return None if span == (0, g.shape[1]) else span
+
+
+def ghost_sq_norms(a, g):
+    """(b,) ||G_i^T a_i||^2 = <a_i a_i^T, G_i G_i^T>: b T^2 (in + out) multiplications, no per-sample gradient."""
+    return (torch.bmm(a, a.transpose(1, 2)) * torch.bmm(g, g.transpose(1, 2))).sum((1, 2))
+
+
+def materialised_sq_norms(a, g):
+    """(b,) ||G_i^T a_i||^2 with G_i^T a_i formed a chunk of samples at a time (b T in out multiplications)."""
+    b, n_in, out = len(a), a.shape[-1], g.shape[-1]
+    step = max(1, CHUNK_BYTES // (n_in * out * a.element_size()))
+    norms = a.new_empty(b)
+    for start in range(0, b, step):  # vector_norm reduces without a squared temporary
+        grads = torch.bmm(g[start:start + step].transpose(1, 2), a[start:start + step])
+        torch.linalg.vector_norm(grads.flatten(1), dim=1, out=norms[start:start + step])
+    return norms.square_()
 
 
 @register_rule(nn.Linear)
@@ -27,7 +65,12 @@ class LinearRule(LayerRule):
         if a.dim() > lead + 1:  # positions: every index between the sample and the features
             self.a, self.g = a.flatten(lead, -2), g.flatten(lead, -2)
         self.sequence = self.a.dim() == lead + 2
-        self.per_sample = None  # (b, out, in), where materialising measured cheaper
+        self.positions = self.a.shape[-2] if self.sequence else 1  # the layer's, before dead positions are dropped
+        span = live_span(self.g) if self.sequence and not stacked else None
+        if span is not None:  # views, no copy: the positions outside add nothing
+            self.a, self.g = self.a[:, span[0]:span[1]], self.g[:, span[0]:span[1]]
+            if span[1] - span[0] == 1:  # one live position: the (b, in) forms
+                self.a, self.g, self.sequence = self.a[:, 0], self.g[:, 0], False
         self._position_sums = None
 
     def sq_norms(self):
@@ -49,36 +92,16 @@ class LinearRule(LayerRule):
 
     def sequence_sq_norms(self):
         a, g = self.a, self.g
-        b, positions, n_in = a.shape
         bias = self.position_sums().pow(2).sum(1) if self.has_bias else 0
         if not self.has_weight:
             return bias
-
-        def ghost(a, g):
-            return (torch.bmm(a, a.transpose(1, 2)) * torch.bmm(g, g.transpose(1, 2))).sum((1, 2))
-
-        def materialised(a, g):
-            return torch.bmm(g.transpose(1, 2), a)
-
-        # A step pays for a form its norms and then a sum: from the materialised gradients a cheap contraction,
-        # after the ghost norm a matmul as large as the weight gradient. Both grow with b alike: timed on at most
-        # MEASURED samples, the measurement's temporaries stay small (a run's peak memory is the step's, not theirs).
-        part_a, part_g = a[:MEASURED], g[:MEASURED]
-        ones = a.new_ones((1, len(part_a)))
-
-        def per_sample_cost():
-            grads = materialised(part_a, part_g)
-            return grads.flatten(1).pow(2).sum(1), torch.tensordot(ones, grads, dims=1)
-
-        costs = {"ghost": lambda: (ghost(part_a, part_g), self.sample_sums(part_a, part_g, ones)),
-                 "per_sample": per_sample_cost}
-        key = ("Linear", n_in, g.shape[-1], positions, str(a.device), str(a.dtype))
-        form = self.choice.pick(key, f"Linear {n_in}->{g.shape[-1]} on {positions} positions ({a.device})",
-                                {"ghost": lambda: "ghost", "per_sample": lambda: "per_sample"}, a.device, costs)
-        if form == "ghost":
-            return ghost(a, g) + bias
-        self.per_sample = materialised(a, g)
-        return self.per_sample.flatten(1).pow(2).sum(1) + bias
+        # The sums cost the same after either form, so the norms alone are timed, on the whole first batch (neither
+        # form holds more than a chunk of per-sample numbers). One choice per layer shape, whatever its live positions.
+        n_in, out = a.shape[-1], g.shape[-1]
+        key = ("Linear", n_in, out, self.positions, str(a.device), str(a.dtype))
+        return self.choice.pick(key, f"Linear {n_in}->{out} on {self.positions} positions ({a.device})",
+                                {"ghost": lambda: ghost_sq_norms(a, g),
+                                 "per_sample": lambda: materialised_sq_norms(a, g)}, a.device) + bias
 
     def weighted_sum(self, w, subsets=None):
         """w: (m, b) -> [(m, out, in), (m, out)] of the parameters that train; stacked, w: (m, G, b) -> (m, G, ...)."""
@@ -120,8 +143,6 @@ class LinearRule(LayerRule):
         bias = [w @ self.position_sums()] if self.has_bias else []
         if not self.has_weight:
             return bias
-        if self.per_sample is not None:
-            return [torch.tensordot(w, self.per_sample, dims=1)] + bias
         # the b T positions as the rows of one matmul, as the weight gradient is
         return [self.sample_sums(self.a, self.g, w, subsets)] + bias
 

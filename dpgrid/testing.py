@@ -113,13 +113,16 @@ def check_rule(module, inputs, *, runs: int = 3, rtol: float = 1e-9) -> int:
         for (rows, part), (dead, g, own) in itertools.product(
                 ((slice(0, b), "the whole batch"), (slice(0, half), "the first chunk"),
                  (slice(half, b), "the second chunk")), owns):
-            what = part + dead
-            computed = rule(module, a[rows], g[rows], choice, names)
-            close(computed.sq_norms(), own[rows].pow(2).sum(1), f"{form}, {what}: squared norms")
-            for w, kind in ((dense, "dense"), (disjoint, "disjoint")):
-                w = w[:, rows]
-                close(flat(computed.weighted_sum(w, disjoint_subsets(w))), w @ own[rows],
-                      f"{form}, {what}: weighted sums ({kind} rows)")
+            # what the engine records of the forward (rule.recorded), and the bare input where that is more
+            kept = rule.recorded(module, (a[rows],), module(a[rows]))
+            for given, how in [(kept, "")] + ([] if isinstance(kept, torch.Tensor) else [(a[rows], ", bare input")]):
+                what = part + dead + how
+                computed = rule(module, given, g[rows], choice, names)
+                close(computed.sq_norms(), own[rows].pow(2).sum(1), f"{form}, {what}: squared norms")
+                for w, kind in ((dense, "dense"), (disjoint, "disjoint")):
+                    w = w[:, rows]
+                    close(flat(computed.weighted_sum(w, disjoint_subsets(w))), w @ own[rows],
+                          f"{form}, {what}: weighted sums ({kind} rows)")
 
     choice = MethodChoice("auto")
     check(choice, "auto")

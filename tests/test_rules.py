@@ -38,6 +38,10 @@ CASES = {
     "embedding_repeats": lambda: (nn.Embedding(9, 4), ids(6, 11)),
     "embedding_padding": lambda: (nn.Embedding(9, 4, padding_idx=0), ids(6, 11)),
     "embedding_one_index": lambda: (nn.Embedding(9, 4), ids(6)),
+    # every sample the same distinct rows (a position embedding), with padding among them, and repeated
+    "embedding_positions": lambda: (nn.Embedding(12, 4), torch.arange(7).repeat(6, 1)),
+    "embedding_positions_padding": lambda: (nn.Embedding(12, 4, padding_idx=3), torch.arange(7).repeat(6, 1)),
+    "embedding_same_rows_repeated": lambda: (nn.Embedding(12, 4), torch.tensor([0, 2, 2, 5, 0]).repeat(6, 1)),
     "layer_norm": lambda: (nn.LayerNorm(5), x(6, 7, 5)),
     "layer_norm_2d_no_bias": lambda: (nn.LayerNorm((7, 5), bias=False), x(6, 7, 5)),
     "layer_norm_flat": lambda: (nn.LayerNorm(5), x(6, 5)),

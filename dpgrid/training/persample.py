@@ -178,6 +178,7 @@ class FastEngine(OneRunEngine):
         self._own = [[(name, position[id(p)]) for name, p in m.named_parameters(recurse=False) if p.requires_grad]
                      for m in self.layers]
         self._rules = [rule_for(m) for m in self.layers]
+        self._rule_of = dict(zip(self.layers, self._rules))
         self._record = None  # a dict only while __call__ runs its forward
         for m in self.layers:
             m.register_forward_hook(self._save)
@@ -187,7 +188,7 @@ class FastEngine(OneRunEngine):
             if module in self._record:
                 raise DpgridError(f"model: {type(module).__name__} is used twice in one forward (weight sharing), "
                                   "which the fast engine cannot clip per sample; use train.engine=func")
-            self._record[module] = (inputs[0].detach(), output)
+            self._record[module] = (self._rule_of[module].recorded(module, inputs, output), output)
 
     def __call__(self, x: torch.Tensor, y: torch.Tensor) -> PerSampleGrads:
         if len(x) == 0:

@@ -10,7 +10,7 @@ per-sample gradients), the cheaper for the layer's shape is measured on the firs
 
     @register_rule(MyLayer)
     class MyLayerRule(LayerRule):
-        def sq_norms(self): ...                # (b,)
+        def sq_norms(self): ...                # (b,)  (self.a: the layer's input, self.g: its output gradient)
         def weighted_sum(self, w, subsets=None): ...   # w (m, b) -> one (m, *p.shape) tensor per parameter that trains
 
 A layer type with no rule makes the engine fall back to the exact torch.func engine, with one warning. The built-in
@@ -57,6 +57,13 @@ class LayerRule:
     def __init__(self, module, a, g, choice, params: tuple, stacked: bool = False):
         self.module, self.a, self.g, self.choice, self.params, self.stacked = module, a, g, choice, params, stacked
         self.dtype = g.dtype
+
+    @staticmethod
+    def recorded(module, inputs, output):
+        """What the engine keeps of the layer's forward call and hands to the rule as `a`: the layer's input. A rule
+        that can reuse what the forward computed (a normalisation's statistics) keeps that beside it. (Stacked runs
+        hand every rule the input.)"""
+        return inputs[0].detach()
 
     @staticmethod
     def unsupported(module) -> str:

@@ -4,6 +4,9 @@ row gets none, as PyTorch's backward gives it none). Never materialised:
     ||g_i||^2 = sum_{t, s: idx_it = idx_is} G_it . G_is     (the ghost norm over the sample's repeated tokens)
     sum_i w_i g_i = index_add of w_i G_it into rows idx_it   (one scatter over the b T positions)
 
+Where every sample looks up the same distinct rows (a position embedding), ||g_i|| = ||G_i||_F and the sums are
+(w G) placed in those rows: no T x T mask, no scatter.
+
 max_norm (which renormalises rows in the forward pass), scale_grad_by_freq and sparse gradients are not served."""
 
 import torch
@@ -27,14 +30,20 @@ class EmbeddingRule(LayerRule):
         self.g = g.reshape(len(g), -1, g.shape[-1])    # (b, T, d)
         if module.padding_idx is not None:  # its row learns nothing: its positions count for nothing
             self.g = self.g * (self.idx != module.padding_idx).unsqueeze(-1).to(g.dtype)
+        first = self.idx[0]
+        self.same_rows = bool((self.idx == first).all()) and len(torch.unique(first)) == len(first)
 
     def sq_norms(self):
+        if self.same_rows:
+            return torch.linalg.vector_norm(self.g.flatten(1), dim=1).square_()
         same = (self.idx[:, :, None] == self.idx[:, None, :]).to(self.g.dtype)  # (b, T, T): the same row
         return (same * torch.bmm(self.g, self.g.transpose(1, 2))).sum((1, 2))
 
     def weighted_sum(self, w, subsets=None):
         m, (b, positions, d) = len(w), self.g.shape
+        table = self.g.new_zeros((m, self.module.num_embeddings, d))
+        if self.same_rows:
+            return [table.index_copy_(1, self.idx[0], (w @ self.g.reshape(b, -1)).view(m, positions, d))]
         rows = self.idx.reshape(-1)  # (b T,)
         weighted = (w[:, :, None, None] * self.g).reshape(m, b * positions, d)
-        table = self.g.new_zeros((m, self.module.num_embeddings, d))
         return [table.index_add_(1, rows, weighted)]

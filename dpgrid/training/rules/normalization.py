@@ -6,7 +6,8 @@ gradients are the sample's own sums:
 
 over the positions p the parameters are shared across (the leading positions of a LayerNorm or RMSNorm's input, the
 spatial positions of a GroupNorm or InstanceNorm's channels). x_hat is recomputed from the layer's input without
-the affine transform; the per-sample gradients are as small as the parameters (b x C numbers) and kept."""
+the affine transform (a LayerNorm's from the mean and 1/std its forward computed, which autograd keeps); the per-sample
+gradients are as small as the parameters (b x C numbers) and kept."""
 
 import torch
 from torch import nn
@@ -42,7 +43,23 @@ class AffineNormRule(LayerRule):
 
 @register_rule(nn.LayerNorm)
 class LayerNormRule(AffineNormRule):
+    @staticmethod
+    def recorded(module, inputs, output):
+        """The input, and the forward's mean and 1/std where autograd saved them for its backward (x_hat without a
+        second normalisation, which costs as much as the rest of the rule)."""
+        node = output.grad_fn
+        if type(node).__name__ != "NativeLayerNormBackward0":
+            return inputs[0].detach()
+        return inputs[0].detach(), node._saved_result1.detach(), node._saved_result2.detach()
+
+    def __init__(self, module, a, g, choice, params, stacked=False):
+        self.statistics = a[1:] if isinstance(a, tuple) else None
+        super().__init__(module, a[0] if isinstance(a, tuple) else a, g, choice, params, stacked)
+
     def normalised(self, module, a):
+        if self.statistics is not None:
+            mean, rstd = self.statistics
+            return (a - mean).mul_(rstd)
         return F.layer_norm(a, module.normalized_shape, eps=module.eps)
 
 

@@ -69,8 +69,8 @@ class LinearRule(LayerRule):
         span = live_span(self.g) if self.sequence and not stacked else None
         if span is not None:  # views, no copy: the positions outside add nothing
             self.a, self.g = self.a[:, span[0]:span[1]], self.g[:, span[0]:span[1]]
-            if span[1] - span[0] == 1:  # one live position: the (b, in) forms
-                self.a, self.g, self.sequence = self.a[:, 0], self.g[:, 0], False
+            if span[1] - span[0] == 1:  # one live position: the (b, in) forms, copied (the whole input can go)
+                self.a, self.g, self.sequence = self.a[:, 0].contiguous(), self.g[:, 0].contiguous(), False
         self._position_sums = None
 
     def sq_norms(self):

@@ -33,6 +33,7 @@ class AffineNormRule(LayerRule):
         per_position = {"weight": (lambda: g * self.normalised(module, a)), "bias": (lambda: g)}
         # (b, *shape) per parameter that trains, in the module's order
         self.grads = [per_position[name]().sum(reduce) if reduce else per_position[name]() for name in params]
+        self.a = self.g = None  # all that the sums need is kept: the layer's input and output gradient can go
 
     def sq_norms(self):
         return sum(p.flatten(1).pow(2).sum(1) for p in self.grads)

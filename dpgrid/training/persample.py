@@ -5,8 +5,8 @@ sums sum_i w_i g_i (clipped sum: w_i = min(1, C / n_i); online's q: w_i = 1[n_i 
 How they are computed is this module's business: engines change without touching strategies.
 
 - `FastEngine` (default): book-keeping (Bu et al. 2023) with ghost norms (Li et al. 2022). One
-  forward, one backward to the layer OUTPUTS (no weight gradients), then per layer, from the layer
-  input a_i and output gradient G_i of each sample, the rule its type registered (dpgrid.training.rules: Linear
+  forward, one backward to the layer OUTPUTS (no weight gradients); per layer, as soon as the backward reaches it,
+  from the layer input a_i and output gradient G_i of each sample, the rule its type registered (dpgrid.training.rules: Linear
   on inputs of any rank, Embedding, LayerNorm, RMSNorm, GroupNorm, InstanceNorm, Conv1d, Conv2d, ConvTranspose2d;
   a user's own type registers its rule). Only the parameters that train (requires_grad) are computed for.
 - `FuncEngine`: torch.func vmap(grad), materialises all b x P numbers; the reference, and the
@@ -190,17 +190,32 @@ class FastEngine(OneRunEngine):
                                   "which the fast engine cannot clip per sample; use train.engine=func")
             self._record[module] = (self._rule_of[module].recorded(module, inputs, output), output)
 
+    def _builder(self, factors, at, rule, module, kept, own):
+        """The hook that builds layer `at`'s rule from its output gradient; `kept`: a one-item list, emptied then."""
+        def build(g):
+            factors[at] = rule(module, kept.pop(), g, self.methods, tuple(name for name, _ in own))
+        return build
+
     def __call__(self, x: torch.Tensor, y: torch.Tensor) -> PerSampleGrads:
         if len(x) == 0:
             return empty_batch(self.params, x.device, len(self.layers))
         self._record = {}
         losses = per_sample_losses(self.model(x), y, self.task)
         record, self._record = self._record, None
-        outputs = [record[m][1] for m in self.layers]
-        # Gradients of sum_i loss_i w.r.t. each layer's output: G_i of every sample, no weight grads.
-        out_grads = torch.autograd.grad(losses.sum(), outputs)
-        factors = [rule(m, record[m][0], g, self.methods, tuple(name for name, _ in own))
-                   for rule, m, g, own in zip(self._rules, self.layers, out_grads, self._own)]
+        # One backward to each layer's output (G_i of every sample, no weight gradients); each layer's rule is built
+        # as soon as its G arrives, and the layer's input is let go then, not after the whole backward (a rule that
+        # keeps less than its input and G, a normalisation's, frees them while the backward goes on).
+        factors, outputs, handles = [None] * len(self.layers), [], []
+        for at, (rule, m, own) in enumerate(zip(self._rules, self.layers, self._own)):
+            kept, output = record.pop(m)
+            outputs.append(output)
+            handles.append(output.register_hook(self._builder(factors, at, rule, m, [kept], own)))
+        try:
+            torch.autograd.grad(losses.sum(), outputs)
+        finally:
+            for handle in handles:
+                handle.remove()
+        del outputs, handles
 
         def norms():
             return torch.sqrt(sum(f.sq_norms() for f in factors))

@@ -5,7 +5,7 @@ row gets none, as PyTorch's backward gives it none). Never materialised:
     sum_i w_i g_i = index_add of w_i G_it into rows idx_it   (one scatter over the b T positions)
 
 Where every sample looks up the same distinct rows (a position embedding), ||g_i|| = ||G_i||_F and the sums are
-(w G) placed in those rows: no T x T mask, no scatter.
+(w G) placed in those rows: no T x T mask, no scatter (on a CPU).
 
 max_norm (which renormalises rows in the forward pass), scale_grad_by_freq and sparse gradients are not served."""
 
@@ -30,8 +30,9 @@ class EmbeddingRule(LayerRule):
         self.g = g.reshape(len(g), -1, g.shape[-1])    # (b, T, d)
         if module.padding_idx is not None:  # its row learns nothing: its positions count for nothing
             self.g = self.g * (self.idx != module.padding_idx).unsqueeze(-1).to(g.dtype)
-        first = self.idx[0]
-        self.same_rows = bool((self.idx == first).all()) and len(torch.unique(first)) == len(first)
+        first = self.idx[0]  # (not looked for on CUDA: the test would make the host wait for the device every step)
+        self.same_rows = not self.idx.is_cuda and bool((self.idx == first).all()) and \
+            len(torch.unique(first)) == len(first)
 
     def sq_norms(self):
         if self.same_rows:

@@ -46,6 +46,11 @@ def steps_without_a_host_wait(spec, group: bool) -> None:
 
     def step():  # as the training loop takes it: one batch per run, handed to the engine
         strategy.step(engine.gradients(data, [poisson_batch(data.n_train, spec.plan.sample_rate, s) for s in samplers]))
+    without_a_host_wait(step)
+
+
+def without_a_host_wait(step) -> None:
+    """`step` once, then three times under torch.cuda.set_sync_debug_mode("error") (any wait for the device raises)."""
     step()
     torch.cuda.synchronize()
     torch.cuda.set_sync_debug_mode("error")
@@ -82,15 +87,7 @@ def test_the_transformers_step_without_a_host_wait(name):
     def step():
         grads = engine(x, y)
         grads.weighted_sum(torch.clamp(1.0 / grads.norms, max=1.0))
-    step()
-    torch.cuda.synchronize()
-    torch.cuda.set_sync_debug_mode("error")
-    try:
-        for _ in range(3):
-            step()
-    finally:
-        torch.cuda.set_sync_debug_mode(0)
-    torch.cuda.synchronize()
+    without_a_host_wait(step)
 
 
 def test_secure_mode_draws_without_a_host_wait():

@@ -54,9 +54,9 @@ def check_rule(module, inputs, *, runs: int = 3, rtol: float = 1e-9) -> int:
     float64: each sample's squared gradient norm over the module's parameters that train, weighted sums (two
     overlapping rows, and two with disjoint supports as online asks for them), the batch whole and in two chunks,
     every form the rule offers (MethodChoice) forced in turn, with output gradients that are zero at the first and last
-    positions of every sample (or at all but one: a rule may drop such positions) as well as dense ones, and where the rule says `stacks` (and every parameter
-    trains), `runs` copies of the module stacked. `inputs`: a batch (b, ...) the module takes. AssertionError naming what differs; returns how
-    many values were compared.
+    positions of every sample (or at all but one: a rule may drop such positions) as well as dense ones, and where the
+    rule says `stacks` (and every parameter trains), `runs` copies of the module stacked. `inputs`: a batch (b, ...)
+    the module takes. AssertionError naming what differs; returns how many values were compared.
 
         from dpgrid.testing import check_rule
 

@@ -6,9 +6,10 @@ How they are computed is this module's business: engines change without touching
 
 - `FastEngine` (default): book-keeping (Bu et al. 2023) with ghost norms (Li et al. 2022). One
   forward, one backward to the layer OUTPUTS (no weight gradients); per layer, as soon as the backward reaches it,
-  from the layer input a_i and output gradient G_i of each sample, the rule its type registered (dpgrid.training.rules: Linear
-  on inputs of any rank, Embedding, LayerNorm, RMSNorm, GroupNorm, InstanceNorm, Conv1d, Conv2d, ConvTranspose2d;
-  a user's own type registers its rule). Only the parameters that train (requires_grad) are computed for.
+  from the layer input a_i and output gradient G_i of each sample, the rule its type registered
+  (dpgrid.training.rules: Linear on inputs of any rank, Embedding, LayerNorm, RMSNorm, GroupNorm, InstanceNorm,
+  Conv1d, Conv2d, ConvTranspose2d; a user's own type registers its rule). Only the parameters that train
+  (requires_grad) are computed for.
 - `FuncEngine`: torch.func vmap(grad), materialises all b x P numbers; the reference, and the
   fallback, with one warning, for a model with a parametrised layer no rule serves.
 """
@@ -177,8 +178,7 @@ class FastEngine(OneRunEngine):
         # each layer's parameters that train: their names (the rule's) and their places among the engine's
         self._own = [[(name, position[id(p)]) for name, p in m.named_parameters(recurse=False) if p.requires_grad]
                      for m in self.layers]
-        self._rules = [rule_for(m) for m in self.layers]
-        self._rule_of = dict(zip(self.layers, self._rules))
+        self._rule_of = {m: rule_for(m) for m in self.layers}
         self._record = None  # a dict only while __call__ runs its forward
         for m in self.layers:
             m.register_forward_hook(self._save)
@@ -206,10 +206,10 @@ class FastEngine(OneRunEngine):
         # as soon as its G arrives, and the layer's input is let go then, not after the whole backward (a rule that
         # keeps less than its input and G, a normalisation's, frees them while the backward goes on).
         factors, outputs, handles = [None] * len(self.layers), [], []
-        for at, (rule, m, own) in enumerate(zip(self._rules, self.layers, self._own)):
+        for at, (m, own) in enumerate(zip(self.layers, self._own)):
             kept, output = record.pop(m)
             outputs.append(output)
-            handles.append(output.register_hook(self._builder(factors, at, rule, m, [kept], own)))
+            handles.append(output.register_hook(self._builder(factors, at, self._rule_of[m], m, [kept], own)))
         try:
             torch.autograd.grad(losses.sum(), outputs)
         finally:

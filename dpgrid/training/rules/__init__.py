@@ -105,15 +105,14 @@ class MethodChoice:
     def __init__(self, setting: str = "auto"):
         self.setting, self.chosen = setting, {}  # {key: (description, name, {name: seconds})}
 
-    def pick(self, key, description: str, forms: dict, device=None, costs: dict = None):
-        """The result of the chosen form (`forms`: {name: a function of no argument}) for `key`; `costs`: what to
-        time for each form where that is more than the form (what a step then pays for choosing it)."""
+    def pick(self, key, description: str, forms: dict, device=None):
+        """The result of the chosen form (`forms`: {name: a function of no argument}) for `key`."""
         if key not in self.chosen:
             if self.setting != "auto":  # forced: a form the layer does not offer gives way to its first
                 name = self.setting if self.setting in forms else next(iter(forms))
                 self.chosen[key] = (description, name, {})
             else:
-                times = self.measure(costs or forms, device)
+                times = self.measure(forms, device)
                 self.chosen[key] = (description, min(times, key=times.get), times)
         return forms[self.chosen[key][1]]()
 

@@ -105,14 +105,16 @@ class MethodChoice:
     def __init__(self, setting: str = "auto"):
         self.setting, self.chosen = setting, {}  # {key: (description, name, {name: seconds})}
 
-    def pick(self, key, description: str, forms: dict, device=None):
-        """The result of the chosen form (`forms`: {name: a function of no argument}) for `key`."""
+    def pick(self, key, description: str, forms: dict, device=None, costs: dict = None):
+        """The result of the chosen form (`forms`: {name: a function of no argument}) for `key`; `costs`: what to
+        time in each form's place, where the form's own work depends on the batch's data (a time a log prints must
+        depend on the layer's shape alone)."""
         if key not in self.chosen:
             if self.setting != "auto":  # forced: a form the layer does not offer gives way to its first
                 name = self.setting if self.setting in forms else next(iter(forms))
                 self.chosen[key] = (description, name, {})
             else:
-                times = self.measure(forms, device)
+                times = self.measure(costs or forms, device)
                 self.chosen[key] = (description, min(times, key=times.get), times)
         return forms[self.chosen[key][1]]()
 

@@ -66,11 +66,13 @@ class LinearRule(LayerRule):
             self.a, self.g = a.flatten(lead, -2), g.flatten(lead, -2)
         self.sequence = self.a.dim() == lead + 2
         self.positions = self.a.shape[-2] if self.sequence else 1  # the layer's, before dead positions are dropped
+        whole = self.a, self.g
         span = live_span(self.g) if self.sequence and not stacked else None
         if span is not None:  # views, no copy: the positions outside add nothing
             self.a, self.g = self.a[:, span[0]:span[1]], self.g[:, span[0]:span[1]]
             if span[1] - span[0] == 1:  # one live position: the (b, in) forms, copied (the whole input can go)
                 self.a, self.g, self.sequence = self.a[:, 0].contiguous(), self.g[:, 0].contiguous(), False
+        self.whole = whole if self.sequence else None  # every position (the span's views hold them anyway)
         self._position_sums = None
 
     def sq_norms(self):
@@ -96,12 +98,14 @@ class LinearRule(LayerRule):
         if not self.has_weight:
             return bias
         # The sums cost the same after either form, so the norms alone are timed, on the whole first batch (neither
-        # form holds more than a chunk of per-sample numbers). One choice per layer shape, whatever its live positions.
+        # form holds more than a chunk of per-sample numbers) and on every position of the layer: the times the log
+        # prints depend on its shape, not on where this private batch's gradients are zero. One choice per shape.
         n_in, out = a.shape[-1], g.shape[-1]
         key = ("Linear", n_in, out, self.positions, str(a.device), str(a.dtype))
+        forms = {"ghost": ghost_sq_norms, "per_sample": materialised_sq_norms}
         return self.choice.pick(key, f"Linear {n_in}->{out} on {self.positions} positions ({a.device})",
-                                {"ghost": lambda: ghost_sq_norms(a, g),
-                                 "per_sample": lambda: materialised_sq_norms(a, g)}, a.device) + bias
+                                {name: (lambda f=f: f(a, g)) for name, f in forms.items()}, a.device,
+                                {name: (lambda f=f: f(*self.whole)) for name, f in forms.items()}) + bias
 
     def weighted_sum(self, w, subsets=None):
         """w: (m, b) -> [(m, out, in), (m, out)] of the parameters that train; stacked, w: (m, G, b) -> (m, G, ...)."""

@@ -9,12 +9,43 @@ ROOT = Path(__file__).resolve().parents[1]
 SHARED_DATA = ROOT.parent / "shared" / "data"
 
 
+COMPOSED = {}  # the overrides -> their composed config: composing is a pure function of them, and costs 0.2 s
+
+
 def load_cfg(dataset="digits", strategy="online", **overrides):
-    """The composed config without Hydra's machinery (tests that need `dpgrid run` use the CLI)."""
+    """The composed config without Hydra's machinery (tests that need `dpgrid run` use the CLI); each test gets its
+    own copy."""
+    import copy
+
     from dpgrid.api import compose
 
-    args = [f"dataset={dataset}", f"strategy={strategy}"] + [f"{k}={v}" for k, v in overrides.items()]
-    return compose(args)
+    args = (f"dataset={dataset}", f"strategy={strategy}", *(f"{k}={v}" for k, v in overrides.items()))
+    if args not in COMPOSED:
+        COMPOSED[args] = compose(list(args))
+    return copy.deepcopy(COMPOSED[args])
+
+
+TRAINED = {}  # (strategy, overrides) -> (spec, a folder holding that grid as trained): this worker's, kept for its tests
+
+
+def trained_grid(folder: Path, strategy="fixed_threshold", **overrides):
+    """(spec, folder): the digits grid of `strategy` with `overrides`, trained once per test worker and copied into
+    `folder` for each test that asks (a test edits its copy as it likes; the grid is seeded, so a copy is what
+    training it again would write)."""
+    import shutil
+
+    from dpgrid.config import compile
+    from dpgrid.runner import train
+
+    key = (strategy, tuple(sorted((k, str(v)) for k, v in overrides.items())))
+    if key not in TRAINED:
+        spec = compile(load_cfg("digits", strategy, **overrides))
+        source = Path(tempfile.mkdtemp(prefix="dpgrid-trained-")) / "grid"
+        train(spec, source, progress=False)
+        TRAINED[key] = spec, source
+    spec, source = TRAINED[key]
+    shutil.copytree(source, folder)
+    return spec, folder
 
 
 def strategy_class(name):
@@ -52,3 +83,58 @@ def pytest_configure(config):
     time, kill and resume) compare the CPU's, and the CUDA tests (tests/test_cuda.py) say train.device=cuda."""
     os.environ.setdefault("DPGRID_CACHE", tempfile.mkdtemp(prefix="dpgrid-noise-"))
     os.environ["DPGRID_DEVICE"] = "cpu"
+
+
+# ---- the fast layer's guards (README: `python -m pytest -q -m "not slow"`, a check after every edit)
+FAST_TEST_SECONDS = 3.0  # a fast test over this is made cheaper or moved to the slow layer
+CALL_SECONDS = {}        # nodeid -> its call's seconds, as the workers report them
+
+
+def starts_dpgrid(args) -> bool:
+    """Whether a command line is a dpgrid process: the `dpgrid` command, `python -m dpgrid[.cli]`, or
+    tests/paused.py (a dpgrid command paused at a point)."""
+    import shlex
+
+    words = shlex.split(args) if isinstance(args, str) else [str(a) for a in (args if isinstance(args, (list, tuple))
+                                                                               else [args])]
+    if not words:
+        return False
+    module = words[words.index("-m") + 1] if "-m" in words[:-1] else ""
+    return (Path(words[0]).name == "dpgrid" or module == "dpgrid" or module.startswith("dpgrid.")
+            or any(Path(w).name == "paused.py" for w in words))
+
+
+@pytest.fixture(autouse=True)
+def fast_tests_start_no_dpgrid_process(request, monkeypatch):
+    """A test of the fast layer calls `dpgrid` in its own process (tests/command.py); one that starts a dpgrid
+    process (a kill, a signal, the installed entry point) carries the `slow` marker, or fails here."""
+    import subprocess
+
+    if request.node.get_closest_marker("slow"):
+        return
+    real = subprocess.Popen
+
+    class FastLayerPopen(real):
+        def __init__(self, args, *rest, **kwargs):
+            if starts_dpgrid(args):
+                raise AssertionError(f"{request.node.nodeid} starts a dpgrid process ({args!r}): mark it "
+                                     "@pytest.mark.slow, or call tests/command.py's dpgrid() in this process")
+            super().__init__(args, *rest, **kwargs)
+
+    monkeypatch.setattr(subprocess, "Popen", FastLayerPopen)
+
+
+def pytest_runtest_logreport(report):
+    if report.when == "call":
+        CALL_SECONDS[report.nodeid] = report.duration
+
+
+def pytest_terminal_summary(terminalreporter, config):
+    """The fast layer's slowest tests, and any over FAST_TEST_SECONDS, after every run of `-m "not slow"`."""
+    if "not slow" not in (config.getoption("markexpr") or "") or not CALL_SECONDS:
+        return
+    slowest = sorted(CALL_SECONDS.items(), key=lambda kv: -kv[1])[:10]
+    terminalreporter.section("the fast layer's slowest tests")
+    for nodeid, seconds in slowest:
+        flag = f"  (over {FAST_TEST_SECONDS:g} s: make it cheaper or mark it slow)" if seconds > FAST_TEST_SECONDS else ""
+        terminalreporter.write_line(f"{seconds:6.2f} s  {nodeid}{flag}")

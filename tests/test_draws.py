@@ -61,7 +61,8 @@ CASES = {  # small, large and extreme parameters of every rule
 @pytest.mark.parametrize("name", list(CASES))
 def test_the_draws_follow_their_law(name):
     stopping = CASES[name]
-    grid = (np.arange(N) + 0.5) / N
+    n = N if stopping["mean"] < 800 else N // 4  # a draw of a large mean walks its law's first E[K] terms
+    grid = (np.arange(n) + 0.5) / n
     draws = np.array([draw_count(stopping, u) for u in grid])
     values, counts = np.unique(draws, return_counts=True)
     # the grid's points below each value's upper edge, against the law's CDF there (to within one point)
@@ -74,7 +75,7 @@ def test_the_draws_follow_their_law(name):
         edges[value] = float(cumulative)
     below = np.cumsum(counts)
     for value, n_below in zip(values, below):
-        assert abs(n_below - edges[value] * N) <= 1, (name, value, n_below, edges[value] * N)
+        assert abs(n_below - edges[value] * n) <= 1, (name, value, n_below, edges[value] * n)
     assert np.mean(draws) == pytest.approx(stopping["mean"], rel=0.05 if stopping["mean"] < 1e3 else 0.2)
 
 

@@ -12,33 +12,45 @@ from .test_report import edit_plan, make_grid
 pytest.importorskip("matplotlib")
 
 
-@pytest.fixture
-def tree(tmp_path):
-    root = tmp_path / "outputs"
+def make_tree(root, strategies=("online", "fixed_quantile", "fixed_threshold"), epsilons=(3, 5)):
     for strategy, hp, adapts in (("online", {"lr": 0.316228}, ["clip", "lr"]),
                                  ("fixed_quantile", {"lr": 0.316228, "quantile": 0.5}, ["clip"]),
                                  ("fixed_threshold", {"lr": 0.316228, "clip": 1.0}, [])):
-        for epsilon in (3, 5):
+        if strategy not in strategies:
+            continue
+        for epsilon in epsilons:
             make_grid(root, "mnist", strategy, epsilon, 9, [("c0", hp, [90.0 + epsilon, 91.0 + epsilon], 0)],
                       adapts=adapts)
     make_grid(root, "mnist", "nodp", 3, 9, [("lr0", {"lr": 0.3}, [98.0, 98.2], 0)], folder=root / "nodp")
     return root
 
 
-def drawn_figures(monkeypatch):
+def kept_figures(patch) -> dict:
+    """{file name: figure} of every figure the tables draw, kept instead of rendered (the tests that read the figures'
+    objects need no PNG or PDF)."""
     from dpgrid.reporting import figures
 
-    drawn, real = {}, figures.save
+    drawn = {}
 
     def keep(fig, path, dpi, title="", caption=""):
         drawn[path.name] = fig
-        return real(fig, path, dpi, title, caption)
+        return [path]
 
-    monkeypatch.setattr(figures, "save", keep)
+    patch.setattr(figures, "save", keep)
     return drawn
 
 
-def test_every_figure_has_its_caption_beside_it(tree):
+@pytest.fixture(scope="module")
+def drawn(tmp_path_factory):
+    """The figures of one tree's tables, drawn once for the tests that read them."""
+    with pytest.MonkeyPatch.context() as patch:
+        found = kept_figures(patch)
+        write_tables(make_tree(tmp_path_factory.mktemp("figures") / "outputs"))
+    return found
+
+
+def test_every_figure_has_its_caption_beside_it(tmp_path):
+    tree = make_tree(tmp_path / "outputs", ("online", "fixed_quantile"), (3,))  # each kind of figure, rendered
     written = write_tables(tree)
     figures = [p for p in written if p.suffix in (".png", ".pdf")]
     assert figures and all(p.with_suffix(".txt").exists() for p in figures)
@@ -52,9 +64,7 @@ def test_every_figure_has_its_caption_beside_it(tree):
     assert (tree / "tables" / "figures" / "curves" / "mnist_online_eps3_per_grid_k9.pdf").exists()  # vector beside PNG
 
 
-def test_points_at_one_epsilon_stand_apart_and_the_baseline_is_non_private(tree, monkeypatch):
-    drawn = drawn_figures(monkeypatch)
-    write_tables(tree)
+def test_points_at_one_epsilon_stand_apart_and_the_baseline_is_non_private(drawn):
     fig = drawn["mnist_k9.png"]
     ax = fig.axes[0]
     from dpgrid.reporting.figures import MARKERS
@@ -72,11 +82,9 @@ def test_points_at_one_epsilon_stand_apart_and_the_baseline_is_non_private(tree,
 @pytest.mark.parametrize("strategy, panels", [("online", ["accuracy %", "$C_t$", r"$\rho_t$"]),
                                               ("fixed_quantile", ["accuracy %", "$C_t$"]),
                                               ("fixed_threshold", ["accuracy %"])])
-def test_a_learning_curve_has_a_panel_for_what_its_strategy_adapts_and_a_band(tree, monkeypatch, strategy, panels):
+def test_a_learning_curve_has_a_panel_for_what_its_strategy_adapts_and_a_band(drawn, strategy, panels):
     from matplotlib.collections import PolyCollection
 
-    drawn = drawn_figures(monkeypatch)
-    write_tables(tree)
     fig = drawn[f"mnist_{strategy}_eps3_per_grid_k9.png"]
     assert [ax.get_ylabel() for ax in fig.axes] == panels
     assert all(any(isinstance(c, PolyCollection) for c in ax.collections) for ax in fig.axes)  # the band over seeds
@@ -111,7 +119,7 @@ def test_mixed_budgets_are_drawn_as_their_caption_says(tmp_path, monkeypatch):
     root = tmp_path / "outputs"
     make_grid(root, "mnist", "online", 3, 9, [("c0", {"lr": 0.3}, [90.0, 91.0], 0)])
     make_grid(root, "mnist", "online", 3, 9, [("c0", {"lr": 0.3}, [93.0, 94.0], 0)], budget="per_run")
-    drawn = drawn_figures(monkeypatch)
+    drawn = kept_figures(monkeypatch)
     write_tables(root, mix_budgets=True)
     from dpgrid.reporting.figures import MARKERS
 

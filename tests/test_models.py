@@ -16,16 +16,14 @@ from dpgrid.runner import train
 from dpgrid.training.train import evaluate
 
 from .command import dpgrid as run_dpgrid, one_line
-from .conftest import load_cfg
+from .conftest import load_cfg, trained_grid
 
 SMALL = {"grid.k": 2, "train.seeds": 2, "train.epochs": 1, "train.eval_every": 4}
 
 
 def grid(tmp_path, name="grid", strategy="fixed_threshold", **overrides):
-    spec = compile(load_cfg("digits", strategy, **{**SMALL, **overrides}))
-    out = tmp_path / name
-    trained = train(spec, out, progress=False)
-    return spec, out, trained.summary
+    spec, out = trained_grid(tmp_path / name, strategy, **{**SMALL, **overrides})
+    return spec, out, read_frame(out / "summary.csv")
 
 
 def test_the_released_model_reproduces_its_runs_last_test_value(tmp_path):
@@ -78,7 +76,8 @@ def test_a_partial_grid_releases_nothing_until_every_run_has_finished(tmp_path):
     assert not (out / "model").exists() and "released once every run of the grid has finished" in trained.release
     assert sorted(p.name for p in (out / "weights").iterdir()) == ["lr0_clip0_seed0.safetensors",
                                                                    "lr0_clip0_seed1.safetensors"]
-    spec, out, summary = grid(tmp_path)  # the rest of the grid, in the same directory
+    spec = compile(load_cfg("digits", "fixed_threshold", **SMALL))
+    train(spec, out, progress=False)  # the rest of the grid, in the same directory
     assert (out / "model" / "model.json").exists() and not (out / "weights").exists()
 
 

@@ -176,3 +176,42 @@ def test_the_rdp_curve_gives_rdp_epsilon_bit_for_bit():
         epsilon = epsilon_curve("rdp", q, nu)
         for steps in (rng.randint(1, 20000), rng.randint(1, 20000)):
             assert epsilon(steps, delta) == rdp_epsilon(q, nu, steps, delta)
+
+
+GAUSSIAN_RDP_ORDERS = [1 + x / 10.0 for x in range(1, 100)] + list(range(12, 64)) + [80, 96, 128, 256, 512]
+
+
+@pytest.mark.parametrize("q", [1e-5, 0.004, 0.05, 0.3])
+def test_the_subsampled_gaussians_rdp_is_opacus_computed_as_arrays(q):
+    """dpgrid.privacy.gaussian_rdp against Opacus's own compute_rdp, at Opacus's default orders and dpgrid's extra ones
+    (fractional and integer sums): equal to 1e-9 relative, or to 1e-10 a step where the RDP is so small that both sums
+    cancel to their last digits (there Opacus's sequential float sum is the less accurate: the exact test below)."""
+    import numpy as np
+    from opacus.accountants.analysis.rdp import compute_rdp as opacus_rdp
+
+    from dpgrid.privacy.gaussian_rdp import compute_rdp
+
+    for nu in (0.5, 1.0, 3.0, 30.0):
+        ours = compute_rdp(q, nu, 7, GAUSSIAN_RDP_ORDERS)
+        theirs = np.asarray(opacus_rdp(q=q, noise_multiplier=nu, steps=7, orders=GAUSSIAN_RDP_ORDERS))
+        assert np.array_equal(np.isfinite(ours), np.isfinite(theirs))
+        finite = np.isfinite(theirs)
+        assert np.all(np.abs(ours - theirs)[finite] <= 1e-9 * np.abs(theirs[finite]) + 7e-10), (q, nu)
+    assert list(compute_rdp(0.0, 1.0, 3, [2, 2.5])) == [0.0, 0.0]  # the edge cases are Opacus's
+    assert np.all(np.isinf(compute_rdp(0.1, 0.0, 3, [2, 2.5])))
+
+
+@pytest.mark.parametrize("q, nu, order", [(1e-5, 3.0, 1.2), (0.004, 1.0, 1.5), (0.004, 1.0, 7.3), (0.1, 2.0, 3.7),
+                                          (0.1, 2.0, 4), (0.02, 0.7, 12), (0.3, 5.0, 64)])
+def test_the_subsampled_gaussians_rdp_is_its_exact_moment(q, nu, order):
+    """eps(a) = log E_{mu0}[((1 - q) + q mu1 / mu0)^a] / (a - 1), mu0 = N(0, nu^2), mu1 = N(1, nu^2): the integral in
+    50 digits (mpmath), against the sums (Mironov, Talwar & Zhang 2019) as dpgrid computes them."""
+    import mpmath
+
+    from dpgrid.privacy.gaussian_rdp import compute_rdp
+
+    mpmath.mp.dps = 50
+    s, rate, a = mpmath.mpf(nu), mpmath.mpf(q), mpmath.mpf(order)
+    density = lambda z: mpmath.npdf(z, 0, s) * ((1 - rate) + rate * mpmath.exp((2 * z - 1) / (2 * s ** 2))) ** a  # noqa: E731
+    exact = float(mpmath.log(mpmath.quad(density, [-mpmath.inf, -10 * s, 0, 1, 10 * s, mpmath.inf])) / (a - 1))
+    assert compute_rdp(q, nu, 1, [order])[0] == pytest.approx(exact, rel=1e-7, abs=1e-13)

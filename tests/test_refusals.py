@@ -186,14 +186,32 @@ def test_a_misspelt_hydra_or_launcher_key_names_the_closest():
     assert "did you mean hydra.launcher.cpus_per_task?" in r.stderr, r.stderr
 
 
-def test_every_scripts_help_describes_it_in_whole_sentences():
-    import subprocess
+def script_help(script) -> str:
+    """What `python SCRIPT --help` prints, from the script run in this process as `python` runs it (as __main__,
+    its folder first on sys.path, at the width argparse gives a pipe)."""
+    import contextlib
+    import io
+    import runpy
     import sys
 
+    out, saved = io.StringIO(), (sys.argv[:], sys.path[:], os.environ.get("COLUMNS"))
+    try:
+        sys.argv, sys.path[:0] = [str(script), "--help"], [str(script.parent)]
+        os.environ["COLUMNS"] = "80"
+        with contextlib.redirect_stdout(out), contextlib.suppress(SystemExit):
+            runpy.run_path(str(script), run_name="__main__")
+    finally:
+        sys.argv, sys.path[:] = saved[0], saved[1]
+        os.environ.pop("COLUMNS") if saved[2] is None else os.environ.update(COLUMNS=saved[2])
+    return out.getvalue()
+
+
+def test_every_scripts_help_describes_it_in_whole_sentences():
     from .conftest import ROOT
 
     for script in sorted((ROOT / "scripts").glob("*.py")):
-        text = subprocess.run([sys.executable, str(script), "--help"], capture_output=True, text=True).stdout
+        text = script_help(script)
+        assert text.startswith("usage:"), f"{script.name}: {text[:200]!r}"
         description = text.split("\n\n")[1].strip() if text.count("\n\n") else ""
         assert description.endswith((".", ")", ":")), f"{script.name}: {description[-60:]!r}"
         lines = text.splitlines()  # every option says what it does: its help on its line or the next

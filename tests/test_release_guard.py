@@ -16,15 +16,13 @@ from dpgrid.results.statement import sealed
 from dpgrid.runner import train
 
 from .command import dpgrid as run_dpgrid, one_line
-from .conftest import load_cfg
+from .conftest import load_cfg, trained_grid
 
 SMALL = {"grid.k": 2, "train.seeds": 2, "train.epochs": 1, "train.eval_every": 4}
 
 
 def grid(tmp_path, name="grid", **overrides):
-    spec = compile(load_cfg("digits", "fixed_threshold", **{**SMALL, **overrides}))
-    train(spec, tmp_path / name, progress=False)
-    return spec, tmp_path / name
+    return trained_grid(tmp_path / name, **{**SMALL, **overrides})
 
 
 def statement(out):

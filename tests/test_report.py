@@ -276,6 +276,7 @@ def test_the_clip_panel_has_no_offset_tick_labels(tmp_path, monkeypatch):
     assert all("e" not in t.get_text() for t in clip_axis.get_yticklabels())
 
 
+@pytest.mark.slow  # renders every figure of the tree, PNG and PDF (4 s; tests/test_figures.py renders a smaller one)
 def test_figures_are_written(tree):
     pytest.importorskip("matplotlib")
     written = write_tables(tree)

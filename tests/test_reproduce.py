@@ -102,18 +102,12 @@ def test_with_a_launcher_the_baselines_sweep_is_submitted_beside_the_private_one
     assert events[1][1].startswith("strategy=") and "nodp" in events[1][1] and events[-1] == ("run", "tables")
 
 
-def test_a_cell_that_cannot_be_planned_is_skipped_and_the_rest_is_swept(capsys):
+@pytest.mark.slow  # plans 13 grids (6 s)
+def test_a_cell_that_cannot_be_planned_is_skipped_and_the_rest_is_swept(reproduce, capsys, monkeypatch):
     """digits at k = 9 and epsilon = 3: fixed_quantile's count noise cannot carry the noise its grid of 45 needs.
-    The reproduction says so in one line and sweeps every other cell, none of them twice."""
-    import sys
-
-    from .conftest import ROOT
-
-    sys.path.insert(0, str(ROOT / "scripts"))
-    try:
-        import reproduce
-    finally:
-        sys.path.pop(0)
+    The reproduction says so in one line and sweeps every other cell, none of them twice (three strategies of the
+    option group: the one that cannot be planned, one that can, and a baseline)."""
+    monkeypatch.setattr(reproduce, "options", lambda group: ["fixed_quantile", "online", "nodp"])
     found = reproduce.grids("digits", [7, 9], [])
     out = capsys.readouterr().out
     assert out.count("skipped:") == 1 and "skipped: fixed_quantile k=9 epsilon=3:" in out, out

@@ -190,18 +190,19 @@ def independent(q, nu, steps, delta, kind):
     return acc.get_epsilon(delta)
 
 
+@pytest.mark.parametrize("kind", ["rdp", pytest.param("pld", marks=pytest.mark.slow)])  # PLDs of 10^4 steps: 1 s each
 @pytest.mark.parametrize("dataset, n_train, epsilon", [("mnist", 60000, 3), ("fashion_mnist", 60000, 1),
                                                        ("ag_news", 120000, 9), ("digits", 1437, 3)])
 @pytest.mark.parametrize("strategy", ["online", "fixed_threshold", "fixed_quantile", "adamwosm"])
-def test_every_grid_spends_at_most_its_target(dataset, n_train, epsilon, strategy):
+def test_every_grid_spends_at_most_its_target(dataset, n_train, epsilon, strategy, kind):
     cfg = load_cfg(dataset, strategy, **{"privacy.epsilon": epsilon, "grid.k": 5})
     plan = compile(cfg, n_train).plan
     steps = plan.composed_runs * plan.steps
     assert plan.epsilon_spent <= epsilon
     # PLD (tight) never exceeds the target; dp-accounting's RDP bounds fractional orders more loosely
     # than Opacus (|binomial| terms), so it may read up to 0.2 % above.
-    assert independent(plan.sample_rate, plan.noise_multiplier, steps, plan.delta, "pld") <= epsilon
-    assert independent(plan.sample_rate, plan.noise_multiplier, steps, plan.delta, "rdp") <= epsilon * 1.002
+    slack = 1.002 if kind == "rdp" else 1.0
+    assert independent(plan.sample_rate, plan.noise_multiplier, steps, plan.delta, kind) <= epsilon * slack
 
 
 @pytest.mark.slow

@@ -28,6 +28,7 @@ def spy(monkeypatch) -> list:
     return seen
 
 
+@pytest.mark.slow  # trains a tuning and its final runs end to end (2-4 s)
 @pytest.mark.parametrize("extra", [[], ["privacy.final_data=rest", "privacy.tuning_search=composition",
                                         "privacy.tuning_split=0.4"]])
 def test_candidates_train_on_the_tuning_set_and_the_final_model_on_the_data(extra, tmp_path, monkeypatch):
@@ -71,6 +72,7 @@ def test_candidates_train_on_the_tuning_set_and_the_final_model_on_the_data(extr
     assert (out / "runs.csv").read_text() == before
 
 
+@pytest.mark.slow  # trains a tuning and its final runs end to end (2-4 s)
 def test_the_table_shows_the_final_model_and_refuses_an_edited_release(tmp_path):
     out = tmp_path / "tuned"
     assert dpgrid("run", *BASE, f"hydra.run.dir={out}").returncode == 0
@@ -85,6 +87,7 @@ def test_the_table_shows_the_final_model_and_refuses_an_edited_release(tmp_path)
     assert "does not release what its rows select" in r.stderr, r.stderr
 
 
+@pytest.mark.slow  # trains a tuning and its final runs end to end (2-4 s)
 def test_a_secure_tuning_refuses_a_lost_tuning_set(tmp_path):
     out = tmp_path / "tuned"
     args = [*BASE, "privacy.secure_rng=true", f"hydra.run.dir={out}"]
@@ -112,10 +115,15 @@ def test_bad_settings_are_one_line(override, message, tmp_path):
     assert list(tmp_path.iterdir()) == []
 
 
-def test_the_plan_shows_both_phases():
-    r = dpgrid("plan", *BASE, "privacy.accountant=pld", "privacy.selection_accountant=profile")
+@pytest.mark.parametrize("analysis, other", [
+    ([], "by profile"),
+    pytest.param(["privacy.accountant=pld", "privacy.selection_accountant=profile"], "by rdp",
+                 marks=pytest.mark.slow),  # calibrates under the profile analysis (PLDs: 10 s)
+])
+def test_the_plan_shows_both_phases(analysis, other):
+    r = dpgrid("plan", *BASE, *analysis)
     assert r.returncode == 0, r.stderr
-    for words in ("tuning phase:", "final phase:", "nu_1 =", "nu_2 =", "expected compute:", "by rdp"):
+    for words in ("tuning phase:", "final phase:", "nu_1 =", "nu_2 =", "expected compute:", other):
         assert words in r.stdout, r.stdout
 
 
@@ -141,6 +149,7 @@ def test_a_split_that_depends_on_the_batch_names_the_tuning_set():
     assert r.returncode == 2 and one_line(r.stderr) and "privacy.selection.tuning_rate" in r.stderr, r.stderr
 
 
+@pytest.mark.slow  # trains a tuning and its final runs end to end (2-4 s)
 def test_a_tuning_stopped_between_its_phases_resumes_with_the_same_choice_and_final_runs(tmp_path):
     out = tmp_path / "tuned"
     args = [*BASE, f"hydra.run.dir={out}"]
@@ -158,6 +167,7 @@ def test_a_tuning_stopped_between_its_phases_resumes_with_the_same_choice_and_fi
     pd.testing.assert_series_equal(again.best_value, runs.best_value)  # seeded: the same final runs
 
 
+@pytest.mark.slow  # trains a tuning and its final runs end to end (2-4 s)
 def test_overwrite_draws_a_new_tuning_set(tmp_path):
     out = tmp_path / "tuned"
     assert dpgrid("run", *BASE, f"hydra.run.dir={out}").returncode == 0

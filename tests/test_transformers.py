@@ -18,7 +18,7 @@ from dpgrid.runner import train_together
 from dpgrid.training.train import evaluate
 
 from .command import dpgrid as run_dpgrid
-from .conftest import load_cfg
+from .conftest import load_cfg, strategy_class
 from .test_data import make_idx_root
 
 WORDS = ["the", ",", "stocks", "rise", "team", "wins", "game", "on", "oil", "prices", "fall", "vote"]
@@ -64,10 +64,8 @@ def tiny_data(dataset: str, n=512):
 
 def dp_sgd_strategies():
     from dpgrid.config.groups import options
-    from dpgrid.strategies import resolve
 
-    return [name for name in sorted(options("strategy"))
-            if resolve(dpgrid.compose([f"strategy={name}"]).strategy).accounting == "composition"]
+    return [name for name in sorted(options("strategy")) if strategy_class(name).accounting == "composition"]
 
 
 SMALL_TRANSFORMER = {"model.vocabulary": 50, "model.max_tokens": 9, "model.width": 16, "model.depth": 1}

@@ -23,14 +23,17 @@ def rdp_epsilon(sample_rate: float, noise_multiplier: float, steps: int, delta: 
 
 
 def rdp_curve(sample_rate: float, noise_multiplier: float, orders=None):
-    """rdp_epsilon as a function of (steps, delta) at one noise multiplier: Opacus's one-step RDP curve,
-    computed once and scaled by the steps (RDP composes by adding; compute_rdp returns the one-step curve
-    times steps, as here, so every value is the same bit for bit whichever way it is asked)."""
+    """rdp_epsilon as a function of (steps, delta) at one noise multiplier: Opacus's one-step RDP curve
+    (dpgrid.privacy.gaussian_rdp: Opacus's sums as arrays), computed once and scaled by the steps (RDP composes by
+    adding; compute_rdp returns the one-step curve times steps, as here, so every value is the same bit for bit
+    whichever way it is asked), turned into epsilon by Opacus."""
     from opacus.accountants import RDPAccountant
-    from opacus.accountants.analysis.rdp import compute_rdp, get_privacy_spent
+    from opacus.accountants.analysis.rdp import get_privacy_spent
+
+    from dpgrid.privacy.gaussian_rdp import compute_rdp
 
     orders = orders or RDPAccountant.DEFAULT_ALPHAS + RDP_ORDERS_EXTRA
-    one_step = compute_rdp(q=sample_rate, noise_multiplier=noise_multiplier, steps=1, orders=orders)
+    one_step = compute_rdp(sample_rate, noise_multiplier, 1, orders)
     return lambda steps, delta: float(get_privacy_spent(orders=orders, rdp=one_step * steps, delta=delta)[0])
 
 

@@ -53,15 +53,17 @@ def parameters(rule: str, eta: float, mean: float, delta: float, rounds: int = N
 
 
 def candidate_rdp(sample_rate: float, noise_multiplier: float, steps: int, orders=ORDERS) -> np.ndarray:
-    from opacus.accountants.analysis.rdp import compute_rdp
-    return np.asarray(compute_rdp(q=sample_rate, noise_multiplier=noise_multiplier, steps=steps, orders=orders))
+    from dpgrid.privacy.gaussian_rdp import compute_rdp
+    return compute_rdp(sample_rate, noise_multiplier, steps, orders)
 
 
 def rdp_delta(orders, rdp, epsilon: float) -> float:
     """delta of an (orders, rdp) curve at epsilon (Canonne, Kamath & Steinke 2020, Proposition 12):
     delta = min_lambda exp((lambda - 1)(rdp - epsilon)) / lambda * (1 - 1/lambda)^(lambda - 1)."""
-    bounds = [(a - 1) * (r - epsilon + math.log1p(-1 / a)) - math.log(a) for a, r in zip(orders, rdp) if a > 1]
-    return math.exp(min(0.0, min(bounds)))  # every mechanism is (epsilon, 1)-DP
+    orders, rdp = np.asarray(orders, dtype=float), np.asarray(rdp, dtype=float)
+    a, r = orders[orders > 1], rdp[orders > 1]
+    bounds = (a - 1) * (r - epsilon + np.log1p(-1 / a)) - np.log(a)
+    return math.exp(min(0.0, float(bounds.min())))  # every mechanism is (epsilon, 1)-DP
 
 
 def selection_rdp(orders, rdp, stopping: dict) -> np.ndarray:

@@ -55,21 +55,26 @@ def amplified_rdp(rdp: np.ndarray, rate: float) -> np.ndarray:
     """RDP at INTEGER_ORDERS of a mechanism (RDP `rdp` at INTEGER_ORDERS, both directions) run on a Poisson subsample
     of rate `rate`: the smaller of Zhu & Wang's general bound (Theorem 6) and joint convexity."""
     rdp = np.asarray(rdp, dtype=float)
-    orders = INTEGER_ORDERS
+    a, l, log_binomial_2, log_3_binomial = zhu_wang_coefficients()
     log_q, log_rest = math.log(rate), math.log1p(-rate)
-    out = np.empty(len(orders))
-    for i, a in enumerate(orders):
-        a = int(a)
-        terms = [(a - 1) * log_rest + math.log(a * rate - rate + 1),
-                 gammaln(a + 1) - gammaln(3) - gammaln(a - 1) + 2 * log_q + (a - 2) * log_rest + rdp[0]]
-        if a >= 3:
-            ls = np.arange(3, a + 1)
-            terms.extend(math.log(3) + gammaln(a + 1) - gammaln(ls + 1) - gammaln(a - ls + 1) + ls * log_q
-                         + (a - ls) * log_rest + (ls - 1) * rdp[ls - 2])
-        zhu_wang = logsumexp(terms) / (a - 1)
-        convex = np.logaddexp(log_rest, log_q + (a - 1) * rdp[i]) / (a - 1)
-        out[i] = max(0.0, min(zhu_wang, convex))
-    return out
+    # terms[i, j]: the l = j + 3 term of order a = INTEGER_ORDERS[i]; -inf past l = a, so every order is one row
+    terms = np.where(l <= a, log_3_binomial + l * log_q + (a - l) * log_rest + (l - 1) * rdp[l.astype(int) - 2], -np.inf)
+    a = a[:, 0]
+    first = (a - 1) * log_rest + np.log(a * rate - rate + 1)
+    second = log_binomial_2 + 2 * log_q + (a - 2) * log_rest + rdp[0]
+    zhu_wang = logsumexp(np.column_stack([first, second, terms]), axis=1) / (a - 1)
+    convex = np.logaddexp(log_rest, log_q + (a - 1) * rdp) / (a - 1)
+    return np.maximum(0.0, np.minimum(zhu_wang, convex))
+
+
+def zhu_wang_coefficients() -> tuple:
+    """(the orders as a column, l = 3..256 as a row, log C(a, 2), log(3 C(a, l))): Zhu & Wang's coefficients, which
+    depend on the orders alone."""
+    a = INTEGER_ORDERS[:, None].astype(float)
+    l = np.arange(3, INTEGER_ORDERS[-1] + 1, dtype=float)[None, :]
+    log_binomial_2 = gammaln(a[:, 0] + 1) - gammaln(3) - gammaln(a[:, 0] - 1)
+    log_3_binomial = math.log(3) + gammaln(a + 1) - gammaln(l + 1) - gammaln(np.maximum(a - l, 0) + 1)
+    return a, l, log_binomial_2, log_3_binomial
 
 
 def mixture_rdp(rate: float, rdp_a: np.ndarray, rdp_b: np.ndarray) -> np.ndarray:
@@ -80,11 +85,10 @@ def mixture_rdp(rate: float, rdp_a: np.ndarray, rdp_b: np.ndarray) -> np.ndarray
 
 
 def gaussian_rdp(sample_rate: float, noise_multiplier: float, steps: int) -> np.ndarray:
-    """`steps` Poisson-subsampled Gaussian steps at INTEGER_ORDERS (Opacus)."""
-    from opacus.accountants.analysis.rdp import compute_rdp
+    """`steps` Poisson-subsampled Gaussian steps at INTEGER_ORDERS (Opacus's analysis, dpgrid.privacy.gaussian_rdp)."""
+    from dpgrid.privacy.gaussian_rdp import compute_rdp
 
-    return np.asarray(compute_rdp(q=sample_rate, noise_multiplier=noise_multiplier, steps=steps,
-                                  orders=[float(a) for a in INTEGER_ORDERS]))
+    return compute_rdp(sample_rate, noise_multiplier, steps, INTEGER_ORDERS)
 
 
 def rdp_to_epsilon(rdp: np.ndarray, delta: float) -> float:
@@ -150,19 +154,27 @@ def composed_delta(tuning_deltas: np.ndarray, delta_f, epsilon: float, e1=E1_GRI
     phase (profile delta_f): the smaller of two dominations (docs/selection.md, Step T3) — the best single
     randomized response of (e1, delta_1(e1)), and the mixture of randomized responses whose profile is the convex
     hull of delta_1's points."""
+    return composed_profile(tuning_deltas, delta_f, e1)(epsilon)
+
+
+def composed_profile(tuning_deltas: np.ndarray, delta_f, e1=E1_GRID):
+    """epsilon -> composed_delta(tuning_deltas, delta_f, epsilon, e1), the dominating mixture found once."""
     s = 1 / (1 + np.exp(-e1))
-    single = tuning_deltas + (1 - tuning_deltas) * (s * signed_delta(delta_f, epsilon - e1)
-                                                    + (1 - s) * signed_delta(delta_f, epsilon + e1))
-    bound = float(single.min())
     mixture = dominating_mixture(e1, tuning_deltas)
-    if mixture is not None:
-        eps_i, w_i, w_inf = mixture
-        s_i = 1 / (1 + np.exp(-eps_i))
-        rest = 1 - w_inf - w_i.sum()  # randomized responses of epsilon 0: the final phase alone
-        bound = min(bound, float(w_inf + np.sum(w_i * (s_i * signed_delta(delta_f, epsilon - eps_i)
-                                                         + (1 - s_i) * signed_delta(delta_f, epsilon + eps_i)))
-                                 + rest * signed_delta(delta_f, np.array([epsilon]))[0]))
-    return float(min(1.0, bound))
+
+    def delta_at(epsilon: float) -> float:
+        single = tuning_deltas + (1 - tuning_deltas) * (s * signed_delta(delta_f, epsilon - e1)
+                                                        + (1 - s) * signed_delta(delta_f, epsilon + e1))
+        bound = float(single.min())
+        if mixture is not None:
+            eps_i, w_i, w_inf = mixture
+            s_i = 1 / (1 + np.exp(-eps_i))
+            rest = 1 - w_inf - w_i.sum()  # randomized responses of epsilon 0: the final phase alone
+            bound = min(bound, float(w_inf + np.sum(w_i * (s_i * signed_delta(delta_f, epsilon - eps_i)
+                                                             + (1 - s_i) * signed_delta(delta_f, epsilon + eps_i)))
+                                     + rest * signed_delta(delta_f, np.array([epsilon]))[0]))
+        return float(min(1.0, bound))
+    return delta_at
 
 
 def epsilon_at(delta_of, delta: float, high: float = 200.0) -> float:
@@ -242,7 +254,7 @@ def profile_spent(setting: Setting, tuning_noise: float, final_noise: float) -> 
         # selection's profile bound is not, near epsilon = 0)
         deltas_1 = np.minimum(amplified_delta(delta_a, setting.rate, E1_GRID),
                               rdp_delta(amplified_rdp(tuning_rdp(setting, tuning_noise), setting.rate), E1_GRID))
-        total = epsilon_at(lambda e: composed_delta(deltas_1, final.delta, e), delta)
+        total = epsilon_at(composed_profile(deltas_1, final.delta), delta)
     else:
         total = epsilon_at(lambda e: setting.rate * float(delta_a(np.array([e]))[0])
                            + (1 - setting.rate) * float(final.delta(np.array([e]))[0]), delta)

@@ -14,7 +14,9 @@ import csv
 import errno
 import io
 import json
+import math
 import os
+import re
 import shutil
 from pathlib import Path
 
@@ -157,21 +159,28 @@ def read_frame(source):
     return frame
 
 
-def typed_column(values):
-    import numpy as np
+NUMBER = re.compile(r"[+-]?(?:\d+(?:\.\d*)?|\.\d+)(?:[eE][+-]?\d+)?|[+-]?(?:inf|infinity|nan)", re.IGNORECASE)
+WHOLE = re.compile(r"-?\d+")
 
-    if not len(values):  # no row to tell its type by
+
+def typed_column(values):
+    """A column of text as written: flags where every value is True or False, whole numbers where every value is
+    one, numbers where every value is a number or empty (NaN), else the text. Read value by value in Python: a
+    run's file is tens of rows, where pandas' per-column machinery costs more than the values."""
+    import numpy as np
+    import pandas as pd
+
+    texts = values.tolist()
+    if not texts:  # no row to tell its type by
         return values
-    present = values[values != ""]
-    if len(present) and present.isin(("True", "False")).all():
+    present = [t for t in texts if t != ""]
+    if present and all(t in ("True", "False") for t in present):
         return values.map({"True": True, "False": False, "": np.nan})
-    try:
-        numbers = values.replace("", "nan").astype(float)
-    except ValueError:
+    if not all(NUMBER.fullmatch(t) for t in present):
         return values
-    if len(present) == len(values) and present.str.fullmatch(r"-?\d+").all():
-        return numbers.astype("int64")
-    return numbers
+    if len(present) == len(texts) and all(WHOLE.fullmatch(t) and -2 ** 63 <= int(t) < 2 ** 63 for t in texts):
+        return pd.Series([int(t) for t in texts], index=values.index, name=values.name, dtype="int64")
+    return pd.Series([float(t) if t else math.nan for t in texts], index=values.index, name=values.name, dtype=float)
 
 
 def check_writable(folder) -> None:

@@ -5,6 +5,8 @@ curves.csv is appended and fsynced before its run's commit, so on resume its row
 are dropped. Damage is named in one line, with whether the same command repairs it.
 """
 
+import csv
+import io
 import math
 import warnings
 from pathlib import Path
@@ -161,9 +163,16 @@ def run_ids(frame: pd.DataFrame) -> list:
 
 def commit_run(path: Path, row: dict) -> int:
     """Add a finished run to runs.csv by write-then-rename: the file is always whole, never torn. Returns the
-    number of runs it holds."""
+    number of runs it holds. A row with the file's columns is appended as its line (the rows before it are not read
+    as a table: committing stays as cheap for the hundredth run as for the first); a row that brings a new column
+    rewrites the table with it."""
     new = pd.DataFrame([row])
-    old = read_frame(path) if path.exists() else None
+    header, _, line = new.to_csv(index=False).partition("\n")
+    text = path.read_text() if path.exists() else ""
+    if text.endswith("\n") and text.partition("\n")[0] == header:
+        write_atomic(path, text + line)
+        return sum(1 for _ in csv.reader(io.StringIO(text + line))) - 1
+    old = read_frame(path) if text else None
     frame = new if old is None or not len(old) else pd.concat([old, new], ignore_index=True)
     write_csv(path, frame)
     return len(frame)

@@ -22,16 +22,17 @@ from dpgrid.results.files import (check_writable, environment, locked, outermost
 from dpgrid.models import default_dtype, starting_model
 from dpgrid.training.rules import MethodChoice
 from dpgrid.training.persample import make_engine, trainable
+from dpgrid.training.proof import EngineChoice, choose_engine
 from dpgrid.results.procedure import Phase, procedure_of, seed_names
 from dpgrid.privacy.randomness import SecureRandom, derive_seed
 from dpgrid.results import ledger
 from dpgrid.results.release import check_release, final_weights, keep_weights, release_when_finished
-from dpgrid.reporting.console import plan_header, report_run, say, say_methods
+from dpgrid.reporting.console import log, plan_header, report_run, say, say_methods
 from dpgrid.results.claim import claim
 from dpgrid.results.runs import commit_run, plan_record, run_ids, write_header
 from dpgrid.strategies.base import Noise, Progress
 from dpgrid.training import threads
-from dpgrid.training.stacked import StackedEngine, StackedModel, group_size
+from dpgrid.training.stacked import StackedEngine, StackedModel, group_size, why_not_stacked
 from dpgrid.training.train import train_runs
 
 
@@ -58,11 +59,12 @@ def sources(spec, config: dict, seed: int, device, phase: Phase = None) -> tuple
     return torch.Generator().manual_seed(derive_seed(*names, "sampling")), noise_source
 
 
-def train_together(spec, data, runs: list, progress: bool = False, conv_methods: MethodChoice = None, phase: Phase = None
-                   ) -> list:
+def train_together(spec, data, runs: list, progress: bool = False, conv_methods: MethodChoice = None, phase: Phase = None,
+                   engine: EngineChoice = None) -> list:
     """The results of `runs` ((configuration, seed) pairs), all trained by one loop: one run alone, or several as
     one stacked model (the same numbers as alone, within float rounding: dpgrid.training.stacked). `conv_methods`: the
-    grid's choice of each convolution's per-sample method (measured once); `data` the phase's training data."""
+    grid's choice of each convolution's per-sample method (measured once); `data` the phase's training data; `engine`:
+    the engine the grid's first batch proved (choose_engine; None: the compiled one, unproved, for a test's runs)."""
     device = data.x_train.device
     models = [initial_model(spec, seed, device) for _, seed in runs]
     samplers, noise_sources = zip(*(sources(spec, config, seed, device, phase) for config, seed in runs))
@@ -73,7 +75,8 @@ def train_together(spec, data, runs: list, progress: bool = False, conv_methods:
     steps = lengths.pop()
     if len(runs) == 1:
         params, hp, noise_source = trainable(models[0]), configs[0], noise_sources[0]
-        engine = make_engine(models[0], data.task, spec.train.engine, conv_methods)
+        chosen = engine or EngineChoice(spec.train.engine)
+        engine = make_engine(models[0], data.task, chosen.name, conv_methods, chosen.layout)
     else:
         stack = StackedModel(models)
         params, noise_source, engine = stack.params, list(noise_sources), StackedEngine(stack, data.task)
@@ -127,7 +130,7 @@ class Trained:
 
 
 def run_row(spec, config, seed, result, draw=None, n_threads=None, conv_methods: str = "", phase: Phase = None,
-            group_size: int = 1) -> dict:
+            group_size: int = 1, engine: EngineChoice = None) -> dict:
     plan, procedure, phase = spec.plan, procedure_of(spec.plan.method), phase or Phase([])
     row = dict(dataset=plan.dataset, strategy=plan.strategy, metric=tasks.get(spec.dataset.task).metric,
                epsilon=plan.epsilon, delta=plan.delta, k=plan.k, config_id=config["config_id"])
@@ -150,6 +153,8 @@ def run_row(spec, config, seed, result, draw=None, n_threads=None, conv_methods:
         row["final_lr"] = result.final_lr
     row.update(diverged=result.diverged, seconds=round(result.seconds, 3), eval_seconds=round(result.eval_seconds, 3),
                threads=n_threads, group_size=group_size, device=spec.train.device,
+               engine=engine.name if engine else spec.train.engine,
+               engine_proof=engine.error if engine else float("nan"),
                **({"conv_methods": conv_methods} if conv_methods else {}),
                config_hash=spec.config_hash)
     return row
@@ -213,14 +218,16 @@ def train_grid(spec, out: Path, progress: bool, on_lock=None) -> "Trained":
     # A selection's console and cli.log say nothing that depends on the candidates: not their number
     # (a bar's total, a line per run) nor their scores. Those stay in the private files.
     quiet = procedure.releases_best_only
-    work, conv_methods = [], MethodChoice(spec.train.conv_method)
+    work, conv_methods, engine = [], MethodChoice(spec.train.conv_method), None
     for number, phase in enumerate(procedure.phases(out, spec, list(spec.to_train), data)):
         if number == 0:  # after the first phase's draw, which may refuse the grid
             ledger.record_draws(out, spec)
             say(plan_header(spec))
             if quiet:
                 say(f"{plan.selection.replace('_', ' ')}: training; its epsilon covers {plan.method.covers}")
-        train_phase(spec, out, data, phase, done, progress, quiet, conv_methods)
+        if engine is None and phase.runs:
+            engine = proved_engine(spec, data)
+        train_phase(spec, out, data, phase, done, progress, quiet, conv_methods, engine)
         work += phase.runs
     runs = read_frame(out / "runs.csv") if work else None
     if not procedure.every_run(plan, work) - set(run_ids(runs) if runs is not None else ()):
@@ -231,8 +238,20 @@ def train_grid(spec, out: Path, progress: bool, on_lock=None) -> "Trained":
                    (released or {}).get("final"))
 
 
-def train_phase(spec, out: Path, data, phase: Phase, done: set, progress: bool, quiet: bool, conv_methods: MethodChoice
-                ) -> None:
+def proved_engine(spec, data) -> EngineChoice:
+    """The engine the grid trains with, proved on its first batch of public examples (dpgrid.training.proof): said in
+    cli.log."""
+    model = initial_model(spec, 0, data.x_train.device)
+    could_stack = (spec.audit is None and spec.train.parallel_runs != "1"
+                   and not why_not_stacked(model, spec.strategy_cls))
+    setting = "func" if spec.train.engine == "func" else spec.train.engine_setting
+    choice = choose_engine(model, data.task, data.x_test, data.y_test, setting, could_stack, spec.train.parallel_runs)
+    log(choice.said)
+    return choice
+
+
+def train_phase(spec, out: Path, data, phase: Phase, done: set, progress: bool, quiet: bool, conv_methods: MethodChoice,
+                engine: EngineChoice = None) -> None:
     """Train a phase's runs that are not `done`, committing each run's row as it finishes."""
     plan, work = spec.plan, phase.runs
     if phase.train_rows is not None:
@@ -246,7 +265,7 @@ def train_phase(spec, out: Path, data, phase: Phase, done: set, progress: bool, 
                disable=None if progress and not quiet else True)
     # Groups are fixed slices of the grid's runs, whatever is done: a group with a run left trains whole and
     # commits what is left, so a resumed grid's runs get the numbers of an uninterrupted one (padding, kernels).
-    size = stacking(spec, data, len(work)) if todo or quiet else 1
+    size = stacking(spec, data, len(work), engine) if todo or quiet else 1
     finished, said = total - len(todo), 0
     for start in range(0, len(work), size):
         group = work[start:start + size]
@@ -255,7 +274,7 @@ def train_phase(spec, out: Path, data, phase: Phase, done: set, progress: bool, 
             continue
         # the step bar (a terminal's only, and gone when the group ends) is a selection's too: its group holds one
         # candidate's runs at most, so nothing it shows depends on how many were drawn
-        results = train_together(spec, data, group, progress, conv_methods, phase)
+        results = train_together(spec, data, group, progress, conv_methods, phase, engine)
         if not quiet:  # each convolution's per-sample choice, once measured (a selection's stay in its rows)
             said = say_methods(conv_methods, said)
         for (config, seed), result in zip(group, results):  # each run committed on its own, as when trained alone
@@ -267,7 +286,7 @@ def train_phase(spec, out: Path, data, phase: Phase, done: set, progress: bool, 
                 audit_canaries.keep_scores(out, config["config_id"], seed, result.canary_scores)
             append_curves(out / "curves.csv", [dict(config_id=config["config_id"], seed=seed, **c) for c in result.curve])
             row = run_row(spec, config, seed, result, phase.draw, torch.get_num_threads(), conv_methods.summary(), phase,
-                          len(group))
+                          len(group), engine)
             committed = commit_run(out / "runs.csv", row)
             ledger.record(out, spec, committed)
             finished += 1
@@ -277,7 +296,7 @@ def train_phase(spec, out: Path, data, phase: Phase, done: set, progress: bool, 
     bar.close()
 
 
-def stacking(spec, data, runs: int) -> int:
+def stacking(spec, data, runs: int, engine: EngineChoice = None) -> int:
     """How many of the grid's `runs` train together (train.parallel_runs), said in one line: the groups' size, or
     why one at a time when stacking was asked for or would serve and cannot. A selection says it whatever the number
     of its runs, which depends on how many candidates were drawn (and prints nothing that does)."""
@@ -288,6 +307,8 @@ def stacking(spec, data, runs: int) -> int:
         runs = 2 * spec.plan.seeds    # candidates, so that neither the group nor the line depends on how many were drawn
     size, why = group_size(spec.train.parallel_runs, initial_model(spec, 0, device), spec.strategy_cls, runs,
                            spec.plan.batch_size, device)
+    if engine is not None and not engine.stacks and size > 1:
+        size, why = 1, "the stacked engine did not prove itself on the first batch (cli.log)"
     size = procedure.group_limit(spec.plan.seeds, size)
     if why and runs > 1 and spec.train.parallel_runs != "1":
         say(f"train.parallel_runs: one run at a time: {why}")

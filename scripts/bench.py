@@ -222,6 +222,22 @@ RIVALS = {"opacus": (opacus_step, tuple(MODELS)), "opacus_ghost": (opacus_ghost_
           "func": (fallback_step, ("transformer", "vit"))}
 
 
+def proof_seconds(model_name, repeats: int = 3) -> float:
+    """What a grid of this model pays before it trains (dpgrid.training.proof): the layout found on two batch sizes
+    and the fast engine compared with the exact per-sample gradients in float64, best of `repeats` after one."""
+    from dpgrid.training.proof import prove
+
+    model = MODELS[model_name][0]().to(DEVICE)
+    x, y, task = batch(model_name)
+    best = float("inf")
+    for _ in range(repeats + 1):
+        start = time.perf_counter()
+        prove(model, task, x[:64], y[:64], stacked_too=False)
+        synchronize()
+        best = min(best, time.perf_counter() - start)
+    return best
+
+
 def make_step(model_name, method, engine_name):
     if method == "nonprivate":
         return nonprivate_step(model_name)
@@ -562,6 +578,7 @@ def main():
                 report["results"].append({"model": model_name, "strategy": m, **{k: v for k, v in row.items() if k != "model"},
                                           "target_ratio": target,
                                           "met": None if target is None else row["ratio_to_nonprivate"] <= target})
+    report["proof"] = [{"model": m, "seconds": proof_seconds(m)} for m in args.models]
     report["per_sample_methods"] = METHODS.describe()
     if args.record:
         report.update(commit=commit(), command="python scripts/bench.py " + " ".join(sys.argv[1:]),
@@ -581,6 +598,8 @@ def main():
         target = f"{r['target_ratio']:.2f}{'' if r['met'] else '!'}" if r.get("target_ratio") else ""
         print(f"{r['model']:<13} {name:<16} {r['seconds']:>8.4f} {r['ratio_to_nonprivate']:>6.2f} {target:>7} "
               f"{r.get('peak_mb', float('nan')):>8.0f}")
+    for r in report["proof"]:
+        print(f"{r['model']}: the first batch's proof (dpgrid.training.proof) {r['seconds']:.3f} s, once per grid")
     if any(r["target_ratio"] for r in report["results"]):
         print("target: the largest ratio to non-private a strategy's step should keep on a 2-core CPU (! not met)")
     for model_name in args.models:

@@ -152,7 +152,7 @@ def check_config(cfg, n_train: int = None) -> list:
     if read.choice("train.sampling", ("poisson", "shuffle")) == "shuffle":
         warnings.append("train.sampling=shuffle: fixed-size shuffled batches are NOT covered by the Poisson analysis; "
                         "these runs claim no epsilon (epsilon_spent is empty, rows marked 'not DP')")
-    read.choice("train.engine", ("fast", "func"))
+    read.choice("train.engine", ("auto", "fast", "func"))
     read.choice("train.conv_method", ("auto", *CONV_METHODS))
     read.choice("train.save_models", SAVE_MODELS)
     threads = str(read.get("train.threads"))

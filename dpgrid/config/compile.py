@@ -33,13 +33,14 @@ class Training:
     momentum: float      # as applied: 0 for a strategy whose update does not take it (uses_momentum = False)
     sampling: str        # poisson | shuffle
     device: str
-    engine: str          # the per-sample engine this grid's model runs on (fast, or func where fast cannot serve)
+    engine: str          # the per-sample engine this grid's model runs on by its layer types (fast, or func where fast cannot serve)
     float64: bool
     secure_rng: bool
     threads: str = "auto"  # torch threads: auto (chosen when the grid runs, dpgrid.training.threads) or a number
     parallel_runs: str = "auto"  # runs trained stacked: auto (dpgrid.training.stacked.group_size) or a number
     save_models: str = "released"  # released | all | none (dpgrid.results.models)
     conv_method: str = "auto"    # a convolution's per-sample method: auto (measured) or one (dpgrid.training.rules.convolution)
+    engine_setting: str = "auto"  # train.engine as set: auto | fast (the first batch's proof refuses, not falls back) | func
 
 
 @dataclass(frozen=True)
@@ -125,7 +126,8 @@ def compile(cfg, n_train: int = None, plan: bool = True, before_plan=None) -> Gr
                        sampling=str(cfg.train.sampling), device=str(cfg.train.device), engine=str(cfg.train.engine),
                        float64=bool(cfg.train.float64), secure_rng=bool(cfg.privacy.secure_rng),
                        threads=str(cfg.train.threads), parallel_runs=str(cfg.train.parallel_runs),
-                       save_models=str(cfg.train.save_models), conv_method=str(cfg.train.conv_method)),
+                       save_models=str(cfg.train.save_models), conv_method=str(cfg.train.conv_method),
+                       engine_setting=str(cfg.train.engine)),
         dataset=dataset, model=target_of(own_keys(read_only(cfg.model)), "model"), start=start,
         data_root=str(cfg.data.root), protocol=str(cfg.protocol), overwrite=bool(cfg.overwrite), stopping_seed=int(privacy["stopping_seed"]),
         privacy=MappingProxyType(privacy), settings=MappingProxyType(plain),

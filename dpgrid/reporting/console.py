@@ -107,10 +107,15 @@ def previous_edge(out, plan) -> str:
     return edge_warning(summary, plan)
 
 
+def log(line: str) -> None:
+    """A line for cli.log only: the engine's internals (what it proved, which forms it measured), which a user reads
+    when they want them, not on the console."""
+    logging.getLogger("dpgrid").info(line)
+
+
 def say_methods(methods, said: int) -> int:
-    """Log (cli.log and stderr) each convolution's per-sample method newly chosen; returns how many are said."""
+    """Log (cli.log) each layer shape's per-sample method newly chosen; returns how many are said."""
     lines = methods.describe()
     for line in lines[said:]:
-        logging.getLogger("dpgrid").info(f"per-sample method: {line}")
-        print(f"per-sample method: {line}", file=sys.stderr, flush=True)
+        log(f"per-sample method: {line}")
     return len(lines)

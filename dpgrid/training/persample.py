@@ -14,6 +14,7 @@ How they are computed is this module's business: engines change without touching
   fallback, with one warning, for a model with a parametrised layer no rule serves.
 """
 
+from dataclasses import dataclass
 from typing import Callable
 
 import torch
@@ -142,17 +143,22 @@ class FuncEngine(OneRunEngine):
         if len(x) == 0:
             return empty_batch(self.params, x.device, len(self.groups))
         params = [p.detach() for p in self.params]
-        grads = self._grads(params, x, y)
-        sq = [g.flatten(1).pow(2).sum(1) for g in grads]
-        group_of = {i: l for l, group in enumerate(self.groups) for i in group}
+        return materialised(self._grads(params, x, y), self.groups, x.device)
 
-        def group_sum(w):
-            return [torch.tensordot(w[:, group_of[i]].to(g.dtype), g, dims=1) for i, g in enumerate(grads)]
 
-        return PerSampleGrads(len(x), lambda: torch.sqrt(sum(sq)),
-                              lambda w: [torch.tensordot(w.to(g.dtype), g, dims=1) for g in grads],  # (m, *shape)
-                              lambda: torch.sqrt(torch.stack([sum(sq[i] for i in group) for group in self.groups], 1)),
-                              group_sum, x.device)
+def materialised(grads: list, groups: list, device) -> PerSampleGrads:
+    """The PerSampleGrads of materialised per-sample gradients: `grads`, one (b, *shape) tensor per parameter that
+    trains; `groups`: parameter_groups's."""
+    sq = [g.flatten(1).pow(2).sum(1) for g in grads]
+    group_of = {i: l for l, group in enumerate(groups) for i in group}
+
+    def group_sum(w):
+        return [torch.tensordot(w[:, group_of[i]].to(g.dtype), g, dims=1) for i, g in enumerate(grads)]
+
+    return PerSampleGrads(len(grads[0]), lambda: torch.sqrt(sum(sq)),
+                          lambda w: [torch.tensordot(w.to(g.dtype), g, dims=1) for g in grads],  # (m, *shape)
+                          lambda: torch.sqrt(torch.stack([sum(sq[i] for i in group) for group in groups], 1)),
+                          group_sum, device)
 
 
 # --- the fast engine --------------------------------------------------------------------------------
@@ -163,10 +169,37 @@ def unsupported_layers(model: nn.Module) -> list:
     return sorted({why for m in parametrised_layers(model) if (why := why_unserved(m))})
 
 
-class FastEngine(OneRunEngine):
-    """Book-keeping per-sample norms and weighted sums, a rule per layer (see the module docstring)."""
+@dataclass(frozen=True)
+class LayerLayout:
+    """How one parametrised layer's call carries the samples: `batch_dim`, the dimension of its input and output that
+    holds them (0 for most models, 1 for a sequence-first layout), or None where the call holds none (its output is
+    shared by every sample); `copies`: the forward changes its input or output in place afterwards, so the engine keeps
+    its own copy."""
+    batch_dim: object = 0
+    copies: bool = False
 
-    def __init__(self, model: nn.Module, task: str, methods: MethodChoice = None):
+
+@dataclass(frozen=True)
+class ModelLayout:
+    """Each parametrised layer's LayerLayout, in model order, and why the fast engine cannot serve the model ('' when
+    it can)."""
+    layers: tuple = ()
+    problem: str = ""
+
+    def of(self, at: int) -> LayerLayout:
+        return self.layers[at] if at < len(self.layers) else LayerLayout()
+
+
+class InPlaceChange(Exception):
+    """The forward changed a layer's input or output in place after the layer's call (its position among the layers)."""
+
+
+class FastEngine(OneRunEngine):
+    """Book-keeping per-sample norms and weighted sums, a rule per layer (see the module docstring). `layout`
+    (dpgrid.training.proof.ModelLayout): where each layer's call carries the samples, found by running the model on two
+    batch sizes; None: dimension 0 of every layer's input and output (the built-in models)."""
+
+    def __init__(self, model: nn.Module, task: str, methods: MethodChoice = None, layout=None):
         self.model, self.task = model, task
         self.methods = methods or MethodChoice()  # where two exact forms compete, measured once per layer shape
         self.params = trainable(model)
@@ -174,48 +207,86 @@ class FastEngine(OneRunEngine):
         problems = unsupported_layers(model)
         if problems:
             raise NotImplementedError(f"the fast engine cannot serve this model: {'; '.join(problems)}")
+        layout = layout or ModelLayout()
+        self._layout = {m: layout.of(at) for at, m in enumerate(self.layers)}
+        self._copies = {m for m, found in self._layout.items() if found.copies}  # grows if an in-place change is seen
         position = {id(p): i for i, p in enumerate(self.params)}
         # each layer's parameters that train: their names (the rule's) and their places among the engine's
         self._own = [[(name, position[id(p)]) for name, p in m.named_parameters(recurse=False) if p.requires_grad]
                      for m in self.layers]
         self._rule_of = {m: rule_for(m) for m in self.layers}
-        self._record = None  # a dict only while __call__ runs its forward
+        self._record, self._batch = None, 0  # a dict and the batch's size only while __call__ runs its forward
         for m in self.layers:
             m.register_forward_hook(self._save)
 
     def _save(self, module, inputs, output):
-        if self._record is not None and torch.is_grad_enabled():
-            if module in self._record:
-                raise DpgridError(f"model: {type(module).__name__} is used twice in one forward (weight sharing), "
-                                  "which the fast engine cannot clip per sample; use train.engine=func")
-            self._record[module] = (self._rule_of[module].recorded(module, inputs, output), output)
+        """Keep what the layer's rule needs of its call; the tensor returned (if any) replaces the layer's output in the
+        rest of the forward: each sample's own view of an output shared by every sample, or a copy of an output the
+        forward changes in place (the rule keeps the layer's own)."""
+        if self._record is None or not torch.is_grad_enabled():
+            return None
+        if module in self._record:
+            raise DpgridError(f"model: {type(module).__name__} is used twice in one forward (weight sharing), "
+                              "which the fast engine cannot clip per sample; use train.engine=func")
+        batch_dim, copies = self._layout[module].batch_dim, module in self._copies
+        a, out, replaced = inputs[0], output, None
+        if batch_dim is None:  # shared by every sample: each gets its own view, and its own gradient there
+            a = a.unsqueeze(0).expand(self._batch, *a.shape)
+            out = replaced = output.unsqueeze(0).expand(self._batch, *output.shape)
+        watched = [] if copies else [(a, a._version), (out, out._version)]  # an in-place change after the call
+        if copies:
+            a, replaced = a.clone(), out.clone()
+        moved = a.movedim(batch_dim, 0) if batch_dim else a
+        kept = self._rule_of[module].recorded(module, (moved,), out) if batch_dim == 0 else moved.detach()
+        self._record[module] = (kept, out, batch_dim, watched)
+        return replaced
 
-    def _builder(self, factors, at, rule, module, kept, own):
+    def _builder(self, factors, at, rule, module, kept, own, batch_dim):
         """The hook that builds layer `at`'s rule from its output gradient; `kept`: a one-item list, emptied then."""
         def build(g):
+            g = g.movedim(batch_dim, 0) if batch_dim else g
             factors[at] = rule(module, kept.pop(), g, self.methods, tuple(name for name, _ in own))
         return build
 
     def __call__(self, x: torch.Tensor, y: torch.Tensor) -> PerSampleGrads:
         if len(x) == 0:
             return empty_batch(self.params, x.device, len(self.layers))
-        self._record = {}
-        losses = per_sample_losses(self.model(x), y, self.task)
-        record, self._record = self._record, None
+        while True:
+            try:
+                return self._gradients(x, y)
+            except InPlaceChange as change:  # the layer keeps its own copy from now on, and the batch is done again
+                self._copies.add(self.layers[change.args[0]])
+
+    def _gradients(self, x: torch.Tensor, y: torch.Tensor) -> PerSampleGrads:
+        self._record, self._batch = {}, len(x)
+        try:
+            losses = per_sample_losses(self.model(x), y, self.task)
+        finally:
+            record, self._record = self._record, None
         # One backward to each layer's output (G_i of every sample, no weight gradients); each layer's rule is built
         # as soon as its G arrives, and the layer's input is let go then, not after the whole backward (a rule that
         # keeps less than its input and G, a normalisation's, frees them while the backward goes on).
         factors, outputs, handles = [None] * len(self.layers), [], []
         for at, (m, own) in enumerate(zip(self.layers, self._own)):
-            kept, output = record.pop(m)
+            if m not in record:  # not called in this forward: its parameters' gradient is zero
+                factors[at] = Unused(m, own, len(x), x.device)
+                continue
+            kept, output, batch_dim, watched = record.pop(m)
+            if any(t._version != version for t, version in watched):
+                raise InPlaceChange(at)
             outputs.append(output)
-            handles.append(output.register_hook(self._builder(factors, at, self._rule_of[m], m, [kept], own)))
+            handles.append(output.register_hook(self._builder(factors, at, self._rule_of[m], m, [kept], own,
+                                                              batch_dim)))
         try:
-            torch.autograd.grad(losses.sum(), outputs)
+            if outputs:
+                torch.autograd.grad(losses.sum(), outputs, allow_unused=True)
         finally:
             for handle in handles:
                 handle.remove()
         del outputs, handles
+        for at, m in enumerate(self.layers):  # a layer the loss does not reach: zero gradient
+            if factors[at] is None:
+                factors[at] = Unused(m, self._own[at], len(x), x.device)
 
         def norms():
             return torch.sqrt(sum(f.sq_norms() for f in factors))
@@ -224,7 +295,7 @@ class FastEngine(OneRunEngine):
             sums = [None] * len(self.params)
             subsets = disjoint_subsets(w)
             for f, own in zip(factors, self._own):
-                for (_, at), total in zip(own, f.weighted_sum(w.to(f.dtype), subsets)):
+                for (_, at), total in zip(own, f.weighted_sum(w.to(f.dtype), subsets), strict=True):
                     sums[at] = total
             return sums
 
@@ -234,11 +305,26 @@ class FastEngine(OneRunEngine):
         def group_sum(w):
             sums = [None] * len(self.params)
             for layer, (f, own) in enumerate(zip(factors, self._own)):
-                for (_, at), total in zip(own, f.weighted_sum(w[:, layer][None].to(f.dtype))):
+                for (_, at), total in zip(own, f.weighted_sum(w[:, layer][None].to(f.dtype)), strict=True):
                     sums[at] = total[0]
             return sums
 
         return PerSampleGrads(len(x), norms, weighted_sum, group_norms, group_sum, x.device)
+
+
+class Unused:
+    """A layer whose parameters get no gradient in a batch (not called, or not reaching the loss): zero norms and
+    sums."""
+
+    def __init__(self, module, own, size: int, device):
+        self.params = [p for name, p in module.named_parameters(recurse=False) if p.requires_grad]
+        self.size, self.device, self.dtype = size, device, self.params[0].dtype
+
+    def sq_norms(self):
+        return torch.zeros(self.size, device=self.device, dtype=self.dtype)
+
+    def weighted_sum(self, w, subsets=None):
+        return [p.new_zeros((len(w), *p.shape)) for p in self.params]
 
 
 def check_model(model: nn.Module, engine: str = "fast") -> None:
@@ -250,33 +336,46 @@ def check_model(model: nn.Module, engine: str = "fast") -> None:
         if isinstance(module, nn.modules.batchnorm._BatchNorm) and module.training:
             raise DpgridError(f"model: {name or 'the model'} ({type(module).__name__}) mixes the samples of a batch, "
                               "so one sample moves every per-sample gradient; use GroupNorm or LayerNorm instead")
-    if engine != "fast":
-        return
+    shared = shares_parameters(model) if engine == "fast" else ""
+    if shared:
+        raise DpgridError(f"model: {shared}, which the fast engine would clip as two; train.engine=auto or func trains "
+                          "it on the exact torch.func engine")
+
+
+def engine_for(model: nn.Module, name: str = "auto") -> tuple:
+    """(the engine a grid of this model uses, a warning or None), from the model's layer types alone: auto is fast
+    when a rule serves every parametrised layer, else func (with the warning); fast is refused where a layer has no
+    rule. Asked once per grid, when it is compiled; the first batch proves the rest (dpgrid.training.proof)."""
+    check_model(model, "fast" if name == "fast" else "func")
+    problems = unsupported_layers(model) if name != "func" else []
+    if problems and name == "fast":
+        raise DpgridError(f"train.engine=fast cannot serve this model ({'; '.join(problems)}); train.engine=auto trains "
+                          "it on the exact torch.func engine")
+    if name == "auto" and not problems and shares_parameters(model):
+        problems = [shares_parameters(model)]
+    if problems:
+        return "func", (f"the fast engine cannot serve this model ({'; '.join(problems)}): falling back to the slower "
+                        "torch.func engine (exact, more memory)")
+    return ("func" if name == "func" else "fast"), None
+
+
+def shares_parameters(model: nn.Module) -> str:
+    """Why the model's layers share a parameter (a tied weight), which the fast engine would clip as two; '' when none."""
     owner = {}
     for name, module in model.named_modules():
         for param in module.parameters(recurse=False):
             if id(param) in owner:
-                raise DpgridError(f"model: {owner[id(param)]} and {name} share a parameter (tied weights), which the "
-                                  "fast engine would clip as two; use train.engine=func")
+                return f"{owner[id(param)] or 'the model'} and {name} share a parameter (tied weights)"
             owner[id(param)] = name
+    return ""
 
 
-def engine_for(model: nn.Module, name: str = "fast") -> tuple:
-    """(the engine a grid of this model uses, a warning or None): fast when every parametrised layer is
-    supported, else func. Asked once per grid, when it is compiled."""
-    check_model(model, name)
-    problems = unsupported_layers(model) if name == "fast" else []
-    if problems:
-        return "func", (f"the fast engine cannot serve this model ({'; '.join(problems)}): falling back to the slower "
-                        "torch.func engine (exact, more memory)")
-    return name, None
-
-
-def make_engine(model: nn.Module, task: str, name: str = "fast", methods: MethodChoice = None):
-    """The engine `name` for this model (fast falls back to func, with a warning, where it cannot serve); `methods`:
-    the convolutions' per-sample methods, shared by the runs of a grid (measured once)."""
+def make_engine(model: nn.Module, task: str, name: str = "auto", methods: MethodChoice = None, layout=None):
+    """The engine `name` for this model (auto falls back to func, with a warning, where the fast engine cannot serve
+    its layer types); `methods`: the layers' per-sample forms, shared by the runs of a grid (measured once); `layout`:
+    where each layer carries the samples (dpgrid.training.proof)."""
     name, warning = engine_for(model, name)
     if warning:
         import warnings
         warnings.warn(warning)
-    return FuncEngine(model, task) if name == "func" else FastEngine(model, task, methods)
+    return FuncEngine(model, task) if name == "func" else FastEngine(model, task, methods, layout)

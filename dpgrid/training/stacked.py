@@ -95,6 +95,7 @@ class StackedModel:
     def __init__(self, models: list):
         check_model(models[0])
         self.layers = list(models[0])
+        self.copy_before = set()  # positions of parameter-free layers that change their input in place
         self.params = [torch.stack([p.detach() for p in ps]) for ps in zip(*(m.parameters() for m in models))]
         for run, model in enumerate(models):
             for p, stacked in zip(model.parameters(), self.params):
@@ -102,9 +103,12 @@ class StackedModel:
 
     def forward(self, x: torch.Tensor) -> tuple:
         """(outputs (G, b, ...), [(layer, its parameters' names, input, output) of each parametrised layer]) for
-        inputs x of shape (G, b, ...)."""
+        inputs x of shape (G, b, ...). A parameter-free layer that changes its input in place (ReLU(inplace=True))
+        is handed a copy from the first forward that shows it (InPlaceChange; the engine does the batch again)."""
+        from dpgrid.training.persample import InPlaceChange
+
         records, params = [], iter(self.params)
-        for layer in self.layers:
+        for at, layer in enumerate(self.layers):
             names = tuple(name for name, _ in layer.named_parameters())
             if names:
                 inputs = x
@@ -113,7 +117,17 @@ class StackedModel:
                     x.requires_grad_(True)
                 records.append((layer, names, inputs.detach(), x))
             else:  # parameter-free and per sample: applied to the runs' samples as one batch
-                x = layer(x.flatten(0, 1)).unflatten(0, x.shape[:2])
+                given = x.clone() if at in self.copy_before else x
+                version = given._version
+                try:
+                    x = layer(given.flatten(0, 1)).unflatten(0, x.shape[:2])
+                except RuntimeError:  # autograd refuses an in-place change of the first layer's output (a leaf)
+                    if at in self.copy_before:
+                        raise
+                    version = -1
+                if given._version != version and at not in self.copy_before:
+                    self.copy_before.add(at)
+                    raise InPlaceChange(at)
         return x, records
 
 
@@ -129,8 +143,15 @@ class StackedEngine:
 
     def __call__(self, x: torch.Tensor, y: torch.Tensor, mask: torch.Tensor) -> PerSampleGrads:
         """x (G, b, ...), y (G, b, ...), mask (G, b): 1 for a run's sampled rows, 0 for padding."""
+        from dpgrid.training.persample import InPlaceChange
+
         runs, b = mask.shape
-        out, records = self.stack.forward(x)
+        while True:
+            try:
+                out, records = self.stack.forward(x)
+                break
+            except InPlaceChange:  # the layer is handed a copy from now on: the forward again
+                continue
         losses = per_sample_losses(out.flatten(0, 1), y.flatten(0, 1), self.task).view(runs, b)
         # gradients of sum_i loss_i w.r.t. each layer's output: G_i of every sample (0 for padding)
         out_grads = torch.autograd.grad((losses * mask.to(losses.dtype)).sum(), [r[3] for r in records])

@@ -196,9 +196,11 @@ def model_command(args: list) -> None:
         fail(usage)
     run_dir, seed, out, searchpath = rest[0], (seed[-1:] or [None])[0], (out[-1:] or [None])[0], (searchpath or [None])[-1]
     from dpgrid.results.models import export, export_target, load_model
+    from dpgrid.results.seal import check as check_sealed
 
     if out:  # refused before anything is printed
         export_target(out, run_dir)
+    check_sealed(Path(run_dir))  # the grid's results beside its model, as it wrote them
     model = load_model(run_dir, None if seed is None else int(seed), searchpath=searchpath, trust=trust)
     seed = model.statement["default_seed"] if seed is None else int(seed)
     from dpgrid.reporting.describe import print_release

@@ -94,7 +94,9 @@ def check_loaded(dataset, root, x_tr, y_tr, x_te, y_te) -> None:
 # --- the data's identity: what a run directory records instead of data.root --------------------------
 
 def fingerprint(files: dict) -> dict:
-    """{name: {"bytes": size, "sha256": checksum}}; checksums are cached per (path, size, mtime)."""
+    """{name: {"bytes": size, "sha256": checksum}}; checksums are cached per (path, inode, size, mtime, ctime): a file
+    whose bytes changed has another ctime, even where its size and mtime were put back (touch -r), and is read
+    afresh."""
     cache_path = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "dpgrid" / "checksums.json"
     try:
         cache = json.loads(cache_path.read_text())
@@ -104,7 +106,7 @@ def fingerprint(files: dict) -> dict:
     for name, path in sorted(files.items()):
         path = Path(path)  # any path-like a loader returns
         stat = path.stat()
-        key = f"{path.resolve()}|{stat.st_size}|{stat.st_mtime_ns}"
+        key = f"{path.resolve()}|{stat.st_ino}|{stat.st_size}|{stat.st_mtime_ns}|{stat.st_ctime_ns}"
         if key not in cache:
             digest = hashlib.sha256()
             with open(path, "rb") as f:

@@ -17,15 +17,15 @@ from dpgrid import DpgridError, data as data_mod, tasks
 from dpgrid.audit import canaries as audit_canaries
 from dpgrid.config import check_loaded
 from dpgrid.results.curves import append_curves
-from dpgrid.results.files import (check_writable, environment, locked, outermost_missing, read_frame, remove_created,
-                                  write_csv)
+from dpgrid.results.files import (check_writable, environment, locked, outermost_missing, read_frame, read_json,
+                                  remove_created, write_csv)
 from dpgrid.models import default_dtype, starting_model
 from dpgrid.training.rules import MethodChoice
 from dpgrid.training.persample import make_engine, trainable
 from dpgrid.training.proof import EngineChoice, choose_engine
 from dpgrid.results.procedure import Phase, procedure_of, seed_names
 from dpgrid.privacy.randomness import SecureRandom, derive_seed
-from dpgrid.results import ledger
+from dpgrid.results import ledger, seal
 from dpgrid.results.release import check_release, final_weights, keep_weights, release_when_finished
 from dpgrid.reporting.console import log, plan_header, report_run, say, say_methods
 from dpgrid.results.claim import claim
@@ -210,6 +210,7 @@ def train_grid(spec, out: Path, progress: bool, on_lock=None) -> "Trained":
     record = plan_record(spec, data_files)  # what plan.json holds, and what a release here must have been made with
     ledger.check(out, spec, record)
     check_release(out, spec, record)
+    check_sealed(out, spec)
     done = ledger.committed_runs(out, spec)  # before anything is rewritten: a secure grid's damage is refused untouched
     if on_lock:
         on_lock(out)
@@ -230,12 +231,33 @@ def train_grid(spec, out: Path, progress: bool, on_lock=None) -> "Trained":
         train_phase(spec, out, data, phase, done, progress, quiet, conv_methods, engine)
         work += phase.runs
     runs = read_frame(out / "runs.csv") if work else None
-    if not procedure.every_run(plan, work) - set(run_ids(runs) if runs is not None else ()):
+    ended = not procedure.every_run(plan, work) - set(run_ids(runs) if runs is not None else ())
+    if ledger.recorded_release(out, spec) is not None:  # a secure grid that released: that release, never another
+        return Trained(read_frame(out / "summary.csv"), f"model: {out / 'model'} as this secure grid released it (it "
+                       "releases once)" if (out / "model").exists() else "", quiet,
+                       read_json(out / "selection.json", "").get("final") if (out / "selection.json").exists() else None)
+    if ended:
         ledger.update(out, spec, released=True)  # before anything is released: a kill after it leaves no doubt
     summary, released = procedure.summarize(out, runs, plan, data.task)
     write_csv(out / "summary.csv", summary)
-    return Trained(summary, release_when_finished(out, spec, runs, summary, work, record), quiet,
-                   (released or {}).get("final"))
+    seal.seal(out)
+    line = release_when_finished(out, spec, runs, summary, work, record)
+    if ended:
+        ledger.record_release(out, spec)
+    return Trained(summary, line, quiet, (released or {}).get("final"))
+
+
+def check_sealed(out: Path, spec) -> None:
+    """Before the grid trains again in `out`: its result files are what it wrote (dpgrid.results.seal), else a secure
+    grid is refused (or with overwrite=true starts a new release), a seeded one refused or, where no digest covers its
+    files, trained again (the same runs); then sealed as they stand."""
+    found = seal.problem(out, whole=False)[0]
+    if found and ledger.kept(spec):
+        ledger.start_over(out, spec, found)
+    elif found:
+        import warnings
+
+        warnings.warn(seal.resume(out, found, spec.overwrite))
 
 
 def proved_engine(spec, data) -> EngineChoice:
@@ -289,6 +311,7 @@ def train_phase(spec, out: Path, data, phase: Phase, done: set, progress: bool, 
                           len(group), engine)
             committed = commit_run(out / "runs.csv", row)
             ledger.record(out, spec, committed)
+            seal.seal(out)
             finished += 1
             if not quiet:
                 report_run(plan, config["config_id"], seed, result, finished, total)

@@ -133,7 +133,7 @@ def test_a_foreign_model_folder_is_refused(tmp_path):
 
 
 @pytest.mark.parametrize("change, message", [
-    (lambda r: r.update(model={"_target_": "dpgrid.models.cnn"}), "does not fit the model model.json names"),
+    (lambda r: r.update(model={"_target_": "dpgrid.models.cnn"}), "does not have the released weights' shapes"),
     (lambda r: None, "is not a safetensors file"),
 ], ids=["another model", "a pickle for weights"])
 def test_weights_that_do_not_load_are_one_line(tmp_path, change, message):

@@ -9,6 +9,7 @@ import pytest
 from dpgrid import DpgridError
 from dpgrid.reproduction.paper import paper_results
 from dpgrid.reporting.tables import write_tables
+from dpgrid.results.seal import seal
 
 from .command import dpgrid, one_line
 
@@ -61,6 +62,7 @@ def make_grid(root, dataset, strategy, epsilon, k, configs, metric="accuracy", n
     pd.DataFrame([dict(config_id=c, seed=s, step=t, value=60 + t / 10 + s, clip=0.1, lr=0.3, test_loss=1.0)
                   for c, _, values, diverged in configs for s in range(len(values) + diverged) for t in steps]
                  ).to_csv(folder / "curves.csv", index=False)
+    seal(folder)  # as a grid seals its result files (dpgrid.results.seal)
     return folder
 
 
@@ -360,8 +362,8 @@ def test_privacy_figures_come_from_the_runs_and_must_agree_with_the_plan(tree):
 @pytest.mark.parametrize("name, content, message", [
     ("plan.json", "", "damaged file .*plan.json \\(empty\\); run the grid's command again to rewrite it"),
     ("plan.json", "{not json", "damaged file .*plan.json \\(unreadable"),
-    ("runs.csv", "", "damaged file .*runs.csv \\(empty\\)"),
-    ("summary.csv", "", None),  # derived from runs.csv: its damage changes nothing
+    ("runs.csv", "", "runs.csv is not the file its grid wrote \\(edited after it was sealed"),
+    ("summary.csv", "", "summary.csv is not the file its grid wrote"),  # published beside runs.csv: sealed too
 ])
 def test_damaged_files_skip_their_grid_with_one_line(tree, name, content, message):
     folder = tree / "mnist" / "online" / "eps=3" / "per_grid" / "k=9"
@@ -371,6 +373,25 @@ def test_damaged_files_skip_their_grid_with_one_line(tree, name, content, messag
         assert lines == []
         return
     assert len(lines) == 1 and __import__("re").search(message, lines[0]), lines
+
+
+@pytest.mark.parametrize("name, edit", [
+    ("runs.csv", lambda text: text.replace("91.16", "99.16", 1)),
+    ("runs.csv", lambda text: text + text.splitlines()[-1] + "\n"),  # a row added
+    ("curves.csv", lambda text: text.replace("65.0", "95.0", 1)),
+    ("summary.csv", lambda text: text.replace("lr4", "lr3", 1)),
+])
+def test_an_edited_result_file_is_never_published(tree, name, edit):
+    """runs.csv, curves.csv and summary.csv as their grid sealed them (digests.json), or the grid is skipped in one
+    line naming the file: no edited number is published under the grid's epsilon (a figure included)."""
+    folder = tree / "mnist" / "online" / "eps=3" / "per_grid" / "k=9"
+    path = folder / name
+    path.write_text(edit(path.read_text()))
+    _, lines = write(tree, figures=name == "curves.csv")  # the learning curve is the figure curves.csv makes
+    assert len(lines) == 1 and f"{path} " in lines[0] and "its grid" in lines[0], lines
+    results = pd.read_csv(tree / "tables" / "results.csv")
+    assert not ((results.strategy == "online") & (results.epsilon == 3) & (results.dataset == "mnist")).any()
+    assert not (tree / "tables" / "figures" / "curves" / "mnist_online_eps3_per_grid_k9.png").exists()
 
 
 def test_a_grid_whose_first_run_is_still_training_is_skipped_as_such(tree):
@@ -445,9 +466,13 @@ def test_a_plan_that_understates_the_seeds_is_refused(tree):
     assert any("plan.json says epsilon_with_seeds = None but runs.csv says" in line for line in lines), lines
 
 
-def edit_runs(folder, change):
+def edit_runs(folder, change, reseal: bool = True):
+    """runs.csv edited, and by default sealed again as the edit left it (an adversary who rewrites digests.json too:
+    the checks behind the seal are what is tested)."""
     runs = pd.read_csv(folder / "runs.csv", dtype={"config_id": str})
     change(runs).to_csv(folder / "runs.csv", index=False)
+    if reseal:
+        seal(folder)
 
 
 def edit_plan(folder, **changes):

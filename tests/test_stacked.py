@@ -101,6 +101,7 @@ def test_a_grid_resumed_mid_group_ends_with_the_uninterrupted_grids_csvs(tmp_pat
     the uninterrupted grid's up to float rounding far below what another grouping would move (float32 here)."""
     import pandas as pd
 
+    from dpgrid.results.seal import seal
     from dpgrid.runner import train
 
     spec = compile(load_cfg("digits", "online", **{"train.epochs": 1, "train.eval_every": 4, "train.seeds": 2,
@@ -110,6 +111,7 @@ def test_a_grid_resumed_mid_group_ends_with_the_uninterrupted_grids_csvs(tmp_pat
     train(spec, resumed, progress=False)
     runs = pd.read_csv(resumed / "runs.csv")
     runs.iloc[:5].to_csv(resumed / "runs.csv", index=False)  # the 6th run lost: the second group (5, 6) half committed
+    seal(resumed)  # as the kill after the 5th run's commit left it sealed
     train(spec, resumed, progress=False)
     key = ["config_id", "seed"]
     a = pd.read_csv(whole / "runs.csv").sort_values(key).reset_index(drop=True)

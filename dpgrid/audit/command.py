@@ -10,6 +10,7 @@ canaries are scored on. The result is audit.json there and one line on the conso
 """
 
 import json
+import math
 import secrets
 import sys
 import time
@@ -17,6 +18,7 @@ from dataclasses import replace
 from pathlib import Path
 
 from dpgrid import DpgridError
+from dpgrid.results.files import write_json
 
 OPTIONS = {"--canaries": int, "--threat": str, "--confidence": float, "--seed": int}
 DEFAULTS = {"--canaries": 1000, "--threat": "white_box", "--confidence": 0.95, "--seed": None}
@@ -52,22 +54,43 @@ def parse(args: list) -> tuple:
     return options, overrides
 
 
-def audit_directory(run_dir: Path, given: bool, overwrite: bool) -> Path:
-    """hydra.run.dir as given, else the grid's run directory under audits/ instead of outputs/. Refused when it holds
-    anything but an earlier audit (which overwrite=true replaces)."""
+MARKER = ".dpgrid-audit"  # written first into an audit's directory: what marks it as an audit's (never a folder's name)
+OWN = (MARKER, "audit.json", "grid")  # everything an audit writes there
+
+
+def audit_directory(run_dir: Path, given: bool, overwrite: bool, started: dict) -> tuple:
+    """(hydra.run.dir as given, else the grid's run directory under audits/ instead of outputs/; the seed of an
+    unfinished audit there that this command resumes, or None). Refused when it holds anything an audit did not write
+    (an audit is recognised by its marker, and holds nothing but its marker, audit.json and its grid); an earlier
+    audit is replaced with overwrite=true, an unfinished one of the same options resumed, else refused. `started`:
+    what this audit's marker records (its options and overrides; the seed is added)."""
     import shutil
 
     out = run_dir if given else Path("audits", *(run_dir.parts[1:] if run_dir.parts[:1] == ("outputs",) else
                                                  run_dir.parts))
-    if out.exists() and any(out.iterdir()):
-        if not (out / "audit.json").exists() and not (out / "grid").exists():
-            raise DpgridError(f"{out} holds files that are not an audit's: dpgrid audit writes only into a directory "
-                              "of its own (choose another hydra.run.dir)")
-        if not overwrite:
-            raise DpgridError(f"{out} holds an earlier audit; pass overwrite=true to replace it, or choose another "
-                              "hydra.run.dir")
-        shutil.rmtree(out)
-    return out
+    if not out.exists() or not any(out.iterdir()):
+        return out, None
+    marker = out / MARKER
+    try:
+        earlier = json.loads(marker.read_text()) if marker.is_file() else None
+    except (OSError, ValueError):
+        earlier = None
+    foreign = sorted(p.name for p in out.iterdir() if p.name not in OWN)
+    if not isinstance(earlier, dict) or foreign:
+        raise DpgridError(f"{out} holds files that are not an audit's ({', '.join(foreign) or 'no audit marker'}): "
+                          "dpgrid audit writes only into a directory of its own, and deletes only what it wrote there "
+                          "(choose another hydra.run.dir)")
+    unfinished = not (out / "audit.json").exists()
+    same = {k: v for k, v in earlier.items() if k != "seed"} == started and isinstance(earlier.get("seed"), int)
+    if unfinished and same and not overwrite:
+        return out, earlier["seed"]  # stopped before it ended: the same command goes on with its seed
+    if not overwrite:
+        raise DpgridError(f"{out} holds {'an unfinished audit of other options' if unfinished else 'an earlier audit'}; "
+                          "pass overwrite=true to replace it, or choose another hydra.run.dir")
+    for name in OWN:  # what an audit wrote, and nothing else
+        path = out / name
+        shutil.rmtree(path) if path.is_dir() and not path.is_symlink() else path.unlink(missing_ok=True)
+    return out, None
 
 
 def audit_command(args: list) -> None:
@@ -89,15 +112,24 @@ def audit_command(args: list) -> None:
     if threat == "black_box" and m > len(data.x_test):
         raise DpgridError(f"dpgrid audit: --canaries={m} black-box canaries are drawn from the test split, which holds "
                           f"{len(data.x_test)}; ask for fewer")
-    seed = options["--seed"] if options["--seed"] is not None else secrets.randbits(62)
+    if not checked.strategy_cls.private:
+        raise DpgridError(f"dpgrid audit measures what a private grid's epsilon claims: strategy={cfg.strategy.name} is "
+                          "non-private (it claims none); audit a DP-SGD strategy")
+    if checked.train.save_models == "none":
+        raise DpgridError("dpgrid audit scores the canaries on what the grid releases: train.save_models=none "
+                          "releases nothing")
+    check_memory(m, threat, math.ceil(checked.train.epochs * data.n_train / checked.train.batch_size))
+    started = {"canaries": m, "threat": threat, "confidence": options["--confidence"], "given_seed": options["--seed"],
+               "overrides": overrides}
+    out, resumed = audit_directory(Path(str(cfg.hydra.run.dir)), any(o.startswith("hydra.run.dir=") for o in overrides),
+                                   bool(cfg.overwrite), started)
+    seed = options["--seed"] if options["--seed"] is not None else resumed if resumed is not None else \
+        secrets.randbits(62)
     coins = draw_coins(m, seed)
     n_train = data.n_train + (sum(coins) if threat == "black_box" else 0)
     spec = compile(cfg, n_train).announce()
-    if spec.train.save_models == "none":
-        raise DpgridError("dpgrid audit scores the canaries on what the grid releases: train.save_models=none "
-                          "releases nothing")
-    out = audit_directory(Path(str(cfg.hydra.run.dir)), any(o.startswith("hydra.run.dir=") for o in overrides),
-                          bool(cfg.overwrite))
+    out.mkdir(parents=True, exist_ok=True)
+    write_json(out / MARKER, {**started, "seed": seed})  # first: the directory is this audit's from now on
     spec = replace(spec, audit=AuditSpec(threat, m, coins, seed, spec.plan.sample_rate))
     start = time.perf_counter()
     train(spec, out / "grid", progress=True)
@@ -112,11 +144,32 @@ def audit_command(args: list) -> None:
               "runs": len(json_lines(out / "grid" / "runs.csv")), "strategy": spec.plan.strategy,
               "dataset": spec.plan.dataset, "selection": spec.plan.selection, "seed": seed,
               "seconds": round(time.perf_counter() - start, 1), "grid": str(out / "grid"), "overrides": overrides}
-    (out / "audit.json").write_text(json.dumps(record, indent=2) + "\n")
+    write_json(out / "audit.json", record)
     print(summary_line(record))
     if claimed is not None and record["epsilon_lower_bound"] > claimed:
         print(f"dpgrid: warning: the measured lower bound exceeds the claimed epsilon: the claim is falsified at "
               f"{options['--confidence']:.0%} confidence", file=sys.stderr)
+
+
+TRACE_BYTES = 12  # per canary and step: its coordinate kept in float32 each step, then the path in float64 to score it
+
+
+def check_memory(canaries: int, threat: str, steps: int) -> None:
+    """Refuse white-box canaries whose trace (each canary's coordinate at every one of a run's steps) would not fit in
+    half of the machine's available memory, naming how many would."""
+    if threat != "white_box":
+        return
+    from dpgrid.training.stacked import available_memory
+
+    import torch
+
+    free = available_memory(torch.device("cpu")) // 2
+    need = canaries * (steps + 1) * TRACE_BYTES
+    if need > free:
+        most = max(0, free // ((steps + 1) * TRACE_BYTES))
+        raise DpgridError(f"dpgrid audit: --canaries={canaries} white-box canaries would keep {need / 2 ** 30:,.1f} GiB of "
+                          f"trace over a run's T = {steps} steps, more than half of this machine's available memory "
+                          f"({2 * free / 2 ** 30:,.1f} GiB): at most {most:,} canaries here")
 
 
 def json_lines(path: Path) -> list:

@@ -53,22 +53,39 @@ def accounting_for(strategy_cls, selection=Composition):
     return declared
 
 
-def recorded_method(plan: dict):
+def recorded_method(plan: dict, trust=()):
     """The accounting method a plan.json records (its `selection`, or a noise schedule's `schedule`), for what reads
-    a grid back from its files (the tables): a built-in by its name, a plugin's by the class plan.json names
-    (`method`). A plugin's that cannot be imported here reads under its recorded name with composition's procedure:
-    its figures as its rows record them, never another method's name."""
+    a grid back from its files (the tables): a built-in by its name; a plugin's by the class plan.json names
+    (`method`), only where that class is already loaded in this process (the config that planned the grid imported
+    it) or named in `trust`. Nothing read from a file names a module dpgrid imports: any other method reads under its
+    recorded name, as text, with composition's procedure (its figures as its rows record them)."""
     if plan.get("schedule"):
         return NoiseSchedule
     name = plan.get("selection", "composition")
     if name in ACCOUNTING:
         return ACCOUNTING[name]
-    try:
+    named = str(plan.get("method"))
+    for method in loaded_methods():
+        if f"{method.__module__}.{method.__qualname__}" == named:
+            return method
+    if named in set(trust or ()):  # the user's word for it, by name
         from dpgrid.plugins import Target, resolve
 
-        return resolve(Target(str(plan.get("method")), {}), f"the grid's accounting method {name}", "class")
-    except DpgridError:
-        return type(f"Recorded_{name}", (AccountingMethod,), {"name": name})
+        try:
+            return resolve(Target(named, {}), f"the grid's accounting method {name}", "class")
+        except DpgridError:
+            pass
+    return type(f"Recorded_{name}", (AccountingMethod,), {"name": str(name)})
+
+
+def loaded_methods() -> list:
+    """Every AccountingMethod class this process has imported (a plugin's, through the config that named it)."""
+    found, stack = [], list(AccountingMethod.__subclasses__())
+    while stack:
+        method = stack.pop()
+        found.append(method)
+        stack.extend(method.__subclasses__())
+    return found
 
 
 def all_accountants() -> tuple:

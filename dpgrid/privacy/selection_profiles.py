@@ -78,7 +78,8 @@ def log_f_prime(stopping: dict, x):
         return math.log(m * p) + (m - 1) * np.log1p(-p * (1 - x))
     eta, gamma = stopping["eta"], stopping["gamma"]
     c = (1 - gamma) / math.log(1 / gamma) if eta == 0 else eta * (1 - gamma) / (gamma ** -eta - 1)
-    return math.log(c) - (eta + 1) * np.log1p(-(1 - gamma) * x)
+    with np.errstate(divide="ignore"):  # x = 1 where 1 - gamma rounds to 1: f' is infinite there, as its limit is
+        return math.log(c) - (eta + 1) * np.log1p(-(1 - gamma) * x)
 
 
 def log_ratio_at(stopping: dict, s, e3, delta3):

@@ -17,6 +17,7 @@ from dpgrid.privacy import NOT_DP_SAMPLING, recorded_method
 from dpgrid.results.procedure import procedure_of
 from dpgrid.results.files import read_json
 from dpgrid.results.runs import REPAIR, read_runs, same, summarize
+from dpgrid.results.seal import check as check_sealed
 
 DIVERGED, NOT_DP = "all seeds diverged", "not DP (sampling=shuffle)"
 NOTHING_SELECTED, SELECTION = "no candidate drawn or converged", "selection"  # random-stopping grids' budget
@@ -68,6 +69,7 @@ def grid_row(folder: Path) -> dict:
         raise DpgridError(f"{folder / 'plan.json'} lacks {', '.join(missing)}; {REPAIR}")
     if not (folder / "runs.csv").exists():  # planned, its first run still training (or stopped before it ended)
         raise DpgridError(f"{folder} holds no finished run yet")
+    check_sealed(folder)  # runs.csv, curves.csv and summary.csv as the grid wrote them (dpgrid.results.seal)
     runs = vouched_runs(folder, plan)
     private = bool(recorded(folder, runs, plan, "private")) if "private" in runs else bool(plan.get("private", True))
     for key in ("dataset", "strategy", "k", "config_hash") + (("epsilon",) if private else ()):

@@ -61,9 +61,16 @@ def sound_curve_row(header: list, row: list) -> bool:
 
 
 def append_curves(path: Path, rows: list) -> None:
-    """Append complete rows and fsync, before the run's commit."""
-    frame = pd.DataFrame(rows)
-    with environment(path), open(path, "a", newline="") as f:
-        frame.to_csv(f, header=f.tell() == 0, index=False)
+    """Append complete rows and fsync, before the run's commit; the file they make is recorded as pending first
+    (dpgrid.results.seal)."""
+    from dpgrid.results.seal import expect
+
+    path = Path(path)
+    with environment(path):
+        before = path.read_bytes() if path.exists() else b""
+    added = pd.DataFrame(rows).to_csv(header=not before, index=False).encode()
+    expect(path.parent, path.name, before + added)
+    with environment(path), open(path, "ab") as f:
+        f.write(added)
         f.flush()
         os.fsync(f.fileno())

@@ -216,11 +216,13 @@ def check_writable(folder) -> None:
 
 
 LEDGER = "ledger.json"  # a secure grid's count of committed runs (dpgrid.results.ledger)
+DIGESTS = "digests.json"  # the result files' digests (dpgrid.results.seal)
 FOLDERS_IN_A_RUN = (".hydra", "model", "weights")
 FILES_IN_A_RUN = (".lock", "cli.log", "config.yaml", "plan.json", "runs.csv", "curves.csv", "summary.csv",
-                  "selection.json", "candidates.json", "tuning_set.json", LEDGER)
+                  "selection.json", "candidates.json", "tuning_set.json", LEDGER, DIGESTS)
 # everything a grid's runs and release are made of: what overwrite=true deletes to start afresh
-RELEASE_FILES = ("runs.csv", "curves.csv", "summary.csv", "selection.json", "candidates.json", "tuning_set.json", LEDGER)
+RELEASE_FILES = ("runs.csv", "curves.csv", "summary.csv", "selection.json", "candidates.json", "tuning_set.json", LEDGER,
+                 DIGESTS)
 RELEASE_FOLDERS = ("model", "weights")
 
 

@@ -8,7 +8,11 @@ names), so it repairs damage by retraining; a secure grid must not. Its ledger i
 the grid (so that a directory whose ledger is gone is known to have held one), and rewritten (write-then-rename) at
 every commit, draw and release:
 
-    {"committed": runs committed, "files": {draw file: its SHA-256 when drawn}, "released": whether the grid ended}
+    {"committed": runs committed, "files": {draw file: its SHA-256 when drawn}, "released": whether the grid ended,
+     "release": {released file: its SHA-256} once it has released (selection.json, model/model.json, summary.csv)}
+
+A grid that has released re-presents that release, checked against these digests, at every later command, whatever
+runs.csv, curves.csv, weights/ or selection.json then say: it releases once.
 
 At the start of the same command, everything must agree with it, else the command is refused in one line, touching
 nothing: runs.csv holds every committed run, each draw file is the one drawn, released files stand only where the
@@ -21,13 +25,15 @@ import warnings
 from pathlib import Path
 
 from dpgrid import DpgridError
-from dpgrid.results.files import LEDGER, delete_release, environment, read_json, write_json
+from dpgrid.results.files import DIGESTS, LEDGER, delete_release, environment, read_json, write_json
 from dpgrid.results.procedure import procedure_of
 from dpgrid.results.runs import Lost, finished_runs, unreadable_header
 
 NEW_RELEASE = "a new release on the same data, which spends a new (epsilon, delta) on top of the earlier one's"
 RELEASED = ("selection.json", "model")  # what a grid writes once it has ended (summary.csv is rewritten at every end)
 DRAW_FILES = ("candidates.json", "tuning_set.json")  # a selection's draws, made once before its runs train
+# what else an earlier command of a grid leaves: a secure grid whose ledger is gone beside any of them lost its record
+LEFTOVERS = ("config.yaml", "cli.log", ".hydra", DIGESTS, "curves.csv", "summary.csv", "weights", "audit")
 
 
 def kept(spec) -> bool:
@@ -59,7 +65,11 @@ def read_ledger(path: Path) -> dict:
         raise Lost(damaged(path, "files is not a map of draw files to checksums"))
     if not isinstance(released, bool):
         raise Lost(damaged(path, f"released = {released!r}, not true or false"))
-    return {"committed": committed, "files": files, "released": released}
+    release = ledger.get("release")
+    if not (release is None or (isinstance(release, dict) and all(isinstance(v, str) for v in release.values()))):
+        raise Lost(damaged(path, "release is not a map of released files to checksums"))
+    return {"committed": committed, "files": files, "released": released,
+            **({"release": release} if release is not None else {})}
 
 
 def damaged(path: Path, why: str) -> str:
@@ -80,8 +90,7 @@ def check(out: Path, spec, plan: dict) -> None:
     except Lost as e:
         return start_over(out, spec, str(e), said=True)
     released = [name for name in RELEASED if (out / name).exists()]
-    started = [name for name in ("plan.json", "runs.csv", *DRAW_FILES, *released)
-               if (out / name).exists()]
+    started = [name for name in ("plan.json", "runs.csv", *DRAW_FILES, *released, *LEFTOVERS) if (out / name).exists()]
     if ledger is None:
         if started:
             return start_over(out, spec, f"{path} is missing but {out} holds this secure grid's {', '.join(started)}: "
@@ -101,6 +110,8 @@ def check(out: Path, spec, plan: dict) -> None:
         problem = draw_problem
     elif draw_problem := procedure_of(spec.plan.method).unreleased_draw(out, committed):
         problem = draw_problem
+    elif changed := changed_release(out, ledger):
+        problem = changed
     elif "model" in released:
         from dpgrid.results.statement import release_problem
 
@@ -167,6 +178,47 @@ def record_draws(out: Path, spec) -> None:
 def sha256(path: Path) -> str:
     with environment(path):
         return hashlib.sha256(Path(path).read_bytes()).hexdigest()
+
+
+def release_files(out: Path) -> dict:
+    """{released file: its SHA-256} of what a grid's release consists of as it stands: selection.json, model.json
+    (which holds each model file's digest) and summary.csv."""
+    out = Path(out)
+    return {name: sha256(out / name) for name in ("selection.json", "model/model.json", "summary.csv")
+            if (out / name).exists()}
+
+
+def record_release(out: Path, spec) -> None:
+    """Once a secure grid has released: what it released, which every later command of the grid re-presents or
+    refuses, never releases anew."""
+    if kept(spec):
+        update(out, spec, release=release_files(out))
+
+
+def recorded_release(out: Path, spec):
+    """What a secure grid released earlier (release_files's), or None when it has not released yet. Lost (one line)
+    when a released file is gone or changed: the grid releases once."""
+    if not kept(spec):
+        return None
+    ledger = read_ledger(Path(out) / LEDGER)
+    release = ledger.get("release")
+    if not ledger["released"] or release is None:
+        return None
+    changed = changed_release(out, ledger)
+    if changed:
+        raise Lost(f"{changed}; restore it (the ledger holds its digest), or pass overwrite=true to start a new release "
+                   "(it spends epsilon again)")
+    return release
+
+
+def changed_release(out: Path, ledger: dict) -> str:
+    """Why what a secure grid released is not as its ledger recorded it ('' when it is, or nothing was released)."""
+    now = release_files(out)
+    for name, digest in (ledger.get("release") or {}).items():
+        if now.get(name) != digest:
+            return (f"{Path(out) / name} is not what this secure grid released ({Path(out) / LEDGER}): a grid releases "
+                    "once, and releasing again would be a second output on the same data")
+    return ""
 
 
 def check_untrained(out: Path, spec, todo: list) -> None:

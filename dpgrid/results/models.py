@@ -105,7 +105,7 @@ def load_model(run_dir, seed: int = None, device="cpu", *, searchpath: str = Non
         tensors = load((folder / entry["file"]).read_bytes())
     except SafetensorError as e:
         raise DpgridError(f"{folder / entry['file']} is not a safetensors file ({e})") from None
-    model = released_model(record["model"], searchpath, trust)
+    model = released_model(record["model"], searchpath, trust, tensors)
     dtype = next((t.dtype for t in tensors.values() if t.is_floating_point()), None)
     model = model.to(device=device, dtype=dtype) if dtype is not None else model.to(device)
     try:
@@ -119,14 +119,19 @@ def load_model(run_dir, seed: int = None, device="cpu", *, searchpath: str = Non
     return model
 
 
-def released_model(node: dict, searchpath: str = None, trust=()):
+def released_model(node: dict, searchpath: str = None, trust=(), tensors: dict = None):
     """The model a statement's `model` node describes, built only where its `_target_` is one you provide: a model
     config's (dpgrid's, or of `searchpath`'s folders) or one named in `trust`. Its other keys must be plain values
-    (a nested `_target_` is refused: nothing in it is called)."""
+    (a nested `_target_` is refused: nothing in it is called) that the callable takes, and the model they build must
+    have the shapes of the released `tensors` (checked on torch's meta device first: a size no memory holds is
+    refused before anything is allocated)."""
+    import torch
     from omegaconf import OmegaConf
 
     from dpgrid.config.groups import group_targets
     from dpgrid.models import build_model
+    from dpgrid.plugins import check_arguments
+    from dpgrid.specs import own_keys
 
     target = node.get("_target_")
     allowed = set(group_targets("model", searchpath)) | set(trust or ())
@@ -139,4 +144,18 @@ def released_model(node: dict, searchpath: str = None, trust=()):
               (isinstance(value, (dict, list)) and "_target_" in json.dumps(value))]
     if nested:
         raise DpgridError(f"model.json's model has {nested[0]!r}, which is not a plain keyword argument; refused")
-    return build_model(OmegaConf.create(node))
+    config = OmegaConf.create(node)
+    check_arguments(OmegaConf.create(own_keys(config)), "model.json's model")
+    if tensors is not None:
+        try:
+            with torch.device("meta"):
+                shapes = {name: tuple(t.shape) for name, t in build_model(config).state_dict().items()}
+        except Exception as e:  # whatever the model's own code raises on these arguments
+            raise DpgridError(f"model.json's model ({target}) cannot be built from its arguments: {type(e).__name__}: "
+                              f"{str(e).strip().splitlines()[0] if str(e).strip() else 'no message'}") from None
+        released = {name: tuple(t.shape) for name, t in tensors.items()}
+        if shapes != released:
+            differ = sorted(set(shapes) ^ set(released)) or sorted(n for n in shapes if shapes[n] != released[n])
+            raise DpgridError(f"model.json's model ({target}) does not have the released weights' shapes (first "
+                              f"difference: {differ[0]}): the statement and the weights are not one release; refused")
+    return build_model(config)

@@ -166,15 +166,20 @@ def commit_run(path: Path, row: dict) -> int:
     number of runs it holds. A row with the file's columns is appended as its line (the rows before it are not read
     as a table: committing stays as cheap for the hundredth run as for the first); a row that brings a new column
     rewrites the table with it."""
+    from dpgrid.results.seal import expect
+
     new = pd.DataFrame([row])
     header, _, line = new.to_csv(index=False).partition("\n")
     text = path.read_text() if path.exists() else ""
     if text.endswith("\n") and text.partition("\n")[0] == header:
+        expect(path.parent, path.name, (text + line).encode())
         write_atomic(path, text + line)
         return sum(1 for _ in csv.reader(io.StringIO(text + line))) - 1
     old = read_frame(path) if text else None
     frame = new if old is None or not len(old) else pd.concat([old, new], ignore_index=True)
-    write_csv(path, frame)
+    content = frame.to_csv(index=False)
+    expect(path.parent, path.name, content.encode())
+    write_atomic(path, content)
     return len(frame)
 
 

@@ -1,10 +1,16 @@
-"""Private fine-tuning: every run starts from a public checkpoint (`model.init`), trains a chosen part of the model
+"""Private fine-tuning: every run starts from a checkpoint (`model.init`), trains a chosen part of the model
 (`train.trainable`: parameter-name globs) and, with `model.lora.rank > 0`, low-rank adapters on chosen Linear layers
 (Hu et al. 2022; privately, Yu et al. 2022).
 
-What the epsilon covers does not change: the checkpoint is public by assumption (an input of the grid, like its
-configurations), and the noise of every step is calibrated to the parameters that train, which alone see the
-private data. A frozen parameter gets no per-sample work (the engines serve `requires_grad` parameters only) and no
+A checkpoint's privacy travels with it (dpgrid.privacy.provenance). dpgrid's own release carries its statement in its metadata
+(what covers it, on which data, and the Poisson-subsampled Gaussian steps that spent it): a grid fine-tuned from it
+is a second mechanism on that data, and its release is covered by both together (composed by the
+accountant where both record their steps, else by basic composition, epsilons and deltas added); on other data each
+dataset is named with its own epsilon. A file without such a statement is public by assumption, and the statement
+says so; `model.init_covered_by` declares a checkpoint's privacy where its file does not carry it ({epsilon, delta,
+dataset}), or declares a file public (refused where the file's own statement says otherwise: metadata is never
+dropped in silence). The noise of every step is calibrated to the parameters that train, which alone see the private
+data. A frozen parameter gets no per-sample work (the engines serve `requires_grad` parameters only) and no
 noise. LoRA: W x + (alpha / r) B A x, A (r x in) drawn from the run's seed, B (out x r) zero, W frozen; the adapters
 are plain Linear layers, so the fast engine serves them. A released model has its adapters merged (W + (alpha / r)
 B A, exact up to rounding): it is the base architecture, loaded as any other.
@@ -60,19 +66,28 @@ def read_checkpoint(path: str, sha256: str = None) -> dict:
         raise DpgridError(f"model.init: {path} is not a safetensors file ({reason})") from None
 
 
-def load_checkpoint(model: nn.Module, path: str, where: str, sha256: str = None) -> None:
-    """The checkpoint's tensors into the model, every name and shape checked: DpgridError naming the first
-    mismatch (a missing or an unexpected name, or a shape)."""
-    tensors, own = read_checkpoint(path, sha256), model.state_dict()
+def load_checkpoint(model: nn.Module, path: str, where: str, sha256: str = None, tensors: dict = None) -> None:
+    """The checkpoint's tensors into the model (`tensors`: read already, once for a grid's runs), every name, shape,
+    kind and value checked: DpgridError naming the first mismatch (a missing or an unexpected name, a shape, integers
+    where the model has floats, a value that is not finite)."""
+    tensors, own = tensors if tensors is not None else read_checkpoint(path, sha256), model.state_dict()
     missing = [name for name in own if name not in tensors]
     unexpected = [name for name in tensors if name not in own]
     shapes = [name for name in own if name in tensors and tuple(tensors[name].shape) != tuple(own[name].shape)]
+    kinds = [name for name in own if name in tensors and own[name].is_floating_point()
+             and not tensors[name].is_floating_point()]
+    broken = [name for name in own if name in tensors and tensors[name].is_floating_point()
+              and not bool(torch.isfinite(tensors[name]).all())]
     if missing:
         why = f"{missing[0]} is missing from it"
     elif unexpected:
         why = f"it has {unexpected[0]}, which {where} has not"
     elif shapes:
         why = f"{shapes[0]} is {tuple(tensors[shapes[0]].shape)} there, {tuple(own[shapes[0]].shape)} in {where}"
+    elif kinds:
+        why = f"{kinds[0]} holds {tensors[kinds[0]].dtype} numbers where {where} has floats (not a cast dpgrid makes)"
+    elif broken:
+        why = f"{broken[0]} holds NaN or infinite values (every run would diverge, its epsilon spent)"
     else:
         with torch.no_grad():
             for name, value in own.items():
@@ -94,32 +109,42 @@ def add_adapters(model: nn.Module, rank: int, alpha: float, targets: tuple, wher
             raise DpgridError(f"model.lora.targets: {pattern!r} matches {other}, a {type(modules[other]).__name__}, "
                               "not a Linear layer")
     for name in [n for n in modules if any(fnmatch.fnmatchcase(n, p) for p in targets)]:
+        layer = modules[name]
+        if rank > min(layer.in_features, layer.out_features):
+            raise DpgridError(f"model.lora.rank={rank} is above the dimensions of {name} ({layer.in_features} -> "
+                              f"{layer.out_features}): a rank above min(in, out) = "
+                              f"{min(layer.in_features, layer.out_features)} adds parameters and no capacity")
         parent, _, child = name.rpartition(".")
         setattr(model.get_submodule(parent) if parent else model, child, LoRALinear(modules[name], rank, alpha))
 
 
 def choose_trainable(model: nn.Module, patterns: tuple, where: str) -> None:
-    """requires_grad on the parameters whose names match a glob of `patterns`, off on the others (an adapted layer's
-    base always off); DpgridError for a glob that matches nothing, or when nothing trains."""
+    """The adapters always train (model.lora.rank > 0); among the other parameters, requires_grad on those whose names
+    match a glob of `patterns`, off on the rest (an adapted layer's base always off). DpgridError for a glob that
+    matches none of those parameters, or when nothing trains."""
+    adapted = [name for name, m in model.named_modules() if isinstance(m, LoRALinear)]
+    adapters = {f"{name}.{part}.weight" for name in adapted for part in ("down", "up")}
+    bases = tuple(f"{name}.base." for name in adapted)
     named = dict(model.named_parameters())
+    chosen = {name: p for name, p in named.items() if name not in adapters and not name.startswith(bases)}
     for pattern in patterns:
-        if not any(fnmatch.fnmatchcase(name, pattern) for name in named):
-            raise DpgridError(f"train.trainable: {pattern!r} matches no parameter of {where} (its parameters: "
-                              f"{', '.join(list(named)[:8])}{', ...' if len(named) > 8 else ''})")
-    bases = [f"{name}.base." for name, m in model.named_modules() if isinstance(m, LoRALinear)]
+        if pattern != "*" and not any(fnmatch.fnmatchcase(name, pattern) for name in chosen):
+            among = "its parameters" + (" other than the adapters and the layers they adapt" if adapted else "")
+            raise DpgridError(f"train.trainable: {pattern!r} matches none of {among} ({where}: "
+                              f"{', '.join(list(chosen)[:8])}{', ...' if len(chosen) > 8 else ''})")
     for name, p in named.items():
-        p.requires_grad_(not any(name.startswith(base) for base in bases) and
-                         any(fnmatch.fnmatchcase(name, pattern) for pattern in patterns))
+        p.requires_grad_(name in adapters or (name in chosen and any(fnmatch.fnmatchcase(name, pattern)
+                                                                    for pattern in patterns)))
     if not any(p.requires_grad for p in named.values()):
         raise DpgridError(f"train.trainable={list(patterns)} leaves no parameter of {where} to train")
 
 
-def prepare(model: nn.Module, start, where: str) -> nn.Module:
-    """The model as a run starts it (`start`: the grid's dpgrid.specs.Start): the checkpoint loaded, the adapters
-    added (their A from torch's current random state: the run's seed), the chosen part trainable. `where`: the
-    model's name in messages."""
+def prepare(model: nn.Module, start, where: str, checkpoint: dict = None) -> nn.Module:
+    """The model as a run starts it (`start`: the grid's dpgrid.specs.Start): the checkpoint loaded (`checkpoint`: its
+    tensors, read once for the grid; None: read here), the adapters added (their A from torch's current random state:
+    the run's seed), the chosen part trainable. `where`: the model's name in messages."""
     if start.init:
-        load_checkpoint(model, start.init, where, start.init_sha256)
+        load_checkpoint(model, start.init, where, start.init_sha256, checkpoint)
     if start.lora_rank:
         add_adapters(model, start.lora_rank, start.lora_alpha, start.lora_targets, where)
     choose_trainable(model, start.trainable, where)
@@ -138,10 +163,3 @@ def merged_state(model: nn.Module) -> dict:
             if bias is not None:
                 state[f"{name}.bias"] = bias.detach()
     return state
-
-
-def checksum(path: str) -> str:
-    """The checkpoint's SHA-256 (cached as the data files' are)."""
-    from dpgrid.data import fingerprint
-
-    return fingerprint({"init": path})["init"]["sha256"]

@@ -125,12 +125,13 @@ def build_model(model_cfg) -> nn.Module:
     return model
 
 
-def starting_model(spec) -> nn.Module:
+def starting_model(spec, checkpoint: dict = None) -> nn.Module:
     """A run's model before training: built from the grid's model config, then started as the grid says
-    (checkpoint, adapters, the part that trains: dpgrid.finetuning). Draws from torch's random state."""
+    (checkpoint, adapters, the part that trains: dpgrid.finetuning; `checkpoint`: its tensors, read once for the
+    grid). Draws from torch's random state."""
     from dpgrid.finetuning import prepare
 
-    return prepare(build_model(spec.model), spec.start, f"model={spec.settings['model'].get('_target_')}")
+    return prepare(build_model(spec.model), spec.start, f"model={spec.settings['model'].get('_target_')}", checkpoint)
 
 
 def count_parameters(model: nn.Module) -> int:

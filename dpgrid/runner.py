@@ -19,6 +19,7 @@ from dpgrid.config import check_loaded
 from dpgrid.results.curves import append_curves
 from dpgrid.results.files import (check_writable, environment, locked, outermost_missing, read_frame, read_json,
                                   remove_created, write_csv)
+from dpgrid.finetuning import read_checkpoint
 from dpgrid.models import default_dtype, starting_model
 from dpgrid.training.rules import MethodChoice
 from dpgrid.training.persample import make_engine, trainable
@@ -36,13 +37,14 @@ from dpgrid.training.stacked import StackedEngine, StackedModel, group_size, why
 from dpgrid.training.train import train_runs
 
 
-def initial_model(spec, seed: int, device):
+def initial_model(spec, seed: int, device, checkpoint: dict = None):
     """Seed s's starting point, the same for every strategy and configuration (a selection's candidates start their
-    j-th seed from seed j's: the accounting method's start_seed)."""
+    j-th seed from seed j's: the accounting method's start_seed); `checkpoint`: model.init's tensors, read once for
+    the grid (None: read here)."""
     own = procedure_of(spec.plan.method).start_seed(seed, spec.plan.seeds)
     with torch.random.fork_rng(devices=[]), default_dtype(torch.float64 if spec.train.float64 else None):
         torch.manual_seed(derive_seed(spec.plan.dataset, "init", own))
-        return starting_model(spec).to(device)
+        return starting_model(spec, checkpoint).to(device)
 
 
 def sources(spec, config: dict, seed: int, device, phase: Phase = None) -> tuple:
@@ -60,13 +62,13 @@ def sources(spec, config: dict, seed: int, device, phase: Phase = None) -> tuple
 
 
 def train_together(spec, data, runs: list, progress: bool = False, conv_methods: MethodChoice = None, phase: Phase = None,
-                   engine: EngineChoice = None) -> list:
+                   engine: EngineChoice = None, checkpoint: dict = None) -> list:
     """The results of `runs` ((configuration, seed) pairs), all trained by one loop: one run alone, or several as
     one stacked model (the same numbers as alone, within float rounding: dpgrid.training.stacked). `conv_methods`: the
     grid's choice of each convolution's per-sample method (measured once); `data` the phase's training data; `engine`:
     the engine the grid's first batch proved (choose_engine; None: the compiled one, unproved, for a test's runs)."""
     device = data.x_train.device
-    models = [initial_model(spec, seed, device) for _, seed in runs]
+    models = [initial_model(spec, seed, device, checkpoint) for _, seed in runs]
     samplers, noise_sources = zip(*(sources(spec, config, seed, device, phase) for config, seed in runs))
     configs = [config for config, _ in runs]
     lengths = {procedure_of(spec.plan.method).run_steps(spec.plan, c["config_id"]) for c in configs}
@@ -160,10 +162,10 @@ def run_row(spec, config, seed, result, draw=None, n_threads=None, conv_methods:
     return row
 
 
-def check_fit(spec, data) -> None:
+def check_fit(spec, data, checkpoint: dict = None) -> None:
     """One forward pass and loss on two training examples: a model that does not fit the data (its input shape,
     its outputs against the targets) is refused in one line before anything is written."""
-    model = initial_model(spec, 0, data.x_train.device)
+    model = initial_model(spec, 0, data.x_train.device, checkpoint)
     try:
         with torch.no_grad():
             tasks.get(spec.dataset.task).loss(model(data.x_train[:2]), data.y_train[:2])
@@ -203,7 +205,8 @@ def train_grid(spec, out: Path, progress: bool, on_lock=None) -> "Trained":
     data = audit_canaries.with_input_canaries(spec.audit, data, spec.dataset.classes)
     if spec.train.float64:
         data = data.in_float64()
-    check_fit(spec, data)
+    checkpoint = read_checkpoint(spec.start.init, spec.start.init_sha256) if spec.start.init else None  # once a grid
+    check_fit(spec, data, checkpoint)
     check_loaded(spec, data.n_train)
     plan, data_files = spec.plan, data_mod.fingerprint(data.files)
     claim(out, spec, data_files)
@@ -227,8 +230,8 @@ def train_grid(spec, out: Path, progress: bool, on_lock=None) -> "Trained":
             if quiet:
                 say(f"{plan.selection.replace('_', ' ')}: training; its epsilon covers {plan.method.covers}")
         if engine is None and phase.runs:
-            engine = proved_engine(spec, data)
-        train_phase(spec, out, data, phase, done, progress, quiet, conv_methods, engine)
+            engine = proved_engine(spec, data, checkpoint)
+        train_phase(spec, out, data, phase, done, progress, quiet, conv_methods, engine, checkpoint)
         work += phase.runs
     runs = read_frame(out / "runs.csv") if work else None
     ended = not procedure.every_run(plan, work) - set(run_ids(runs) if runs is not None else ())
@@ -260,10 +263,10 @@ def check_sealed(out: Path, spec) -> None:
         warnings.warn(seal.resume(out, found, spec.overwrite))
 
 
-def proved_engine(spec, data) -> EngineChoice:
+def proved_engine(spec, data, checkpoint: dict = None) -> EngineChoice:
     """The engine the grid trains with, proved on its first batch of public examples (dpgrid.training.proof): said in
     cli.log."""
-    model = initial_model(spec, 0, data.x_train.device)
+    model = initial_model(spec, 0, data.x_train.device, checkpoint)
     could_stack = (spec.audit is None and spec.train.parallel_runs != "1"
                    and not why_not_stacked(model, spec.strategy_cls))
     setting = "func" if spec.train.engine == "func" else spec.train.engine_setting
@@ -273,7 +276,7 @@ def proved_engine(spec, data) -> EngineChoice:
 
 
 def train_phase(spec, out: Path, data, phase: Phase, done: set, progress: bool, quiet: bool, conv_methods: MethodChoice,
-                engine: EngineChoice = None) -> None:
+                engine: EngineChoice = None, checkpoint: dict = None) -> None:
     """Train a phase's runs that are not `done`, committing each run's row as it finishes."""
     plan, work = spec.plan, phase.runs
     if phase.train_rows is not None:
@@ -287,7 +290,7 @@ def train_phase(spec, out: Path, data, phase: Phase, done: set, progress: bool, 
                disable=None if progress and not quiet else True)
     # Groups are fixed slices of the grid's runs, whatever is done: a group with a run left trains whole and
     # commits what is left, so a resumed grid's runs get the numbers of an uninterrupted one (padding, kernels).
-    size = stacking(spec, data, len(work), engine) if todo or quiet else 1
+    size = stacking(spec, data, len(work), engine, checkpoint) if todo or quiet else 1
     finished, said = total - len(todo), 0
     for start in range(0, len(work), size):
         group = work[start:start + size]
@@ -296,7 +299,7 @@ def train_phase(spec, out: Path, data, phase: Phase, done: set, progress: bool, 
             continue
         # the step bar (a terminal's only, and gone when the group ends) is a selection's too: its group holds one
         # candidate's runs at most, so nothing it shows depends on how many were drawn
-        results = train_together(spec, data, group, progress, conv_methods, phase, engine)
+        results = train_together(spec, data, group, progress, conv_methods, phase, engine, checkpoint)
         if not quiet:  # each convolution's per-sample choice, once measured (a selection's stay in its rows)
             said = say_methods(conv_methods, said)
         for (config, seed), result in zip(group, results):  # each run committed on its own, as when trained alone
@@ -319,7 +322,7 @@ def train_phase(spec, out: Path, data, phase: Phase, done: set, progress: bool, 
     bar.close()
 
 
-def stacking(spec, data, runs: int, engine: EngineChoice = None) -> int:
+def stacking(spec, data, runs: int, engine: EngineChoice = None, checkpoint: dict = None) -> int:
     """How many of the grid's `runs` train together (train.parallel_runs), said in one line: the groups' size, or
     why one at a time when stacking was asked for or would serve and cannot. A selection says it whatever the number
     of its runs, which depends on how many candidates were drawn (and prints nothing that does)."""
@@ -328,7 +331,7 @@ def stacking(spec, data, runs: int, engine: EngineChoice = None) -> int:
         return 1
     if procedure.releases_best_only:  # a group holds one candidate's runs at most: asked as if there were two
         runs = 2 * spec.plan.seeds    # candidates, so that neither the group nor the line depends on how many were drawn
-    size, why = group_size(spec.train.parallel_runs, initial_model(spec, 0, device), spec.strategy_cls, runs,
+    size, why = group_size(spec.train.parallel_runs, initial_model(spec, 0, device, checkpoint), spec.strategy_cls, runs,
                            spec.plan.batch_size, device)
     if engine is not None and not engine.stacks and size > 1:
         size, why = 1, "the stacked engine did not prove itself on the first batch (cli.log)"

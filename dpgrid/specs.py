@@ -36,7 +36,7 @@ def dataset_spec(node) -> DatasetSpec:
                        stacked_seconds_per_step=number("stacked_seconds_per_step", float))
 
 
-MODEL_KEYS = ("init", "lora")  # dpgrid's keys in every model config (conf/config.yaml): not the callable's arguments
+MODEL_KEYS = ("init", "init_covered_by", "lora")  # dpgrid's keys in every model config (conf/config.yaml): not the callable's arguments
 
 
 def own_keys(model_cfg):
@@ -55,13 +55,15 @@ def own_keys(model_cfg):
 class Start:
     """What a run's model starts from and which part of it trains (model.init, model.lora, train.trainable; applied
     by dpgrid.finetuning.prepare)."""
-    init: Optional[str] = None         # a .safetensors checkpoint's path, as given (public by assumption)
+    init: Optional[str] = None         # a .safetensors checkpoint's path, as given
     init_sha256: Optional[str] = None  # its checksum: the grid's identity, so a changed file is another grid
+    init_provenance: object = None     # what covers it (dpgrid.privacy.provenance.Provenance): its file's statement, or declared
     lora_rank: int = 0                 # 0: no adapters
     lora_alpha: float = 1.0
     lora_targets: tuple = ()           # module-name globs of the Linear layers that get adapters
     trainable: tuple = ("*",)          # parameter-name globs of the parameters that train
     trainable_parameters: Optional[int] = None  # how many numbers train (counted when the model is built)
+    trained: tuple = ()                # the names of the parameters that train (adapters included), as built
 
     @property
     def is_default(self) -> bool:
@@ -73,9 +75,11 @@ class Start:
         random start)."""
         found = {}
         if self.init:
+            provenance = self.init_provenance
             found["init"] = {"path": self.init, "sha256": self.init_sha256,
-                             "covered": "no: a public checkpoint by assumption; epsilon covers what training on the "
-                                        "private data changed"}
+                             "covered": provenance.words() if provenance is not None else
+                             "public by assumption: epsilon covers what training on the private data changed",
+                             **({"provenance": provenance.to_dict()} if provenance is not None else {})}
         if self.lora_rank:
             found["lora"] = {"rank": self.lora_rank, "alpha": self.lora_alpha, "targets": list(self.lora_targets),
                              "merged": True}
@@ -83,4 +87,5 @@ class Start:
             found["trainable"] = list(self.trainable)
         if found and self.trainable_parameters is not None:
             found["trainable_parameters"] = self.trainable_parameters
+            found["trained"] = list(self.trained)
         return found

@@ -22,10 +22,14 @@ SMALL = {"grid.k": 2, "train.seeds": 1, "train.epochs": 1, "train.eval_every": 4
 
 @pytest.fixture(scope="module")
 def checkpoint(tmp_path_factory):
-    """A public model: the digits MLP a non-private grid released."""
-    out = tmp_path_factory.mktemp("public") / "grid"
-    train(compile(load_cfg("digits", "nodp", **SMALL)), out, progress=False)
-    return out / "model" / "seed0.safetensors"
+    """A public model: the digits MLP's weights saved by hand (no statement in its metadata: public by assumption; a
+    model dpgrid released is not public, tests/test_provenance.py)."""
+    from dpgrid.models import mlp
+
+    path = tmp_path_factory.mktemp("public") / "start.safetensors"
+    torch.manual_seed(11)
+    save_file({name: t.contiguous() for name, t in mlp().state_dict().items()}, str(path))
+    return path
 
 
 def grid(tmp_path, name="grid", strategy="fixed_threshold", **overrides):
@@ -43,7 +47,7 @@ def test_every_run_starts_from_the_checkpoint_and_the_grid_says_so(tmp_path, che
     assert plan["start"]["init"]["path"] == str(checkpoint) and len(plan["start"]["init"]["sha256"]) == 64
     statement = json.loads((out / "model" / "model.json").read_text())
     assert statement["start"]["init"]["sha256"] == plan["start"]["init"]["sha256"]
-    assert statement["start"]["init"]["covered"].startswith("no: a public checkpoint")
+    assert statement["start"]["init"]["covered"].startswith("public: assumed public: its file carries no privacy")
     released = dpgrid.load_model(out, seed=0)
     assert any(not torch.equal(p, start[name]) for name, p in released.state_dict().items())  # it trained
 
@@ -104,8 +108,8 @@ def test_a_merged_adapter_computes_what_the_adapter_did():
 
 @pytest.mark.parametrize("overrides, message", [
     ({"model.init": "/no/such/file.safetensors"}, r"^model.init: no file /no/such/file.safetensors$"),
-    ({"train.trainable": '["head.*"]'}, r"^train.trainable: 'head.\*' matches no parameter of model=dpgrid.models.mlp "
-                                        r"\(its parameters: 0.weight, 0.bias, 2.weight, 2.bias\)$"),
+    ({"train.trainable": '["head.*"]'}, r"^train.trainable: 'head.\*' matches none of its parameters "
+                                        r"\(model=dpgrid.models.mlp: 0.weight, 0.bias, 2.weight, 2.bias\)$"),
     ({"train.trainable": "[]"}, r"^train.trainable must be a non-empty list of parameter-name globs"),
     ({"model.lora.rank": 2, "model.lora.targets": '["1"]'}, r"^model.lora.targets: '1' matches 1, a ReLU, not a "
                                                             r"Linear layer$"),
@@ -113,7 +117,11 @@ def test_a_merged_adapter_computes_what_the_adapter_did():
     ({"model.lora.rank": 2}, r"^model.lora.targets must be a non-empty list of module-name globs"),
     ({"model.lora.targets": '["0"]'}, r"^model.lora.targets are set but model.lora.rank is 0"),
     ({"model.lora.rank": 2, "model.lora.targets": '["0"]', "train.trainable": '["0.base.weight"]'},
-     r"^train.trainable=\['0.base.weight'\] leaves no parameter of model=dpgrid.models.mlp to train$"),
+     r"^train.trainable: '0.base.weight' matches none of its parameters other than the adapters and the layers they "
+     r"adapt \(model=dpgrid.models.mlp: 2.weight, 2.bias\)$"),
+    ({"model.lora.rank": 40, "model.lora.targets": '["0"]'}, r"^model.lora.rank=40 is above the dimensions of 0 "
+                                                             r"\(64 -> 32\)"),
+    ({"model.init_covered_by": "private"}, r"^model.init_covered_by must be null"),
 ])
 def test_bad_fine_tuning_input_is_one_line(overrides, message):
     with pytest.raises(DpgridError, match=message) as refusal:

@@ -209,10 +209,26 @@ def start_of(read: Reader):
 
         if not Path(init).is_file():
             raise DpgridError(f"model.init: no file {init}")
-        from dpgrid.data import fingerprint
+        from dpgrid.privacy.provenance import checksum
 
-        digest = fingerprint({"init": init})["init"]["sha256"]
-    return Start(init=init, init_sha256=digest, lora_rank=rank,
+        digest = checksum(init)
+    declared = read.get("model.init_covered_by") if read.has("model.init_covered_by") else None
+    declared = OmegaConf.to_object(declared) if OmegaConf.is_config(declared) else declared
+    if declared is not None and not (declared == "public" or (
+            isinstance(declared, dict) and set(declared) == {"epsilon", "delta", "dataset"}
+            and all(isinstance(declared[k], (int, float)) and not isinstance(declared[k], bool)
+                    for k in ("epsilon", "delta")) and 0 < declared["epsilon"] < math.inf and 0 <= declared["delta"] < 1
+            and isinstance(declared["dataset"], str) and declared["dataset"])):
+        read.refuse("model.init_covered_by", "null (read from the checkpoint's file), public, or {epsilon: E, delta: D, "
+                    "dataset: NAME} (what covers a checkpoint trained privately elsewhere)", declared)
+    if declared is not None and init is None:
+        raise DpgridError("model.init_covered_by is set but model.init is null: it declares a checkpoint's privacy")
+    provenance = None
+    if init is not None:
+        from dpgrid.privacy.provenance import checkpoint_provenance
+
+        provenance = checkpoint_provenance(init, declared)
+    return Start(init=init, init_sha256=digest, init_provenance=provenance, lora_rank=rank,
                  lora_alpha=float(read.get("model.lora.alpha")) if rank else 1.0,
                  lora_targets=tuple(str(t) for t in targets), trainable=tuple(str(p) for p in trainable))
 

@@ -153,9 +153,10 @@ def compile(cfg, n_train: int = None, plan: bool = True, before_plan=None) -> Gr
             "is validated once, after its last step (its learning curve is one point); lower train.eval_every",) \
         if spec.train.eval_every > privacy_plan.steps else ()
     trains = sum(p.numel() for p in model.parameters() if p.requires_grad)
+    trained = tuple(name for name, p in model.named_parameters() if p.requires_grad)
     return replace(spec, plan=replace(privacy_plan, model_parameters=count_parameters(model)),
                    train=replace(spec.train, device=str(device), engine=engine),
-                   start=replace(start, trainable_parameters=trains) if not start.is_default else start,
+                   start=replace(start, trainable_parameters=trains, trained=trained) if not start.is_default else start,
                    warnings=spec.warnings + ((fallback,) if fallback else ()) + once)
 
 

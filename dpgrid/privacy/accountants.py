@@ -225,3 +225,26 @@ def locate(excess, low: float, high: float, tolerance: float):
         return brentq(excess, a, high, xtol=tolerance, rtol=4 * sys.float_info.epsilon)
     except (ValueError, RuntimeError, OverflowError):
         return None
+
+
+def composed_epsilon(events, delta: float, accountant: str = "rdp") -> float:
+    """epsilon at delta of several Poisson-subsampled Gaussian mechanisms composed, `events`: [(sample rate, noise
+    multiplier, steps), ...] (a model fine-tuned from a private checkpoint: the checkpoint's grid's steps and its own).
+    rdp: Opacus's curves added at every order, then converted; pld: dp-accounting's PLDs composed."""
+    events = [(float(q), float(nu), int(steps)) for q, nu, steps in events]
+    if accountant == "pld":
+        from dp_accounting import dp_event
+        from dp_accounting.pld import pld_privacy_accountant
+
+        pld = pld_privacy_accountant.PLDAccountant()
+        for q, nu, steps in events:
+            pld.compose(dp_event.PoissonSampledDpEvent(q, dp_event.GaussianDpEvent(nu)), steps)
+        return float(pld.get_epsilon(delta))
+    from opacus.accountants import RDPAccountant
+    from opacus.accountants.analysis.rdp import get_privacy_spent
+
+    from dpgrid.privacy.gaussian_rdp import compute_rdp
+
+    orders = RDPAccountant.DEFAULT_ALPHAS + RDP_ORDERS_EXTRA
+    rdp = sum(compute_rdp(q, nu, steps, orders) for q, nu, steps in events)
+    return float(get_privacy_spent(orders=orders, rdp=rdp, delta=delta)[0])

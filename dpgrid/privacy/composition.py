@@ -26,6 +26,13 @@ class Composition(AccountingMethod):
               "the means over seeds that tables publish, and the model chosen from them, are covered by the epsilon "
               "with seeds")
 
+    @staticmethod
+    def released_steps(plan):
+        """Every run of every configuration (epsilon_with_seeds): K x seeds runs of T steps at (q, nu)."""
+        if plan.noise_per_run or plan.sampling != "poisson":
+            return None
+        return [[plan.sample_rate, plan.noise_multiplier, plan.n_configs * plan.seeds * plan.steps]]
+
     def calibrate(self, plan, strategy_cls, options: dict, privacy: dict, problem: dict) -> dict:
         nu = calibrate(plan.epsilon, plan.sample_rate, budget_runs(plan) * plan.steps, plan.delta,
                        accountant=plan.accountant)

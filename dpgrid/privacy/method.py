@@ -39,3 +39,10 @@ class AccountingMethod:
         and its `record`. `plan` holds the public figures (N, B, q, T, K, seeds, the target, the accountant, the
         sampling); `privacy` the privacy settings and its own keys; `problem` a strategy's public constants."""
         raise NotImplementedError
+
+    @staticmethod
+    def released_steps(plan):
+        """[[sample rate, noise multiplier, steps], ...]: the Poisson-subsampled Gaussian steps whose composition is
+        exactly what covers a release (its epsilon_with_seeds), or None where it is not such a composition (the
+        default). A model fine-tuned from the release composes them with its own (dpgrid.privacy.provenance)."""
+        return None

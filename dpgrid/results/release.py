@@ -140,8 +140,11 @@ def write_release(out: Path, spec, runs, curves, plan_record: dict, configuratio
     entries = []
     for seed, j in seeds:
         tensors = load(weights_file(out, configuration["config_id"], seed).read_bytes())
-        content = save(tensors, metadata={"dpgrid": json.dumps({"covered_by": record["covered_by"], "why": record["why"],
-                                                                "configuration": configuration, "seed": j})})
+        content = save(tensors, metadata={"dpgrid": json.dumps({
+            "covered_by": record["covered_by"], "why": record["why"], "configuration": configuration, "seed": j,
+            # what a grid fine-tuned from this file composes with its own (dpgrid.finetuning.checkpoint_provenance)
+            "dataset": record["dataset"], "data_files": record["data_files"], "events": record["events"],
+            "privacy": {"accountant": (record.get("privacy") or {}).get("accountant")}})})
         name = f"seed{j}.safetensors"
         write_atomic(new / name, content)
         entries.append({"seed": j, "file": name, "sha256": hashlib.sha256(content).hexdigest(),

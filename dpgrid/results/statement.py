@@ -32,14 +32,33 @@ CHOSEN_BY = ("the released configuration is the one with the best score, and the
 def statement(spec, plan_record: dict, configuration: dict, chosen_by: str) -> dict:
     """What a release is covered by, in the plan's own figures, with how it was trained and chosen; `plan_record`: the
     plan.json this command wrote (the release binds the grid's part of it)."""
+    from dpgrid.privacy.provenance import release_cover
+
     plan, method = spec.plan, spec.plan.method
     private = plan.private and plan.epsilon_spent is not None
     covered = {"epsilon": plan.epsilon_with_seeds, "delta": plan.delta} if private else None
+    events = method.released_steps(plan) if private else None
+    provenance = spec.start.init_provenance
+    covered, checkpoint = release_cover(covered, events, plan.accountant, provenance, plan.dataset,
+                                        plan_record.get("data_files"))
+    if checkpoint is not None:
+        chosen_by += (f"; it was fine-tuned from a private checkpoint ({checkpoint['checkpoint']['source']}), "
+                      + (f"trained on the same data: both grids together are what covers it, by "
+                         f"{checkpoint['composed_by']}" if checkpoint["same_data"] else
+                         f"trained on other data ({provenance.dataset}): this epsilon covers {plan.dataset}'s examples, "
+                         f"the checkpoint's covers {provenance.dataset}'s, their composition anyone in both"))
+        if checkpoint["same_data"] and events and provenance.events and covered is not None and \
+                checkpoint["composed_by"].startswith("the "):
+            events = [*[list(e) for e in provenance.events], *events]
+        else:
+            events = None
     randomness = SECURE if spec.train.secure_rng else SEEDED if plan.private else SEEDED_NON_PRIVATE
     return {
         "covered_by": covered,
         "why": chosen_by if private else ("non-private: no clipping, no noise, no epsilon" if not plan.private else
                                           f"no epsilon covers it: {plan.sampling}"),
+        "events": events,
+        **({"checkpoint": checkpoint} if checkpoint is not None else {}),
         "covers": method.covers if private else None,
         "privacy": {"epsilon_target": plan.epsilon if plan.private else None, "epsilon_spent": plan.epsilon_spent,
                     "epsilon_with_seeds": plan.epsilon_with_seeds, "delta": plan.delta if plan.private else None,

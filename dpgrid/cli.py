@@ -4,6 +4,7 @@ prints the grid's privacy plan without training. User errors: one line on stderr
 
 import contextlib
 import json
+import os
 import signal
 import sys
 import time
@@ -64,7 +65,9 @@ def run_command(args: list) -> None:
             created = {out: outermost_missing(out) for out in checked}
             register()  # the schema and resolvers Hydra's own composition needs
             sys.argv = ["dpgrid run", *args]
-            hydra.main(version_base="1.3", config_path=config_dir(), config_name="config")(grid_job(created, checked=checked))()
+            with kept_if_nothing_queued(overrides):
+                hydra.main(version_base="1.3", config_path=config_dir(), config_name="config")(
+                    grid_job(created, checked=checked))()
         FINISHED.append(True)
         return
     from dpgrid.api import compose
@@ -90,6 +93,30 @@ def run_command(args: list) -> None:
         raise
 
 
+@contextlib.contextmanager
+def kept_if_nothing_queued(overrides: list):
+    """A SLURM sweep refused before any job was queued changes no file of an existing sweep folder: Hydra writes the
+    sweep's multirun.yaml before the launcher submits, and it is put back as it was."""
+    from dpgrid.config.compose import compose, sweep_jobs
+
+    first = next(iter(sweep_jobs(overrides)), None)
+    cfg = compose(first, with_hydra=True) if first is not None else None
+    slurm = cfg is not None and "dpgrid_launcher" in str(cfg.hydra.launcher.get("_target_", ""))
+    folder = Path(str(cfg.hydra.sweep.dir)) if slurm else None
+    record, jobs = (folder / "multirun.yaml", folder / ".submitit" / "dpgrid_jobs.json") if slurm else (None, None)
+    before = (record.read_bytes() if record.is_file() else None, jobs.read_bytes() if jobs.is_file() else None) \
+        if slurm else (None, None)
+    try:
+        yield
+    except SystemExit:
+        if slurm and before[0] is not None and (jobs.read_bytes() if jobs.is_file() else None) == before[1]:
+            from dpgrid.results.files import write_atomic
+
+            record.parent.mkdir(parents=True, exist_ok=True)  # (a folder that held nothing else was cleared)
+            write_atomic(record, before[0])  # nothing of this command was queued: its record goes too
+        raise
+
+
 def grid_job(created: dict, spec=None, checked: dict = None):
     """Hydra's task: train the grid into the job's output directory and say where the results are.
     `created`: per run directory, the outermost folder this command creates for it (None: none);
@@ -107,6 +134,8 @@ def grid_job(created: dict, spec=None, checked: dict = None):
         from dpgrid.runner import train
 
         out = Path(HydraConfig.get().runtime.output_dir).absolute()
+        if os.environ.get("SLURM_JOB_ID"):  # a SLURM job: scancel (SIGTERM) stops it between two writes within
+            signal.signal(signal.SIGTERM, on_signal)  # seconds; submitit would bypass it until SLURM's KillWait
         try:
             try:
                 grid = spec or compile(cfg).announce()

@@ -14,6 +14,7 @@ import os
 import shutil
 import subprocess
 import sys
+import warnings
 from pathlib import Path
 
 from dpgrid import slurm
@@ -70,7 +71,7 @@ def launch(launcher, job_overrides, initial_job_idx) -> list:
         print(f"dpgrid: submitted {len(jobs)} SLURM job(s){grouped} as {slurm.array_id(jobs)}; their logs: "
               f"{log_folder(jobs)}", file=sys.stderr, flush=True)
         try:
-            slurm.wait(jobs, launcher.params)
+            accounting = slurm.wait(jobs, launcher.params)
         except KeyboardInterrupt as e:
             from dpgrid.cli import fail
             from dpgrid.signals import stopped
@@ -83,7 +84,9 @@ def launch(launcher, job_overrides, initial_job_idx) -> list:
                  "queued or running the same command refuses to queue their grids again, and once they have ended it "
                  "resumes any grid left incomplete", code)
         by_job = [[job_overrides[i] for i in todo[start:start + per_job]] for start in range(0, len(todo), per_job)]
-        returns.update(zip(todo, outcomes(jobs, by_job, launcher.params.get("timeout_min"))))
+        with warnings.catch_warnings():  # submitit's "Bypassing sacct error" where sacct does not answer: said once
+            warnings.simplefilter("ignore")
+            returns.update(zip(todo, outcomes(jobs, by_job, launcher.params.get("timeout_min"), accounting)))
     say_results([grids[i] for i in first.values()], sweep_dir)
     return [returns[first[out]] for out, _, _ in grids]
 
@@ -199,6 +202,9 @@ def submit(executor, task, args, array_size: int = 1001, on_refused=None) -> lis
         lines = [line.strip() for line in str(e).splitlines() if line.strip()]
         first = next((line for line in lines if "error" in line.lower()), lines[0] if lines else "no message")
         hint = ("hydra.launcher.partition= names a partition that `sinfo -s` lists" if "partition" in first.lower()
+                and "memory" not in first.lower()
+                else "lower hydra.launcher.mem_gb: it asks for more memory than a node of the partition has (`sinfo -o "
+                "'%P %m'` lists each partition's, in MB)" if "memory" in first.lower()
                 else "the SLURM controller does not answer: `scontrol ping` says whether it is up; try again once it "
                 "is, or ask the cluster's admins" if "controller" in first.lower()
                 else "see the hydra.launcher settings (conf/hydra/launcher/slurm.yaml)")
@@ -210,7 +216,21 @@ def submit(executor, task, args, array_size: int = 1001, on_refused=None) -> lis
         fail(f"SLURM refused the jobs, nothing was queued: {first}; {hint}")
 
 
-def outcomes(jobs, by_job: list, timeout_min=None) -> list:
+def ended_why(error, timeout_min) -> str:
+    """Why a job that wrote a result ended without its grid: out of time or preempted (submitit's UncompletedJobError,
+    naming hydra.launcher.timeout_min), or the error its task raised (its last line)."""
+    text = str(error)
+    if "timed-out" in text:
+        return f" ran out of time (raise hydra.launcher.timeout_min={timeout_min})"
+    if "preempt" in text.lower():
+        return " was preempted and not requeued (submitit's hydra.launcher.max_num_timeout)"
+    if "SIGTERM" in text or "cancel" in text.lower():
+        return " was cancelled (SIGTERM: its grid stopped between two writes)"
+    last = [line.strip() for line in text.splitlines() if line.strip()]
+    return f" ended with an error: {last[-1] if last else type(error).__name__}"
+
+
+def outcomes(jobs, by_job: list, timeout_min=None, accounting: bool = True) -> list:
     """Each grid's result (Hydra's JobReturn), in order; `by_job`: each job's grids' overrides. Jobs that ended
     without a result are dpgrid's one line: per reason (ran out of time, naming hydra.launcher.timeout_min; the job's
     state and the grid's own error line if it printed one, else its log), the jobs it ended, once, with their count."""
@@ -222,15 +242,20 @@ def outcomes(jobs, by_job: list, timeout_min=None) -> list:
         why = ""
         if job.paths.result_pickle.exists():
             try:
-                returns += job.results()[0]
-                continue
+                found = job.results()[0]
             except Exception as e:  # noqa: BLE001  (what the job's process raised, pickled by submitit)
-                last = [line.strip() for line in str(e).splitlines() if line.strip()]
-                why = (f" ran out of time (raise hydra.launcher.timeout_min={timeout_min})" if "timed-out" in str(e)
-                       else f" ended with an error: {last[-1] if last else type(e).__name__}")
+                why = ended_why(e, timeout_min)
+            else:
+                # what a real job writes when submitit's task raised (a time-out, a preemption): ('success',
+                # [JobReturn(status=FAILED, return_value=the exception)]); Hydra would raise it as a traceback
+                failed = [r for r in found if getattr(r, "status", None) is not None and r.status.name == "FAILED"]
+                if not failed:
+                    returns += found
+                    continue
+                why = ended_why(failed[0]._return_value, timeout_min)
         if not why:
             said = [line for line in (job.stderr() or "").splitlines() if line.startswith("dpgrid: error: ")]
-            state = job.state if job.state != "UNKNOWN" else "out of the queue without a result"
+            state = job.state if accounting and job.state != "UNKNOWN" else "out of the queue without a result"
             why = (f" ended {state}: {said[-1][len('dpgrid: error: '):]}" if said else f" ended {state}, its log "
                    f"{job.paths.stderr}" if job.paths.stderr.exists() else f" ended {state}, no log")
         varied = " + ".join(v for v in (" ".join(o for o in overrides if o not in common) for overrides in grids) if v)

@@ -215,6 +215,8 @@ def train_grid(spec, out: Path, progress: bool, on_lock=None) -> "Trained":
     check_release(out, spec, record)
     check_sealed(out, spec)
     done = ledger.committed_runs(out, spec)  # before anything is rewritten: a secure grid's damage is refused untouched
+    if (out / "runs.csv").exists():  # as checked and repaired: what this command vouches for
+        seal.seal(out)
     if on_lock:
         on_lock(out)
     write_header(out, spec, record)
@@ -251,13 +253,38 @@ def train_grid(spec, out: Path, progress: bool, on_lock=None) -> "Trained":
 
 
 def check_sealed(out: Path, spec) -> None:
-    """Before the grid trains again in `out`: its result files are what it wrote (dpgrid.results.seal), else a secure
-    grid is refused (or with overwrite=true starts a new release), a seeded one refused or, where no digest covers its
-    files, trained again (the same runs); then sealed as they stand."""
+    """Before the grid trains again in `out`: its result files are what it wrote (dpgrid.results.seal). A line changed
+    or added after the seal is refused (a secure grid's with overwrite=true starts a new release); summary.csv,
+    rewritten at every end, is dropped; lines lost or damaged are left to the runs' own checks, which name the line or
+    train again what was lost (a seeded grid: the same runs). Where no digest covers the files (written before dpgrid
+    sealed them), a seeded grid trains its runs again, a secure one is refused."""
     found = seal.problem(out, whole=False)[0]
-    if found and ledger.kept(spec):
+    if not found:
+        return
+    if seal.recorded(out) is None:
+        if ledger.kept(spec):
+            ledger.start_over(out, spec, found)
+        else:
+            import warnings
+
+            warnings.warn(seal.resume(out, found, spec.overwrite))
+        return
+    bad = seal.unsealed(out)
+    if "summary.csv" in bad:  # derived from runs.csv, written again at the end of this command
+        with environment(out / "summary.csv"):
+            (out / "summary.csv").unlink()
+    edited = [name for name in bad if name in seal.LINED and seal.changed_lines(out, name)]
+    if not edited:  # lines lost or damaged: the runs' own checks train again what they lost, or name the line
+        return
+    if "runs.csv" in edited:  # a line that is no run of this grid is named as such first (its field, its line)
+        from dpgrid.results.runs import read_runs
+
+        read_runs(out / "runs.csv", [c["config_id"] for c in spec.plan.configurations], spec.config_hash)
+    found = (f"{out / edited[0]} holds lines its grid did not write (a number edited or a row added after it was "
+             f"sealed: {out / seal.DIGESTS})")
+    if ledger.kept(spec):
         ledger.start_over(out, spec, found)
-    elif found:
+    else:
         import warnings
 
         warnings.warn(seal.resume(out, found, spec.overwrite))

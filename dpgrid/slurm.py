@@ -150,8 +150,8 @@ def still_queued(sweep_dir: Path, outs: list) -> dict:
     return {out: job_id for out, job_id in mine.items() if job_id in alive}
 
 
-def wait(jobs, params: dict) -> None:
-    """Until every job has ended, saying why pending jobs wait whenever the reasons change (not as the counts drain).
+def wait(jobs, params: dict) -> bool:
+    """Whether SLURM's accounting answers here, once every job has ended: until then, saying why pending jobs wait whenever the reasons change (not as the counts drain).
     A job has ended once squeue no longer lists it and its result file is there, or submitit's sacct says so, or it
     has left the queue for GONE_POLLS looks without a result (a cluster without accounting: a cancelled job). A job
     that is requeued (a node failure) is listed again, and waited for. Jobs that can never start (every job left is
@@ -168,7 +168,7 @@ def wait(jobs, params: dict) -> None:
         queued = listed(jobs)
         left = [job for job in jobs if not ended(job, queued, gone, accounting)]
         if not left:
-            return
+            return accounting
         reasons = {}
         for job_id, (state, reason) in (queued or {}).items():
             if state == "PENDING" and reason not in ("", "None", "(null)"):

@@ -27,6 +27,11 @@ if [ "$FAKE_SLURM" = refuse ]; then
   echo "sbatch: error: Batch job submission failed: Invalid partition name specified" >&2
   exit 1
 fi
+if [ "$FAKE_SLURM" = memory ]; then
+  echo "sbatch: error: Memory specification can not be satisfied" >&2
+  echo "sbatch: error: Batch job submission failed: Requested node configuration is not available" >&2
+  exit 1
+fi
 echo "$@" >> "$FAKE_SLURM_LOG"
 if [ "$FAKE_SLURM" = fail ]; then  # the first job's grid refused something and said so in its log, as dpgrid does
   log="$(dirname "$1")/${FAKE_SLURM_ID}_0"; mkdir -p "$log"
@@ -57,9 +62,16 @@ echo "Submitted batch job $id"
 if [ "$FAKE_SLURM" = noacct ]; then  # a cluster without its accounting database
   echo "Slurm accounting storage is disabled" >&2; exit 1
 fi
-if [ "$FAKE_SLURM" = timeout ]; then  # submitit wrote each task's result: it ran out of time
+if [ "$FAKE_SLURM" = timeout ] || [ "$FAKE_SLURM" = preempted ]; then  # what a real job writes when submitit's
+  # task raised (its time ran out, it was preempted): Hydra's JobReturn, FAILED, holding submitit's error
+  why="timed-out too many times"; [ "$FAKE_SLURM" = preempted ] && why="preempted too many times"
   for d in "$(dirname "$FAKE_SLURM_LOG")"/sweep/.submitit/*/; do
-    [ -d "$d" ] && python3 -c "import pickle, sys; pickle.dump(('error', 'submitit.core.utils.UncompletedJobError: Job not requeued because: timed-out too many times.'), open(sys.argv[1], 'wb'))" "$d$(basename "$d")_0_result.pkl"
+    [ -d "$d" ] && "$FAKE_PYTHON" -c "
+import pickle, sys
+from hydra.core.utils import JobReturn, JobStatus
+from submitit.core.utils import UncompletedJobError
+done = JobReturn(status=JobStatus.FAILED, _return_value=UncompletedJobError('Job not requeued because: ' + sys.argv[2] + '.'))
+pickle.dump(('success', [done]), open(sys.argv[1], 'wb'))" "$d$(basename "$d")_0_result.pkl" "$why"
   done
   echo "JobID|State|NodeList"; echo "${FAKE_SLURM_ID}_0|COMPLETED|node"; echo "${FAKE_SLURM_ID}_1|COMPLETED|node"; exit 0
 fi
@@ -113,6 +125,7 @@ def slurm(tmp_path, monkeypatch):
         monkeypatch.setenv("FAKE_SLURM", mode)
         monkeypatch.setenv("FAKE_SLURM_ID", str(job_id))
         monkeypatch.setenv("FAKE_SLURM_LOG", str(tmp_path / "sbatch.log"))
+        monkeypatch.setenv("FAKE_PYTHON", sys.executable)
         return dict(os.environ)
     return use
 
@@ -227,6 +240,26 @@ def test_a_job_that_ran_out_of_time_names_the_setting_and_how_to_resume(slurm, t
         "4251_1 (privacy.epsilon=5)) ran out of time (raise hydra.launcher.timeout_min=3); the same command resumes "
         "them (finished runs are kept)"), r.stderr
     assert "results:" not in r.stdout and "no summary" not in r.stdout
+
+
+def test_a_preempted_job_is_one_line_saying_the_same_command_resumes(slurm, tmp_path):
+    slurm("preempted", 4261)
+    r = dpgrid("run", *SWEEP, f"hydra.sweep.dir={tmp_path / 'sweep'}")
+    assert r.returncode == 2 and "Traceback" not in r.stderr, r.stderr
+    assert r.stderr.strip().splitlines()[-1].endswith("was preempted and not requeued (submitit's "
+                                                      "hydra.launcher.max_num_timeout); the same command resumes them "
+                                                      "(finished runs are kept)"), r.stderr
+
+
+def test_memory_a_node_cannot_give_names_mem_gb_and_a_refusal_changes_no_file_of_the_sweep(slurm, tmp_path):
+    sweep = tmp_path / "sweep"
+    sweep.mkdir()
+    (sweep / "multirun.yaml").write_text("an earlier sweep's record\n")
+    slurm("memory", 4262)
+    r = dpgrid("run", *SWEEP, "hydra.launcher.mem_gb=4000", f"hydra.sweep.dir={sweep}")
+    assert r.returncode == 2 and "lower hydra.launcher.mem_gb" in r.stderr, r.stderr
+    assert (sweep / "multirun.yaml").read_text() == "an earlier sweep's record\n"
+    assert sorted(p.name for p in sweep.iterdir()) == ["multirun.yaml"]
 
 
 def test_a_cluster_without_accounting_notices_a_cancelled_job(slurm, tmp_path, monkeypatch):
@@ -414,3 +447,30 @@ def test_a_sweep_job_that_composes_another_config_than_the_checked_one_trains_no
         cli.main(["run", "-m", "grid.k=2", "train.epochs=1", "train.seeds=1", "privacy.epsilon=3,8"])
     assert stopped.value.code == 2 and "composed another config (hash" in capsys.readouterr().err
     assert not list(tmp_path.rglob("runs.csv"))
+
+
+def test_scancel_stops_a_running_job_within_seconds(slurm, tmp_path):
+    """SLURM cancels a job with SIGTERM (then SIGKILL after its KillWait); submitit's job process would let it by. A
+    dpgrid job stops its grid between two writes at once, and the submitter says so in one line."""
+    import time
+
+    sweep = tmp_path / "sweep"
+    env = slurm("run", 4270)
+    long = ["-m", "hydra/launcher=slurm", "strategy=fixed_threshold", "grid.k=2", "train.seeds=1", "train.epochs=400",
+            "train.parallel_runs=1", f"hydra.sweep.dir={sweep}"]
+    proc = subprocess.Popen([sys.executable, "-m", "dpgrid.cli", "run", *long], stderr=subprocess.PIPE,
+                            stdout=subprocess.DEVNULL, text=True, env=env)
+    deadline = time.monotonic() + 300
+    while not list(sweep.rglob("cli.log")) and time.monotonic() < deadline:  # the job holds its grid
+        time.sleep(0.2)
+    jobs = subprocess.run(["pgrep", "-f", "submitit.core._submit"], capture_output=True, text=True).stdout.split()
+    assert jobs, "the job's process was not found"
+    cancelled = time.monotonic()
+    for pid in jobs:
+        os.kill(int(pid), signal.SIGTERM)  # what scancel does first
+    while any(os.path.exists(f"/proc/{pid}") for pid in jobs) and time.monotonic() < cancelled + 60:
+        time.sleep(0.1)
+    assert time.monotonic() - cancelled < 15, "the job trained on after SIGTERM"
+    proc.wait(timeout=120)
+    said = proc.stderr.read()
+    assert proc.returncode == 2 and "SIGTERM: the grid in" in said and "the same command resumes" in said, said

@@ -69,7 +69,7 @@ def test_an_edited_row_is_refused_by_the_grids_own_command(tmp_path):
     text = (out / "runs.csv").read_text()
     value = f"{before.best_value.iloc[0]}"
     (out / "runs.csv").write_text(text.replace(value, "99.5", 1))
-    with pytest.raises(DpgridError, match=r"runs.csv is not the file its grid wrote.*overwrite=true") as refused:
+    with pytest.raises(DpgridError, match=r"runs.csv holds lines its grid did not write.*overwrite=true") as refused:
         train(spec, out, progress=False)
     assert "\n" not in str(refused.value)
     (out / "digests.json").unlink()
@@ -89,8 +89,8 @@ def test_a_row_added_by_hand_is_refused_and_a_stopped_commit_is_finished(tmp_pat
 
     row = pd.read_csv(out / "runs.csv", dtype=str, keep_default_na=False).iloc[-1].to_dict()
     saved = (out / "runs.csv").read_bytes()
-    (out / "runs.csv").write_text(saved.decode() + ",".join(row.values()) + "\n")
-    with pytest.raises(DpgridError, match="runs.csv is not the file its grid wrote"):
+    (out / "runs.csv").write_text(saved.decode() + ",".join({**row, "seed": "5"}.values()) + "\n")  # a run never trained
+    with pytest.raises(DpgridError, match="runs.csv holds lines its grid did not write"):
         train(spec, out, progress=False)
     (out / "runs.csv").write_bytes(saved)
     commit_run(out / "runs.csv", dict(row))  # a commit whose seal a kill prevented: pending in digests.json

@@ -46,6 +46,8 @@ LONG_MODULES = {
     "dpgrid/training/proof.py": "the fast engine's proof on the first batch: where the samples are, the exact reference, "
                                 "the comparison and the choice it leads to",
     "dpgrid/runner.py": "one grid's training, from the loaded data to the committed rows",
+    "dpgrid/cli.py": "the command line: each command's arguments, and every refusal turned into its one line and exit "
+                     "code",
 }
 
 

@@ -25,26 +25,39 @@ if TYPE_CHECKING:  # pandas is imported when a grid is run: `dpgrid` refuses bad
 
 
 def check_sweep(overrides: list) -> dict:
-    """Every job of a sweep composed and checked in this process, before any is launched or queued; jobs
-    of different configs that would write into one directory are refused, naming their overrides.
-    Returns {each job's directory: the config hash checked for it}."""
+    """Every job of a sweep composed, checked and planned in this process (every refusal `dpgrid plan` would give),
+    before any is launched or queued: a sweep with a job that cannot run trains nothing, and each such job is named in
+    a line of its own; jobs of different configs that would write into one directory are refused, naming their
+    overrides. Returns {each job's directory: the config hash checked for it}."""
+    import warnings
+
     from dpgrid.config import compile
     from dpgrid.results.claim import check_run
 
-    by_dir, checked = {}, set()
-    for number, job in enumerate(sweep_jobs(overrides)):
+    by_dir, checked, refused = {}, set(), []
+    jobs = sweep_jobs(overrides)
+    for number, job in enumerate(jobs):
         try:
             cfg = compose(job, with_hydra=True)
             out = (Path(str(cfg.hydra.sweep.dir)) / str(cfg.hydra.sweep.subdir)).absolute()
             spec = compile(cfg, plan=False)  # every check short of the plan, before torch
             check_run(spec, out)
+            with warnings.catch_warnings():  # the job says its own warnings when it runs
+                warnings.simplefilter("ignore")
+                compile(cfg)  # the plan's own refusals (a noise the strategy cannot carry, an unreachable epsilon)
         except DpgridError as e:
-            raise type(e)(f"sweep job {' '.join(job)}: {e}") from None
+            refused.append(f"sweep job {' '.join(job)}: {e}")
+            continue
         if not number:  # one launcher for the whole sweep
             check_launcher(cfg.hydra.launcher)
         by_dir.setdefault(out, {}).setdefault(spec.config_hash, job)
         if str(cfg.hydra.launcher.get("_target_", "")) == DPGRID_LAUNCHER:  # what a queued job would find late
             check_before_queue(spec, job, out, bool(cfg.data.check_before_queue), checked)
+    if len(refused) == 1:
+        raise DpgridError(refused[0])
+    if refused:
+        raise DpgridError(f"{len(refused)} of the sweep's {len(jobs)} jobs cannot run, so none was started:\n"
+                          + "\n".join(refused))
     for out, jobs in by_dir.items():
         if len(jobs) > 1:
             first, second = list(jobs.values())[:2]

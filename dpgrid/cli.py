@@ -130,7 +130,7 @@ def grid_job(created: dict, spec=None, checked: dict = None):
         from dpgrid.config import compile
         from dpgrid.results.files import locked, remove_created
         from dpgrid.jobs import hydra_record, parallel_jobs, run_log
-        from dpgrid.reporting.console import describe_best, edge_warning
+        from dpgrid.reporting.console import chance_warning, describe_best, edge_warning
         from dpgrid.runner import train
 
         out = Path(HydraConfig.get().runtime.output_dir).absolute()
@@ -159,8 +159,10 @@ def grid_job(created: dict, spec=None, checked: dict = None):
             name, code = stopped(e)
             fail(f"{name}: the grid in {out} is incomplete; the same command resumes it", code)
         print(describe_best(trained.summary, grid.dataset.task, trained.releases_best_only, trained.final))
-        if edge_warning(trained.summary, grid.plan):
-            print(f"dpgrid: warning: {edge_warning(trained.summary, grid.plan)}", file=sys.stderr)
+        for warning in (edge_warning(trained.summary, grid.plan),
+                        chance_warning(trained.summary, grid.dataset.task, grid.dataset.classes)):
+            if warning:
+                print(f"dpgrid: warning: {warning}", file=sys.stderr)
         if trained.release:
             print(trained.release)
         print(f"results: {out}", flush=True)

@@ -87,8 +87,10 @@ def train_together(spec, data, runs: list, progress: bool = False, conv_methods:
     if canaries is not None:
         engine, params = canaries, [*params, canaries.coordinates]
     strategy = build_strategy(spec, params, hp, noise_source, steps, phase)
+    # a selection's lines say nothing that grows with the candidates drawn: no progress line without a terminal
+    ticking = progress and not procedure_of(spec.plan.method).releases_best_only
     results = train_runs(models, engine, strategy, data, steps, spec.plan.sample_rate, spec.train.eval_every,
-                         list(samplers), spec.train.sampling, progress)
+                         list(samplers), spec.train.sampling, progress, ticking)
     if canaries is not None:
         results[0].canary_scores = canaries.scores()
     return keeping_weights(spec, results, models)

@@ -146,3 +146,35 @@ def test_models_train_in_float64_and_load_so(tmp_path):
     _, out, _ = grid(tmp_path, **{"train.float64": True})
     model = dpgrid.load_model(out)
     assert {p.dtype for p in model.parameters()} == {torch.float64} and not model.training
+
+
+def test_the_readmes_plain_pytorch_load_scores_as_the_statement_says(tmp_path):
+    """The README's load without dpgrid, run in a process that never imports it: the released model of the default
+    job's model and data scores what model.json says (its architecture and split are stated there)."""
+    import re
+    import subprocess
+    import sys
+
+    from .conftest import ROOT
+
+    _, out = trained_grid(tmp_path / "outputs" / "digits" / "online" / "eps3" / "k7", "online",
+                          **{"grid.k": 2, "train.seeds": 1, "train.epochs": 1})
+    code = re.search(r"<!-- plain-load -->\n```python\n(.*?)```", (ROOT / "README.md").read_text(), re.S).group(1)
+    code = code.replace('"outputs/digits/online/eps3/k7"', repr(str(out)))
+    code += "\nimport sys\nassert 'dpgrid' not in sys.modules\nprint(accuracy)\n"
+    found = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=tmp_path)
+    assert found.returncode == 0, found.stderr
+    statement = json.loads((out / "model" / "model.json").read_text())
+    seed0 = next(m for m in statement["models"] if m["seed"] == 0)
+    assert float(found.stdout.strip().splitlines()[-1]) == pytest.approx(seed0["test_value"], abs=1e-6)
+    assert statement["architecture"]["tensors"] == {"0.weight": [32, 64], "0.bias": [32], "2.weight": [10, 32],
+                                                    "2.bias": [10]}
+
+
+def test_load_model_takes_its_arguments_in_every_form_the_hints_give(tmp_path):
+    """searchpath as Hydra's text or a list of its entries; trust as a name or a list (the CLI's hint shows both)."""
+    _, out, _ = grid(tmp_path)
+    for searchpath in ("[pkg://dpgrid.conf]", ["pkg://dpgrid.conf"], ("file:///nowhere",)):
+        assert dpgrid.load_model(out, seed=0, searchpath=searchpath).statement["covered_by"]
+    for trust in ("dpgrid.models.mlp", ["dpgrid.models.mlp"]):
+        assert dpgrid.load_model(out, seed=0, trust=trust) is not None

@@ -4,6 +4,7 @@ the oracle's flags, the logistic-regression datasets and the refusals."""
 import json
 import math
 
+import pandas as pd
 import pytest
 import torch
 
@@ -77,8 +78,12 @@ def test_the_oracle_is_flagged_not_private_everywhere(tmp_path):
     result = dpgrid.run_grid(cfg, tmp_path / "oracle", progress=False)
     assert result.runs.epsilon_spent.isna().all() and (result.runs.sampling == plan.sampling).all()
     assert result.plan["epsilon_spent"] is None and "oracle" in result.plan["label"].lower()
-    dpgrid.tables(tmp_path, figures=False, report=lambda line: None)
-    assert "not private (oracle)" in (tmp_path / "tables" / "iris_k7.md").read_text()
+    lines = []
+    dpgrid.tables(tmp_path, figures=False, report=lines.append)
+    assert not (tmp_path / "tables" / "iris_k7.md").exists()  # no grid with a DP guarantee: no table, a line
+    assert any("iris k=7: no grid of this table has a result" in line for line in lines), lines
+    results = pd.read_csv(tmp_path / "tables" / "results.csv")
+    assert results.sampling.str.contains("not private (oracle)", regex=False).all()
 
 
 def test_a_pur_grid_spends_its_budget_under_both_conversions(tmp_path):

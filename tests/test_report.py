@@ -341,10 +341,10 @@ def test_mixing_per_grid_and_per_run_grids_needs_asking(tree):
 def test_shuffled_grids_claim_nothing_and_are_left_out(tmp_path):
     root = tmp_path / "outputs"
     make_grid(root, "mnist", "online", 3, 9, [("lr4", {"lr": 0.316228}, [91.0, 92.0], 0)], sampling="shuffle (not DP)")
-    write(root)
-    table = pd.read_csv(root / "tables" / "mnist_k9.csv")
-    assert len(table) == 0  # no epsilon with a DP grid: no row
-    assert "Not shown, no DP guarantee (shuffled batches, or a schedule that reads the data): Online at ε = 3 (shuffle (not DP))." in (root / "tables" / "mnist_k9.md").read_text()
+    _, lines = write(root)
+    assert not (root / "tables" / "mnist_k9.csv").exists()  # no epsilon with a DP grid: no row, so no table
+    assert lines == ["mnist k=9: no grid of this table has a result to show (each row's footnote says why, in "
+                     "results.csv's status): no table written"]
     assert pd.read_csv(root / "tables" / "results.csv").status.tolist() == ["not DP (sampling=shuffle)"]
 
 
@@ -529,3 +529,27 @@ def test_the_curve_figures_title_fits_inside_the_figure(tmp_path, monkeypatch, a
     title = fig.axes[0].title.get_window_extent()
     box = fig.bbox
     assert box.x0 <= title.x0 and title.x1 <= box.x1 and box.y0 <= title.y0 and title.y1 <= box.y1, (title, box)
+
+
+def test_fine_tuning_variants_of_one_cell_stand_on_rows_of_their_own(tmp_path):
+    """Full, last-layer and LoRA grids from one checkpoint, one cell each: three rows told apart by what they train,
+    named in the key column and the caption, and three series in the figure."""
+    root = tmp_path / "outputs"
+    starts = {"full": {"init": {"sha256": "ab" * 32}},
+              "last": {"init": {"sha256": "ab" * 32}, "trainable": ["2.*"]},
+              "lora": {"init": {"sha256": "ab" * 32, "provenance": {"private": True, "dataset": "digits"}},
+                       "lora": {"rank": 8, "targets": ["0"]}}}
+    for i, (name, start) in enumerate(starts.items()):
+        folder = make_grid(root, "mnist", "online", 3, 9, [("lr4", {"lr": 0.316228}, [90.0 + i, 91.0 + i], 0)],
+                           folder=root / name)
+        edit_plan(folder, start=start)
+    figures = pytest.importorskip("matplotlib") and True
+    _, lines = write(root, figures=figures)
+    assert lines == []
+    table = pd.read_csv(root / "tables" / "mnist_k9.csv")
+    assert sorted(table.start) == ["from abababab", "from abababab (private, digits); LoRA r=8 on 0",
+                                   "from abababab; trains 2.*"]
+    md = (root / "tables" / "mnist_k9.md").read_text()
+    assert "start as the row says" in md and "private checkpoint" in md
+    caption = (root / "tables" / "figures" / "mnist_k9.txt").read_text()
+    assert caption  # the figure is drawn, its series one per start

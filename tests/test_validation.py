@@ -347,3 +347,23 @@ print(sorted(m for m in ("torch._C", "opacus", "pandas") if m in sys.modules))
     assert len(lines) == 8, r.stderr  # one line per refusal
     assert "strategy.clip0 must be a positive" in lines[5] and "strategy.clip0=-1: strategy.clip0 must be a positive" in lines[6], r.stderr
     assert "holds results of a different config (train.epochs is 2 there, 3 here)" in lines[7], r.stderr
+
+
+def test_every_datasets_default_delta_is_below_its_own_one_over_n_or_says_why():
+    """A dataset's default delta is below 1/N for its own N, except where its config says it follows a paper that
+    chose delta = 1/N (the PUR track's), or reproduces the OSO paper's AG News runs (recorded at 1e-5)."""
+    import re
+
+    from dpgrid.config.groups import options
+
+    weak = []
+    for name in options("dataset"):
+        text = (ROOT / "conf" / "dataset" / f"{name}.yaml").read_text()
+        n = re.search(r"^n_train: (\d+)", text, re.M)
+        if not n:
+            continue
+        stated = re.search(r"^delta: ([0-9.e-]+)", text, re.M)
+        delta = float(stated.group(1)) if stated else 1e-5
+        if delta >= 1 / int(n.group(1)) and "as the paper" not in text and name != "ag_news":
+            weak.append(f"{name}: delta {delta:g} >= 1/{n.group(1)}")
+    assert not weak, weak

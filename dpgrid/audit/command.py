@@ -93,6 +93,15 @@ def audit_directory(run_dir: Path, given: bool, overwrite: bool, started: dict) 
     return out, None
 
 
+HELP = ("usage: dpgrid audit [--canaries M] [--threat white_box|black_box] [--confidence C] [--seed S] [OVERRIDES...]\n\n"
+        "the grid the overrides configure, run once more with M canaries (default 1000), each included by a secret "
+        "coin, and a measured lower bound on epsilon beside the epsilon its plan claims (docs/audit.md); white_box "
+        "(default): gradient canaries, the attacker sees every step; black_box: mislabelled test examples, the "
+        "attacker sees the released model only; --confidence of the bound (default 0.95); --seed S repeats an audit's "
+        "coins; the audit writes into its own directory (hydra.run.dir, default audits/...) and exits 1 when the "
+        "bound exceeds the claim")
+
+
 def audit_command(args: list) -> None:
     from dpgrid.audit.bound import audit_scores
     from dpgrid.audit.canaries import AuditSpec, draw_coins
@@ -101,6 +110,9 @@ def audit_command(args: list) -> None:
     from dpgrid.data import load
     from dpgrid.runner import train
 
+    if {"-h", "--help"} & set(args):
+        print(HELP)
+        return
     options, overrides = parse(args)
     cfg = compose(overrides, with_hydra=True)
     checked = compile(cfg, plan=False)

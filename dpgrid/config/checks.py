@@ -148,6 +148,8 @@ def check_config(cfg, n_train: int = None) -> list:
     read.whole("train.batch_size", high=n_train)  # high=None: checked again once the data is loaded
     for key in ("train.epochs", "train.seeds", "train.eval_every"):
         read.whole(key)
+    if read.get("train.steps") is not None:  # T itself, in place of epochs: a fraction of an epoch, or any T
+        read.whole("train.steps")
     read.fraction("train.momentum", closed_low=True)
     if read.choice("train.sampling", ("poisson", "shuffle")) == "shuffle":
         warnings.append("train.sampling=shuffle: fixed-size shuffled batches are NOT covered by the Poisson analysis; "

@@ -41,6 +41,7 @@ class Training:
     save_models: str = "released"  # released | all | none (dpgrid.results.models)
     conv_method: str = "auto"    # a convolution's per-sample method: auto (measured) or one (dpgrid.training.rules.convolution)
     engine_setting: str = "auto"  # train.engine as set: auto | fast (the first batch's proof refuses, not falls back) | func
+    steps: Optional[int] = None   # train.steps: T itself, in place of epochs (None: T from the epochs)
 
 
 @dataclass(frozen=True)
@@ -109,7 +110,9 @@ def compile(cfg, n_train: int = None, plan: bool = True, before_plan=None) -> Gr
         stated = cfg.dataset.get("n_train")
         n_train = int(stated) if stated is not None else loaded_n_train(dataset, cfg.data.root)
     # a huge grid is refused before its configurations are built
-    check_scale(size(cfg.strategy, cfg.grid), n_train, int(cfg.train.epochs), int(cfg.train.batch_size),
+    steps = cfg.train.get("steps")
+    check_scale(size(cfg.strategy, cfg.grid), n_train, int(cfg.train.epochs) if steps is None else steps * int(
+                    cfg.train.batch_size) / n_train, int(cfg.train.batch_size),
                 int(cfg.train.seeds), dataset.seconds_per_step, bool(cfg.grid.allow_large))
     configs = configurations(cfg.strategy, cfg.grid)
     only = tuple(str(o) for o in cfg.grid.only) if cfg.grid.only is not None else None
@@ -127,7 +130,7 @@ def compile(cfg, n_train: int = None, plan: bool = True, before_plan=None) -> Gr
                        float64=bool(cfg.train.float64), secure_rng=bool(cfg.privacy.secure_rng),
                        threads=str(cfg.train.threads), parallel_runs=str(cfg.train.parallel_runs),
                        save_models=str(cfg.train.save_models), conv_method=str(cfg.train.conv_method),
-                       engine_setting=str(cfg.train.engine)),
+                       engine_setting=str(cfg.train.engine), steps=None if steps is None else int(steps)),
         dataset=dataset, model=target_of(own_keys(read_only(cfg.model)), "model"), start=start,
         data_root=str(cfg.data.root), protocol=str(cfg.protocol), overwrite=bool(cfg.overwrite), stopping_seed=int(privacy["stopping_seed"]),
         privacy=MappingProxyType(privacy), settings=MappingProxyType(plain),
@@ -183,7 +186,7 @@ def make_plan(spec: GridSpec, configs: list, n_train: int, model_parameters: int
     return plan_privacy(
         strategy_cls=cls, selection=spec.selection_cls, options=dict(spec.options), privacy=dict(spec.privacy),
         problem=cls.problem(Reader(dataset, prefix="dataset."), n_train), n_train=n_train,
-        batch_size=t.batch_size, epochs=t.epochs, seeds=t.seeds, sampling=t.sampling,
+        batch_size=t.batch_size, epochs=t.epochs, steps=t.steps, seeds=t.seeds, sampling=t.sampling,
         dataset=dataset["name"], strategy=strategy["name"], k=int(spec.settings["grid"]["k"]),
         label=str(strategy.get("label") or cls.label or strategy["name"]), axes=list(strategy["grid"]),
         dataset_epsilons=[float(e) for e in dataset.get("epsilons") or [spec.privacy["epsilon"]]],

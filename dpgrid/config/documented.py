@@ -11,8 +11,10 @@ from dpgrid.config.groups import config_dir, options
 USAGE = """usage: dpgrid run [-m] [OVERRIDES...]     run one private grid (-m: Hydra multirun sweep)
        dpgrid plan [--json] [--compare] [OVERRIDES...]  the privacy plan, no training (--compare: all accountants)
        dpgrid tables [--mix-budgets] [--out DIR] [RESULTS_DIR]  tables and figures (default outputs/, into its tables/)
-       dpgrid --version
        dpgrid model RUN_DIR [--seed S] [--out FILE]  the model a grid released, what covers it (--out: a copy)
+       dpgrid audit [--canaries M] [--threat white_box|black_box] [OVERRIDES...]  a measured lower bound on epsilon
+       dpgrid --version
+       dpgrid COMMAND --help   one command's own options
 
 overrides are Hydra's: dataset=mnist strategy=fixed_threshold privacy.epsilon=3 grid.k=7 ...
 your own options: hydra.searchpath=[file:///abs/path/to/conf] (see docs/extending.md)"""

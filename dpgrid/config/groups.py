@@ -20,7 +20,7 @@ def options(group: str, searchpath: str = None) -> list:
     return sorted({p.stem for p in group_files(group, searchpath)})
 
 
-def group_targets(group: str, searchpath: str = None) -> dict:
+def group_targets(group: str, searchpath=None) -> dict:
     """{_target_: option} of a config group's options (dpgrid's and those of `searchpath`'s folders): the callables
     the user's own configuration provides."""
     from omegaconf import OmegaConf
@@ -36,10 +36,12 @@ def group_targets(group: str, searchpath: str = None) -> dict:
     return found
 
 
-def group_files(group: str, searchpath: str = None) -> list:
-    """The YAML files of a config group in dpgrid's conf/ and the folders of a hydra.searchpath value."""
+def group_files(group: str, searchpath=None) -> list:
+    """The YAML files of a config group in dpgrid's conf/ and the folders of a hydra.searchpath value (its text,
+    "[pkg://a.conf,file:///b]", or a list of its entries)."""
     folders = [Path(config_dir())]
-    for entry in (searchpath or "").strip("[]").split(","):
+    entries = searchpath if isinstance(searchpath, (list, tuple)) else (searchpath or "").strip("[]").split(",")
+    for entry in entries:
         entry = entry.strip().strip("'\"")
         if entry.startswith("file://"):
             folders.append(Path(entry[len("file://"):]))

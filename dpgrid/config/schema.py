@@ -36,6 +36,7 @@ class GridConfig:
 @dataclass
 class TrainConfig:
     epochs: int = MISSING
+    steps: Optional[int] = None
     batch_size: int = MISSING
     eval_every: int = MISSING
     seeds: int = MISSING

@@ -165,12 +165,15 @@ RECORDED = {"liu_talwar": {}, "stopping": {}, "selection_accountant": None, "eps
 
 
 def make_plan(*, strategy_cls, options: dict, privacy: dict, problem: dict, n_train: int, batch_size: int,
-              epochs: int, seeds: int, sampling: str, selection=None, **public) -> Plan:
+              epochs: int, seeds: int, sampling: str, selection=None, steps: int = None, **public) -> Plan:
     """The grid's plan: its public figures, then the noise and what it spends from its accounting method.
     `privacy`: the privacy settings (epsilon, delta, accountant, budget, selection and its stopping rule);
     `selection`: the class of privacy.selection (None: the built-in that privacy["selection"] names);
     `public`: the names and figures the plan records as given (dataset, strategy, label, k, axes, ...)."""
-    steps = math.ceil(epochs * n_train / batch_size)
+    if steps is None:
+        steps = math.ceil(epochs * n_train / batch_size)
+    else:  # train.steps: T as given, its epochs what they are (a fraction where T is short of one pass)
+        epochs = round(steps * batch_size / n_train, 4)
     per_config = seeds if privacy["account_seeds"] else 1  # runs of one configuration that are accounted
     configs = public["configurations"]
     plan = Plan(**public, n_configs=len(configs), private=bool(strategy_cls.private), adapts=list(strategy_cls.adapts),

@@ -94,6 +94,11 @@ class Table:
     def columns(self) -> list:
         return self.keys + [c for _, columns in self.blocks for c in columns]
 
+    def shows_a_result(self) -> bool:
+        """Whether any cell outside the row keys holds something (a table of empty cells is not written)."""
+        return any(self.rows[row].get(column.csv) is not None for row in range(len(self.rows))
+                   for _, columns in self.blocks for column in columns)
+
     def text(self, row: int, column: Column) -> str:
         cell = self.rows[row].get(column.csv)
         if cell is None or (not isinstance(cell, (tuple, str)) and pd.isna(cell)):

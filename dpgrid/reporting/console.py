@@ -94,6 +94,20 @@ def edge_warning(summary, plan) -> str:
             "grid.clip_range may hold a better one") if found else ""
 
 
+def chance_warning(summary, task: str, classes) -> str:
+    """Where a classification grid's best configuration scores no better than guessing (within 2 points of 100 /
+    classes %), a line saying so, for a private and a non-private grid alike ('' otherwise)."""
+    best = summary[summary.best] if len(summary) and "best" in summary else summary.iloc[0:0]
+    if task != "classification" or not classes or not len(best):
+        return ""
+    chance = 100.0 / int(classes)
+    value = float(best.iloc[0]["mean"])
+    if value > chance + 2:
+        return ""
+    return (f"the best configuration scores {value:.3g} %, chance level for {int(classes)} classes ({chance:.3g} %): "
+            "the grid did not learn; more epochs (train.epochs), another grid.lr_range, or a larger epsilon may")
+
+
 def previous_edge(out, plan) -> str:
     """edge_warning of the summary a run directory holds ('' where it holds none, or another grid's)."""
     from dpgrid.results.files import read_frame

@@ -13,7 +13,7 @@ def print_plan(spec, compare: bool, start: float) -> None:
     print(f"{plan.strategy} on {plan.dataset}: K = {plan.n_configs} configurations x {plan.seeds} seeds, "
           f"k = {plan.k}, {plan.model_parameters:,} parameters")
     print(f"  N = {plan.n_train}, B = {plan.batch_size}, q = {plan.sample_rate:.5g}, "
-          f"T = {plan.steps} steps per run, {plan.epochs} epochs")
+          f"T = {plan.steps} steps per run, {plan.epochs:g} epoch{'s' if plan.epochs != 1 else ''}")
     if not spec.start.is_default:
         print(f"  {start_line(spec.start)}")
     from dpgrid.results.procedure import procedure_of

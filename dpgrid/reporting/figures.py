@@ -87,13 +87,18 @@ def plot_metric_vs_epsilon(grids, dataset, k, metric, out_base: Path) -> list:
     span = (levels[-1] - levels[0]) if len(levels) > 1 else (levels[0] if levels else 1.0)
     shown = grids[grids.private.astype(bool) & (grids.status == "ok")]
     budgets = sorted(set(shown.budget.dropna()))
-    series = [(strategy, label, budget) for strategy, label, _ in private_strategies(grids) for budget in budgets
-              if ((shown.strategy == strategy) & (shown.budget == budget)).any()]
+    # grids that trained something else (a model, a start: a checkpoint, a part, LoRA) are series of their own
+    shown = shown.assign(variant=[variant_words(r, shown) for r in shown.itertuples()])
+    series = [(strategy, label + (f", {variant}" if variant else ""), budget, variant)
+              for strategy, label, _ in private_strategies(grids) for budget in budgets
+              for variant in sorted(set(shown.variant))
+              if ((shown.strategy == strategy) & (shown.budget == budget) & (shown.variant == variant)).any()]
     baseline = grids[~grids.private.astype(bool) & (grids.status == "ok")]
     rows = math.ceil((len(series) + bool(len(baseline))) / 2)
     fig, ax = plt.subplots(figsize=(WIDTH, 2.5 + 0.17 * rows), layout="constrained")
-    for i, (strategy, label, budget) in enumerate(series):
-        g = shown[(shown.strategy == strategy) & (shown.budget == budget)].sort_values("epsilon")
+    for i, (strategy, label, budget, variant) in enumerate(series):
+        g = shown[(shown.strategy == strategy) & (shown.budget == budget) & (shown.variant == variant)].sort_values(
+            "epsilon")
         shift = (i - (len(series) - 1) / 2) * DODGE * span
         ax.errorbar(g["epsilon"].astype(float) + shift, g["value"] * task.table_scale,
                     yerr=g["std"].fillna(0) * task.table_scale, marker=MARKERS[i % len(MARKERS)],
@@ -121,6 +126,13 @@ def plot_metric_vs_epsilon(grids, dataset, k, metric, out_base: Path) -> list:
     paths = save_both(fig, out_base, title, caption)
     plt.close(fig)
     return paths
+
+
+def variant_words(row, shown) -> str:
+    """What a grid trained that others of its figure did not ('' where they all trained the same)."""
+    parts = [f"{name} {getattr(row, key)}" for key, name in (("model", "model"), ("start", "")) if key in shown
+             and shown[key].astype(str).nunique() > 1]
+    return "; ".join(p.strip() for p in parts)
 
 
 def metric_caption(grids, shown, baseline, dataset, k, task, series, budgets) -> str:

@@ -29,9 +29,9 @@ RUN_COLUMNS = ("dataset", "strategy", "metric", "epsilon", "k", "config_id", "se
 PRIVACY_FIGURES = ("noise_multiplier", "epsilon_spent", "epsilon_grid", "budget", "sampling", "accountant")
 # what makes two grids' values comparable, beside the budget: a table shows grids that differ in one of these on
 # separate rows, naming it (tables.SETTINGS says how)
-SETTINGS = ("protocol", "delta", "epochs", "batch_size", "steps", "eval_every")
+SETTINGS = ("protocol", "delta", "epochs", "batch_size", "steps", "eval_every", "model", "start")
 COLUMNS = ["dataset", "strategy", "k", "epsilon", "delta", "weak_delta", "budget", "selection", "protocol", "epochs",
-           "batch_size", "steps", "eval_every", "n_train", "epsilon_spent", "epsilon_grid", "epsilon_with_seeds",
+           "batch_size", "steps", "eval_every", "model", "start", "n_train", "epsilon_spent", "epsilon_grid", "epsilon_with_seeds",
            "accountant", "sampling", "metric", "lr", "clip", "quantile", "config_id", "value", "std", "n_seeds", "status",
            "edge", "noise_multiplier", "n_configs", "configs_run", "runs_done", "runs_planned", "label", "private", "axes",
            "adapts", "dataset_epsilons", "config_hash", "path"]
@@ -84,7 +84,7 @@ def grid_row(folder: Path) -> dict:
     axes = plan["axes"] if "axes" in plan else [a for a in plan.get("configurations", [{}])[0] if a != "config_id"]
     check_axes(folder, runs, plan, axes)
     metric = runs.metric.iloc[0]
-    trained = training_settings(folder, runs, plan, private, noise_per_run)
+    trained = {**training_settings(folder, runs, plan, private, noise_per_run), **variant(folder, plan)}
     summary = summarize(runs, axes, tasks.get(metric).name)
     planned = len(plan.get("grid_only") or plan["configurations"]) * int(plan.get("seeds", 1))
     protocols = set(runs.protocol.dropna().astype(str))
@@ -134,6 +134,34 @@ def training_settings(folder: Path, runs: pd.DataFrame, plan: dict, private: boo
     n = settings["n_train"]
     settings["weak_delta"] = bool(settings["delta"] is not None and n and settings["delta"] >= 1 / float(n))
     return settings
+
+
+def variant(folder: Path, plan: dict) -> dict:
+    """What the grid trained beyond its cell: its model (config.yaml's, by its callable's name and arguments where
+    they differ from the callable's own) and its start (plan.json's: a checkpoint by its checksum and privacy, the
+    part that trains, LoRA), each in words a table's key column and caption show."""
+    model = "?"
+    if (folder / "config.yaml").exists():
+        from omegaconf import OmegaConf
+
+        from dpgrid.specs import MODEL_KEYS
+
+        node = OmegaConf.to_container(OmegaConf.load(folder / "config.yaml")).get("model") or {}
+        own = {k: v for k, v in node.items() if k not in MODEL_KEYS and k != "_target_"}
+        model = str(node.get("_target_", "?")).rsplit(".", 1)[-1] + (
+            "(" + ", ".join(f"{k}={v}" for k, v in sorted(own.items())) + ")" if own else "")
+    start = plan.get("start") or {}
+    parts = []
+    if start.get("init"):
+        init = start["init"]
+        provenance = init.get("provenance") or {}
+        parts.append(f"from {str(init.get('sha256'))[:8]}" + (f" (private, {provenance.get('dataset')})"
+                                                              if provenance.get("private") else ""))
+    if start.get("lora"):
+        parts.append(f"LoRA r={start['lora'].get('rank')} on {','.join(start['lora'].get('targets', []))}")
+    if start.get("trainable"):
+        parts.append(f"trains {','.join(start['trainable'])}")
+    return {"model": model, "start": "; ".join(parts) or "from scratch"}
 
 
 def vouched_runs(folder: Path, plan: dict) -> pd.DataFrame:

@@ -33,7 +33,7 @@ SEEDS_NOTE = ("ε seeds: each value is a mean over seeds, which costs more than 
               "as the paper does, and the grid's K configurations × seeds runs with its noise spend ε seeds")
 # how a table names a setting that differs between its grids (grids.SETTINGS), in its key column and its caption
 SETTING_NAMES = {"protocol": "protocol", "delta": "δ", "epochs": "epochs", "batch_size": "B", "steps": "T",
-                 "eval_every": "eval. every"}
+                 "eval_every": "eval. every", "model": "model", "start": "start"}
 
 
 def paper_table(grids: pd.DataFrame, dataset: str, k: int, with_values: bool) -> Table:
@@ -121,9 +121,16 @@ def settings_note(private: pd.DataFrame, varying: list) -> str:
         if key not in varying and len(values):
             said.append(text.format(fmt_setting(values.iloc[0])))
     text = ("All grids: " + ", ".join(said) + ".") if said else ""
+    trained = [f"model {private[key].dropna().iloc[0]}" if key == "model" else str(private[key].dropna().iloc[0])
+               for key in ("model", "start") if key in private and key not in varying and len(private[key].dropna())]
+    if trained:
+        text += f" They train {', '.join(trained)}."
     if varying and set(varying) - {"budget"}:
         text += (" Grids trained differently are never compared in one row: "
                  + ", ".join(SETTING_NAMES.get(c, c) for c in varying if c != "budget") + " as the row says.")
+    if "start" in private and private.start.astype(str).str.contains("(private", regex=False).any():
+        text += (" A grid that starts from a private checkpoint (start: private) spends its own ε, shown here; its "
+                 "released model is covered by both grids together (model.json's covered_by and checkpoint).")
     weak = private[private.weak_delta.fillna(False).astype(bool)]
     if len(weak):
         n = weak.n_train.dropna()
@@ -221,7 +228,15 @@ def write_tables(results_dir, figures: bool = True, mix_budgets: bool = False, r
 
 def write_one_table(g, dataset, k, out: Path, paper, figures: bool, report=print) -> list:
     metric, with_values = g.metric.iloc[0], not hyperparameters_only(paper, dataset, k)
+    if not g.private.astype(bool).any():  # a table's rows are privacy levels: a baseline alone has none
+        report(f"{dataset} k={k}: no private grid, so no table of privacy levels; the non-private grid's result is in "
+               "results.csv" + (" and its learning curve in figures/curves/" if figures else ""))
+        return write_curves(g, dataset, k, out, report) if figures else []
     table = paper_table(g, dataset, k, with_values)
+    if not table.shows_a_result():
+        report(f"{dataset} k={k}: no grid of this table has a result to show (each row's footnote says why, in "
+               "results.csv's status): no table written")
+        return []
     if not with_values:
         table.title += " (best hyperparameters, as the paper's table)"
         table.notes.append(f"k = {k} shows the best hyperparameters only, as the paper's table of {dataset} (Tables "
@@ -245,20 +260,30 @@ def write_one_table(g, dataset, k, out: Path, paper, figures: bool, report=print
             write_csv(out / f"{dataset}_k{k}_claim.csv", claim)
             written.append(out / f"{dataset}_k{k}_claim.csv")
     if figures:
-        from dpgrid.reporting.figures import plot_learning_curve, plot_metric_vs_epsilon
+        from dpgrid.reporting.figures import plot_metric_vs_epsilon
 
-        written += plot_metric_vs_epsilon(g[g.status != NOT_DP], dataset, k, metric, out / "figures" / f"{dataset}_k{k}")
-        ok = g[g.status == "ok"]
-        names = [f"{dataset}_{r.strategy}_" + (f"eps{r.epsilon:g}_{r.budget}" if r.private else "nonprivate") + f"_k{k}"
-                 for r in ok.itertuples()]
-        for row, name in zip(ok.itertuples(), names):
-            if names.count(name) > 1:  # grids of one cell trained differently (their own rows): one figure each
-                import hashlib
-                name += "_" + hashlib.sha256(str(row.path).encode()).hexdigest()[:6]
-            path = out / "figures" / "curves" / f"{name}.png"
-            try:
-                written += plot_learning_curve(row, path)
-            except DpgridError as e:
-                report(str(e))
+        if ((g.status == "ok") & g.private.astype(bool)).any():  # never a figure of an empty axis
+            written += plot_metric_vs_epsilon(g[g.status != NOT_DP], dataset, k, metric,
+                                              out / "figures" / f"{dataset}_k{k}")
+        written += write_curves(g, dataset, k, out, report)
     return written
 
+
+def write_curves(g, dataset, k, out: Path, report=print) -> list:
+    """Each grid's learning-curve figure (its own where grids of one cell were trained differently)."""
+    from dpgrid.reporting.figures import plot_learning_curve
+
+    written = []
+    ok = g[g.status == "ok"]
+    names = [f"{dataset}_{r.strategy}_" + (f"eps{r.epsilon:g}_{r.budget}" if r.private else "nonprivate") + f"_k{k}"
+             for r in ok.itertuples()]
+    for row, name in zip(ok.itertuples(), names):
+        if names.count(name) > 1:  # grids of one cell trained differently (their own rows): one figure each
+            import hashlib
+            name += "_" + hashlib.sha256(str(row.path).encode()).hexdigest()[:6]
+        path = out / "figures" / "curves" / f"{name}.png"
+        try:
+            written += plot_learning_curve(row, path)
+        except DpgridError as e:
+            report(str(e))
+    return written

@@ -82,14 +82,15 @@ def export(run_dir, seed: int, path) -> Path:
     return Path(path)
 
 
-def load_model(run_dir, seed: int = None, device="cpu", *, searchpath: str = None, trust=()):
+def load_model(run_dir, seed: int = None, device="cpu", *, searchpath=None, trust=()):
     """The model a grid released (model/ in its run directory), ready for inference (eval mode): seed `seed` of
     the released configuration, by default the one whose final model scores best on the test set. Its statement
     (model.json: what epsilon covers it and why) is the model's `statement` attribute.
 
     The release is checked whole first (its seal, its plan, every file's checksum), and its model is built only from
     a callable you provide: the `_target_` of a model config of dpgrid's, of the folders of `searchpath` (as
-    hydra.searchpath: "[pkg://my_plugins.conf]") or named in `trust`; never from whatever model.json names (a model
+    hydra.searchpath: "[pkg://my_plugins.conf]", or a list of its entries: ["pkg://my_plugins.conf"]) or named in
+    `trust` (a target's name, or a list of them); never from whatever model.json names (a model
     directory received from someone else runs no code of theirs). DpgridError in one line for anything else."""
     from safetensors import SafetensorError
     from safetensors.torch import load
@@ -134,7 +135,7 @@ def released_model(node: dict, searchpath: str = None, trust=(), tensors: dict =
     from dpgrid.specs import own_keys
 
     target = node.get("_target_")
-    allowed = set(group_targets("model", searchpath)) | set(trust or ())
+    allowed = set(group_targets("model", searchpath)) | set([trust] if isinstance(trust, str) else trust or ())
     if not isinstance(target, str) or target not in allowed:
         raise DpgridError(f"model.json names the model {target!r}, which no model config provides (dpgrid's, or one on "
                           "the search path you give); dpgrid builds no callable a file names: pass the search path of its "

@@ -80,10 +80,33 @@ def statement(spec, plan_record: dict, configuration: dict, chosen_by: str) -> d
                       if spec.dataset.normalize == "standardize" else {})},
         "configuration": configuration,
         "model": dict(spec.settings["model"]),
+        "architecture": architecture(spec),
+        "split": split(spec),
         **({"start": spec.start.to_dict()} if not spec.start.is_default else {}),
         "config_hash": spec.config_hash, "dpgrid": __version__,
         "plan": grid_plan(plan_record),
     }
+
+
+def architecture(spec) -> dict:
+    """What loads the released weights without dpgrid: the module as PyTorch prints it (its layers, their sizes) and
+    each tensor's name and shape, of the base architecture (adapters merged)."""
+    from dpgrid.models import build_model
+
+    model = build_model(spec.model)
+    return {"module": str(model), "tensors": {name: list(t.shape) for name, t in model.state_dict().items()}}
+
+
+def split(spec) -> dict:
+    """Which examples the released score was measured on: the dataset's loader, its arguments and what its
+    docstring says of the split (the test split is treated as public)."""
+    from dpgrid.plugins import resolve
+
+    target = spec.dataset.load
+    loader = resolve(target, "dataset.load")
+    doc = " ".join((loader.__doc__ or "").split("\n\n")[0].split())
+    return {"loader": target.target, "arguments": json.loads(json.dumps(dict(target.arguments), default=str)),
+            "test": doc, "inputs": spec.dataset.normalize}
 
 
 def grid_plan(plan_record: dict) -> dict:

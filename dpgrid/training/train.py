@@ -7,6 +7,7 @@ its parameters (a function of the released noisy updates), its clipping threshol
 curves.csv is the test set's, not the training batches'."""
 
 import math
+import sys
 import time
 from dataclasses import dataclass, field
 from typing import Any
@@ -69,7 +70,7 @@ def evaluate(model, x, y, task: str, batch_size: int = 512) -> tuple:
 
 
 def train_runs(models: list, engine, strategy, data, steps: int, sample_rate: float, eval_every: int,
-               sample_generators: list, sampling: str = "poisson", progress: bool = True) -> list:
+               sample_generators: list, sampling: str = "poisson", progress: bool = True, ticking: bool = False) -> list:
     """The training loop of every run: G runs, each on its own batches from its own generator, one step for all
     (G = 1, or a stacked group, dpgrid.training.stacked; `engine.gradients` takes one batch per run). At most `steps`
     steps; a strategy that sets `finished` (its budget would be exceeded) ends the runs before the step it refused.
@@ -82,7 +83,9 @@ def train_runs(models: list, engine, strategy, data, steps: int, sample_rate: fl
     training = list(range(len(models)))
     bar = tqdm(range(1, steps + 1), desc="steps" if len(models) == 1 else f"steps ({len(models)} runs together)",
                leave=False, disable=None if progress else True)
+    said = Ticker(ticking and not sys.stderr.isatty(), steps, len(models))  # no terminal: a line every few seconds
     for step in bar:
+        said(step)
         grads = engine.gradients(data, [next(s) for s in samplers])
         strategy.progress.step = step
         strategy.step(grads)
@@ -104,6 +107,27 @@ def train_runs(models: list, engine, strategy, data, steps: int, sample_rate: fl
             result.best_value, result.best_step = math.nan, -1
         result.seconds = seconds
     return results
+
+
+class Ticker:
+    """Where the steps are, in a line on stderr every PROGRESS_S seconds, where no terminal shows a progress bar
+    (nohup, a cluster job, CI): what `steps` of how many, for how many runs together, never anything of the data."""
+
+    def __init__(self, on: bool, steps: int, runs: int):
+        self.on, self.steps, self.runs, self.start = on, steps, runs, time.perf_counter()
+        self.last = self.start
+
+    def __call__(self, step: int) -> None:
+        now = time.perf_counter()
+        if not self.on or now - self.last < PROGRESS_S or step <= 1:
+            return
+        self.last = now
+        left = (now - self.start) / (step - 1) * (self.steps - step + 1)
+        together = f" ({self.runs} runs together)" if self.runs > 1 else ""
+        print(f"steps {step - 1}/{self.steps}{together}, about {left:.0f} s left for these", file=sys.stderr, flush=True)
+
+
+PROGRESS_S = 10.0
 
 
 def validate(model, strategy, data, step: int, result: RunResult, run: int = 0) -> bool:

@@ -226,7 +226,7 @@ def train_grid(spec, out: Path, progress: bool, on_lock=None) -> "Trained":
     # A selection's console and cli.log say nothing that depends on the candidates: not their number
     # (a bar's total, a line per run) nor their scores. Those stay in the private files.
     quiet = procedure.releases_best_only
-    work, conv_methods, engine = [], MethodChoice(spec.train.conv_method), None
+    work, conv_methods, engine, trained = [], MethodChoice(spec.train.conv_method), None, 0
     for number, phase in enumerate(procedure.phases(out, spec, list(spec.to_train), data)):
         if number == 0:  # after the first phase's draw, which may refuse the grid
             ledger.record_draws(out, spec)
@@ -235,8 +235,10 @@ def train_grid(spec, out: Path, progress: bool, on_lock=None) -> "Trained":
                 say(f"{plan.selection.replace('_', ' ')}: training; its epsilon covers {plan.method.covers}")
         if engine is None and phase.runs:
             engine = proved_engine(spec, data, checkpoint)
-        train_phase(spec, out, data, phase, done, progress, quiet, conv_methods, engine, checkpoint)
+        trained += train_phase(spec, out, data, phase, done, progress, quiet, conv_methods, engine, checkpoint)
         work += phase.runs
+    if not trained and work and not quiet:
+        say(f"nothing to train: every run of this grid has finished ({len(work)} runs, checked against their seal)")
     runs = read_frame(out / "runs.csv") if work else None
     ended = not procedure.every_run(plan, work) - set(run_ids(runs) if runs is not None else ())
     if ledger.recorded_release(out, spec) is not None:  # a secure grid that released: that release, never another
@@ -305,8 +307,8 @@ def proved_engine(spec, data, checkpoint: dict = None) -> EngineChoice:
 
 
 def train_phase(spec, out: Path, data, phase: Phase, done: set, progress: bool, quiet: bool, conv_methods: MethodChoice,
-                engine: EngineChoice = None, checkpoint: dict = None) -> None:
-    """Train a phase's runs that are not `done`, committing each run's row as it finishes."""
+                engine: EngineChoice = None, checkpoint: dict = None) -> int:
+    """Train a phase's runs that are not `done`, committing each run's row as it finishes; how many it trained."""
     plan, work = spec.plan, phase.runs
     if phase.train_rows is not None:
         data = data_mod.Data(data.x_train[phase.train_rows], data.y_train[phase.train_rows], data.x_test, data.y_test,
@@ -349,6 +351,7 @@ def train_phase(spec, out: Path, data, phase: Phase, done: set, progress: bool, 
                 report_run(plan, config["config_id"], seed, result, finished, total)
             bar.update()
     bar.close()
+    return len(todo)
 
 
 def stacking(spec, data, runs: int, engine: EngineChoice = None, checkpoint: dict = None) -> int:

@@ -79,13 +79,16 @@ def test_the_commands_the_readme_quotes_still_run():
     dpgrid_commands = [c for c in quoted if "dpgrid " in c and "<" not in c and "..." not in c]
     scripts = [c for c in quoted if c.startswith("python scripts/")]
     assert len(dpgrid_commands) >= 6 and len(scripts) >= 3, quoted
+    from dpgrid.config.compose import sweep_jobs
+
     for command in dpgrid_commands:
         overrides = [a for a in command.split()[2 + command.startswith("time"):] if not a.startswith("-")]
         if set(overrides) & REFUSED_ON_PURPOSE:
             with pytest.raises(DpgridError):
                 compile(compose(overrides), plan=False)
         else:
-            compile(compose(overrides), plan=False)
+            for job in sweep_jobs(overrides) if " -m " in command else [overrides]:  # a sweep: each of its jobs
+                compile(compose(job), plan=False)
     for command in scripts:  # the options its argument parser declares (running each --help costs seconds)
         script = ROOT / command.split()[1]
         assert script.exists(), command

@@ -79,10 +79,13 @@ def test_the_commands_the_readme_quotes_still_run():
     dpgrid_commands = [c for c in quoted if "dpgrid " in c and "<" not in c and "..." not in c]
     scripts = [c for c in quoted if c.startswith("python scripts/")]
     assert len(dpgrid_commands) >= 6 and len(scripts) >= 3, quoted
+    import shlex
+
     from dpgrid.config.compose import sweep_jobs
 
     for command in dpgrid_commands:
-        overrides = [a for a in command.split()[2 + command.startswith("time"):] if not a.startswith("-")]
+        words = shlex.split(command.replace("\\", " "))  # as a shell reads it: quotes taken off
+        overrides = [a for a in words[2 + command.startswith("time"):] if not a.startswith("-")]
         if set(overrides) & REFUSED_ON_PURPOSE:
             with pytest.raises(DpgridError):
                 compile(compose(overrides), plan=False)

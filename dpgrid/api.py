@@ -24,6 +24,19 @@ if TYPE_CHECKING:  # pandas is imported when a grid is run: `dpgrid` refuses bad
     import pandas as pd
 
 
+def refuse_jobs(refused: list, jobs: int) -> None:
+    """[(job's overrides, its DpgridError)] as one refusal: each job named on a line of its own, or the one reason
+    alone where every job gives it (a sweep-wide setting)."""
+    reasons = [str(e) for _, e in refused]
+    if len(refused) == jobs and len(set(reasons)) == 1:
+        raise DpgridError(reasons[0])
+    if len(refused) == 1:
+        raise DpgridError(f"sweep job {' '.join(refused[0][0])}: {reasons[0]}")
+    if refused:
+        raise DpgridError(f"{len(refused)} of the sweep's {jobs} jobs cannot run, so none was started:\n"
+                          + "\n".join(f"sweep job {' '.join(job)}: {reason}" for (job, _), reason in zip(refused, reasons)))
+
+
 def check_sweep(overrides: list) -> dict:
     """Every job of a sweep composed, checked and planned in this process (every refusal `dpgrid plan` would give),
     before any is launched or queued: a sweep with a job that cannot run trains nothing, and each such job is named in
@@ -34,30 +47,32 @@ def check_sweep(overrides: list) -> dict:
     from dpgrid.config import compile
     from dpgrid.results.claim import check_run
 
-    by_dir, checked, refused = {}, set(), []
-    jobs = sweep_jobs(overrides)
-    for number, job in enumerate(jobs):
+    jobs, composed = sweep_jobs(overrides), []
+    for job in jobs:  # the cheap checks of every job first, so a bad value is refused before torch is loaded
         try:
             cfg = compose(job, with_hydra=True)
             out = (Path(str(cfg.hydra.sweep.dir)) / str(cfg.hydra.sweep.subdir)).absolute()
-            spec = compile(cfg, plan=False)  # every check short of the plan, before torch
+            spec = compile(cfg, plan=False)
             check_run(spec, out)
+            composed.append((job, cfg, out, spec))
+        except DpgridError as e:
+            composed.append((job, e, None, None))
+    refuse_jobs([(job, cfg) for job, cfg, _, _ in composed if isinstance(cfg, DpgridError)], len(jobs))
+    check_launcher(composed[0][1].hydra.launcher)  # one launcher for the whole sweep
+    planned = []
+    for job, cfg, _, _ in composed:  # the plan's own refusals (a noise the strategy cannot carry, an unreachable epsilon)
+        try:
             with warnings.catch_warnings():  # the job says its own warnings when it runs
                 warnings.simplefilter("ignore")
-                compile(cfg)  # the plan's own refusals (a noise the strategy cannot carry, an unreachable epsilon)
+                compile(cfg)
         except DpgridError as e:
-            refused.append(f"sweep job {' '.join(job)}: {e}")
-            continue
-        if not number:  # one launcher for the whole sweep
-            check_launcher(cfg.hydra.launcher)
+            planned.append((job, e))
+    refuse_jobs(planned, len(jobs))
+    by_dir, checked = {}, set()
+    for job, cfg, out, spec in composed:
         by_dir.setdefault(out, {}).setdefault(spec.config_hash, job)
         if str(cfg.hydra.launcher.get("_target_", "")) == DPGRID_LAUNCHER:  # what a queued job would find late
             check_before_queue(spec, job, out, bool(cfg.data.check_before_queue), checked)
-    if len(refused) == 1:
-        raise DpgridError(refused[0])
-    if refused:
-        raise DpgridError(f"{len(refused)} of the sweep's {len(jobs)} jobs cannot run, so none was started:\n"
-                          + "\n".join(refused))
     for out, jobs in by_dir.items():
         if len(jobs) > 1:
             first, second = list(jobs.values())[:2]

@@ -14,7 +14,6 @@ import torch
 from tqdm.auto import tqdm
 
 from dpgrid import DpgridError, data as data_mod, tasks
-from dpgrid.audit import canaries as audit_canaries
 from dpgrid.config import check_loaded
 from dpgrid.results.curves import append_curves
 from dpgrid.results.files import (check_writable, environment, locked, outermost_missing, read_frame, read_json,
@@ -81,18 +80,18 @@ def train_together(spec, data, runs: list, progress: bool = False, conv_methods:
         engine = make_engine(models[0], data.task, chosen.name, conv_methods, chosen.layout)
     else:
         stack = StackedModel(models)
-        params, noise_source, engine = stack.params, list(noise_sources), StackedEngine(stack, data.task)
+        params, noise_source, engine = stack.params, list(noise_sources), StackedEngine(stack, data.task, conv_methods)
         hp = {k: tuple(c[k] for c in configs) for k in configs[0] if k != "config_id"}
-    canaries = audit_canaries.gradient_canaries(spec.audit, engine, runs, phase, models[0])  # one run at a time
-    if canaries is not None:
-        engine, params = canaries, [*params, canaries.coordinates]
+    watcher = spec.observer.watch(engine, runs[0], phase, models[0]) if spec.observer is not None else None
+    if watcher is not None:  # an observed grid trains one run at a time (stacking)
+        engine, params = watcher.engine, [*params, *watcher.params]
     strategy = build_strategy(spec, params, hp, noise_source, steps, phase)
     # a selection's lines say nothing that grows with the candidates drawn: no progress line without a terminal
     ticking = progress and not procedure_of(spec.plan.method).releases_best_only
     results = train_runs(models, engine, strategy, data, steps, spec.plan.sample_rate, spec.train.eval_every,
-                         list(samplers), spec.train.sampling, progress, ticking)
-    if canaries is not None:
-        results[0].canary_scores = canaries.scores()
+                         list(samplers), spec.train.sampling, progress, ticking, watcher)
+    if watcher is not None:
+        results[0].watcher = watcher
     return keeping_weights(spec, results, models)
 
 
@@ -204,12 +203,12 @@ def train_grid(spec, out: Path, progress: bool, on_lock=None) -> "Trained":
     """train's work, with the directory's lock held. Everything that can refuse the grid is asked before
     anything is written: the data, the model on it, the directory's config, data and release."""
     data = data_mod.load(spec.dataset, spec.data_root, spec.train.device)
-    data = audit_canaries.with_input_canaries(spec.audit, data, spec.dataset.classes)
+    check_loaded(spec, data.n_train)  # the plan's N is the data's, before an observer adds to them
+    data = spec.observer.training_data(data) if spec.observer is not None else data
     if spec.train.float64:
         data = data.in_float64()
     checkpoint = read_checkpoint(spec.start.init, spec.start.init_sha256) if spec.start.init else None  # once a grid
     check_fit(spec, data, checkpoint)
-    check_loaded(spec, data.n_train)
     plan, data_files = spec.plan, data_mod.fingerprint(data.files)
     claim(out, spec, data_files)
     record = plan_record(spec, data_files)  # what plan.json holds, and what a release here must have been made with
@@ -298,7 +297,7 @@ def proved_engine(spec, data, checkpoint: dict = None) -> EngineChoice:
     """The engine the grid trains with, proved on its first batch of public examples (dpgrid.training.proof): said in
     cli.log."""
     model = initial_model(spec, 0, data.x_train.device, checkpoint)
-    could_stack = (spec.audit is None and spec.train.parallel_runs != "1"
+    could_stack = (spec.observer is None and spec.train.parallel_runs != "1"
                    and not why_not_stacked(model, spec.strategy_cls))
     setting = "func" if spec.train.engine == "func" else spec.train.engine_setting
     choice = choose_engine(model, data.task, data.x_test, data.y_test, setting, could_stack, spec.train.parallel_runs)
@@ -338,8 +337,8 @@ def train_phase(spec, out: Path, data, phase: Phase, done: set, progress: bool, 
                 continue
             if result.weights is not None:  # before the commit: a committed run's model is never missing
                 keep_weights(out, config["config_id"], seed, result.weights)
-            if result.canary_scores is not None:  # an audit's: what its attacker reads of this run
-                audit_canaries.keep_scores(out, config["config_id"], seed, result.canary_scores)
+            if result.watcher is not None:  # an observer's (the audit's canaries): what it measured of this run
+                result.watcher.finish(out, config["config_id"], seed)
             append_curves(out / "curves.csv", [dict(config_id=config["config_id"], seed=seed, **c) for c in result.curve])
             row = run_row(spec, config, seed, result, phase.draw, torch.get_num_threads(), conv_methods.summary(), phase,
                           len(group), engine)
@@ -359,12 +358,12 @@ def stacking(spec, data, runs: int, engine: EngineChoice = None, checkpoint: dic
     why one at a time when stacking was asked for or would serve and cannot. A selection says it whatever the number
     of its runs, which depends on how many candidates were drawn (and prints nothing that does)."""
     device, procedure = data.x_train.device, procedure_of(spec.plan.method)
-    if spec.audit is not None:  # its canaries are added run by run
+    if spec.observer is not None:  # it watches run by run
         return 1
     if procedure.releases_best_only:  # a group holds one candidate's runs at most: asked as if there were two
         runs = 2 * spec.plan.seeds    # candidates, so that neither the group nor the line depends on how many were drawn
     size, why = group_size(spec.train.parallel_runs, initial_model(spec, 0, device, checkpoint), spec.strategy_cls, runs,
-                           spec.plan.batch_size, device)
+                           spec.plan.batch_size, device, data.x_train[:1])
     if engine is not None and not engine.stacks and size > 1:
         size, why = 1, "the stacked engine did not prove itself on the first batch (cli.log)"
     size = procedure.group_limit(spec.plan.seeds, size)

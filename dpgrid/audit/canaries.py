@@ -19,6 +19,7 @@ import numpy as np
 import torch
 
 from dpgrid.data import Data
+from dpgrid.training.observer import RunObserver, Watcher
 from dpgrid.training.persample import PerSampleGrads
 
 THREATS = ("white_box", "black_box")
@@ -26,17 +27,25 @@ GRADIENT_NORM = 1e6  # a white-box canary's gradient norm: far above any thresho
 
 
 @dataclass(frozen=True)
-class AuditSpec:
-    """What an audited grid adds to its runs: the canaries and their secret coins."""
+class AuditSpec(RunObserver):
+    """What an audited grid adds to its runs: the canaries and their secret coins (a RunObserver: training sees the
+    hook, not the audit)."""
     threat: str
     canaries: int
     coins: tuple        # m booleans: canary i included (secret until the audit ends)
     seed: int           # the audit's draws: coins, canaries, their sampling in each run
     sample_rate: float  # q: a white-box canary's chance to join a step's batch
+    classes: int = None  # the dataset's (a black-box canary's wrong label)
 
     @property
     def included(self) -> np.ndarray:
         return np.flatnonzero(self.coins)
+
+    def training_data(self, data):
+        return with_input_canaries(self, data, self.classes)
+
+    def watch(self, engine, run: tuple, phase, model):
+        return gradient_canaries(self, engine, [run], phase, model)
 
 
 def draw_coins(canaries: int, seed: int) -> tuple:
@@ -82,39 +91,78 @@ def keep_scores(out, config_id: str, seed: int, scores: np.ndarray) -> None:
     np.save(out / "audit" / f"{config_id}_seed{seed}.npy", scores)
 
 
-class GradientCanaries:
+class GradientCanaries(Watcher):
     """A run's engine with the white-box canaries added to each batch (module docstring). `coordinates`: the extra
-    parameter vector (m,), handed to the strategy beside the model's; `trace` its value before each step."""
+    parameter vector, handed to the strategy beside the model's: m canary coordinates, then m control coordinates
+    that no example ever touches (what the noise alone does: the mechanism test's, dpgrid.audit.mechanism). Each
+    step keeps its move of the coordinates (`moves`; the coordinates are set back to 0 after each step, so that a
+    move is never lost below the rounding of a large coordinate: the model never reads them, no update depends on
+    them), the canaries of its batch (`joined`), its real batch's size and what the strategy states it uses
+    (`stated`: C_t, and its linear_step (mu, a), NaN where it has none)."""
 
     def __init__(self, engine, audit: AuditSpec, names: tuple, like: torch.Tensor):
         from dpgrid.privacy.randomness import derive_seed
 
-        self.engine, self.audit = engine, audit
-        self.coordinates = torch.zeros(audit.canaries, dtype=like.dtype, device=like.device)
+        self.inner, self.audit = engine, audit
+        self.coordinates = torch.zeros(2 * audit.canaries, dtype=like.dtype, device=like.device)
         self.included = torch.tensor(audit.coins, device=like.device)
         self.sampling = torch.Generator().manual_seed(derive_seed("audit", audit.seed, *names))
-        self.trace = []
+        self.moves, self.joined, self.batch_sizes, self.stated = [], [], [], []
+
+    @property
+    def engine(self):
+        return self
+
+    @property
+    def params(self) -> list:
+        return [self.coordinates]
 
     def gradients(self, data, indices: list) -> PerSampleGrads:
-        self.trace.append(self.coordinates.detach().clone())
-        base = self.engine.gradients(data, indices)
+        self.batch_sizes.append(len(indices[0]))
+        base = self.inner.gradients(data, indices)
         joins = torch.rand(self.audit.canaries, generator=self.sampling) < self.audit.sample_rate
         rows = (joins.to(self.included.device) & self.included).nonzero().squeeze(1)
+        self.joined.append(rows.cpu().numpy())
         return joined(base, rows, self.coordinates)
 
-    def scores(self) -> np.ndarray:
+    def before_step(self, step: int, strategy) -> None:
+        _, clip, _ = strategy.run_state(0)
+        linear = strategy.linear_step()
+        self.stated.append((float(clip), *(linear if linear is not None else (float("nan"),) * 2)))
+
+    def after_step(self, step: int, strategy) -> None:
+        if strategy.finished:  # refused: nothing moved, the step is not one
+            for kept in (self.joined, self.batch_sizes, self.stated):
+                kept.pop()
+            return
+        with torch.no_grad():
+            self.moves.append(self.coordinates.detach().to("cpu", copy=True))
+            self.coordinates.zero_()
+
+    def scores(self, moves: np.ndarray) -> np.ndarray:
         """Each canary's descent over the run, every step scaled by the spread of its moves (module docstring)."""
-        path = torch.stack(self.trace + [self.coordinates.detach().clone()]).double()
-        moves = -(path[1:] - path[:-1])
-        spread = moves.std(dim=1, keepdim=True)
-        scaled = torch.where(spread > 0, moves / spread.clamp_min(1e-300), torch.zeros_like(moves))
-        return scaled.sum(0).cpu().numpy()
+        descent = -moves[:, :self.audit.canaries].astype(np.float64)
+        spread = descent.std(axis=1, keepdims=True)
+        return np.where(spread > 0, descent / np.where(spread > 0, spread, 1.0), 0.0).sum(0)
+
+    def finish(self, out, config_id: str, seed: int) -> None:
+        """The run's canary scores (what the attacker reads) and what the mechanism test reads (the coordinates'
+        moves, the joins, the real batch sizes, what the strategy stated), beside the run's results (out/audit/)."""
+        m = 2 * self.audit.canaries
+        moves = torch.stack(self.moves).numpy() if self.moves else np.zeros((0, m), dtype=np.float32)
+        keep_scores(out, config_id, seed, self.scores(moves))
+        joins = np.zeros((len(self.joined), self.audit.canaries), dtype=bool)
+        for step, rows in enumerate(self.joined):
+            joins[step, rows] = True
+        np.savez_compressed(out / "audit" / f"{config_id}_seed{seed}_steps.npz", moves=moves, joins=joins,
+                            batch_sizes=np.array(self.batch_sizes, dtype=np.int64),
+                            stated=np.array(self.stated, dtype=float).reshape(-1, 3))
 
 
 def joined(base: PerSampleGrads, rows: torch.Tensor, coordinates: torch.Tensor) -> PerSampleGrads:
     """`base` with one more example per entry of `rows` (canary indices), whose gradient is GRADIENT_NORM on its own
     coordinate of `coordinates` (the last parameter and the last group) and zero elsewhere; the real examples'
-    gradients are zero there."""
+    gradients are zero there (and on the control coordinates, none is ever anything but zero)."""
     b, k, m = base.size, len(rows), len(coordinates)
     big = torch.full((k,), GRADIENT_NORM, dtype=coordinates.dtype, device=coordinates.device)
 

@@ -102,8 +102,9 @@ HELP = ("usage: dpgrid audit [--canaries M] [--threat white_box|black_box] [--co
         "bound exceeds the claim")
 
 
-def audit_command(args: list) -> None:
-    from dpgrid.audit.bound import audit_scores
+def audit_command(args: list) -> int:
+    from dpgrid.audit.bound import audit_scores, fdp_scores
+    from dpgrid.audit.mechanism import summary_line as mechanism_line
     from dpgrid.audit.canaries import AuditSpec, draw_coins
     from dpgrid.config import compile
     from dpgrid.config.compose import compose
@@ -112,7 +113,7 @@ def audit_command(args: list) -> None:
 
     if {"-h", "--help"} & set(args):
         print(HELP)
-        return
+        return 0
     options, overrides = parse(args)
     cfg = compose(overrides, with_hydra=True)
     checked = compile(cfg, plan=False)
@@ -138,36 +139,58 @@ def audit_command(args: list) -> None:
     seed = options["--seed"] if options["--seed"] is not None else resumed if resumed is not None else \
         secrets.randbits(62)
     coins = draw_coins(m, seed)
-    n_train = data.n_train + (sum(coins) if threat == "black_box" else 0)
-    spec = compile(cfg, n_train).announce()
+    spec = compile(cfg, data.n_train).announce()  # N the data's, whatever the coins: q, nu and N do not move with them
     out.mkdir(parents=True, exist_ok=True)
     write_json(out / MARKER, {**started, "seed": seed})  # first: the directory is this audit's from now on
-    spec = replace(spec, audit=AuditSpec(threat, m, coins, seed, spec.plan.sample_rate))
+    spec = replace(spec, observer=AuditSpec(threat, m, coins, seed, spec.plan.sample_rate, spec.dataset.classes))
     start = time.perf_counter()
     train(spec, out / "grid", progress=True)
     scores, released = canary_scores(spec, out / "grid", data)
     claimed = spec.plan.epsilon_with_seeds if spec.plan.private and spec.plan.epsilon_spent is not None else None
-    found = audit_scores(scores, coins, spec.plan.delta, options["--confidence"]) if released else \
-        {"epsilon_lower_bound": 0.0, "guesses": 0, "correct": 0, "tried": []}
+    confidence = options["--confidence"]
+    nothing = {"epsilon_lower_bound": 0.0, "guesses": 0, "correct": 0, "tried": []}
+    found = audit_scores(scores, coins, spec.plan.delta, confidence) if released else nothing
+    estimated = fdp_scores(scores, coins, spec.plan.delta, confidence) if released else nothing
     record = {"epsilon_lower_bound": found["epsilon_lower_bound"], "epsilon_claimed": claimed,
-              "delta": spec.plan.delta, "confidence": options["--confidence"], "canaries": m,
+              "delta": spec.plan.delta, "confidence": confidence, "canaries": m,
               "threat_model": threat, "included": int(sum(coins)), "guesses": found["guesses"],
-              "correct": found["correct"], "tried": found["tried"], "released_runs": released,
+              "correct": found["correct"], "tried": found["tried"],
+              "epsilon_fdp": {k: estimated[k] for k in ("epsilon_lower_bound", "guesses", "correct", "tried")},
+              "mechanism": mechanism(spec, out / "grid", coins, data.n_train, confidence) if threat == "white_box"
+              else None,
+              "released_runs": released,
               "runs": len(json_lines(out / "grid" / "runs.csv")), "strategy": spec.plan.strategy,
               "dataset": spec.plan.dataset, "selection": spec.plan.selection, "seed": seed,
               "seconds": round(time.perf_counter() - start, 1), "grid": str(out / "grid"), "overrides": overrides}
     write_json(out / "audit.json", record)
     print(summary_line(record))
-    if claimed is not None and record["epsilon_lower_bound"] > claimed:
+    if record["mechanism"] is not None:
+        print(mechanism_line(record["mechanism"]))
+    falsified = claimed is not None and record["epsilon_lower_bound"] > claimed
+    if falsified:
         print(f"dpgrid: warning: the measured lower bound exceeds the claimed epsilon: the claim is falsified at "
-              f"{options['--confidence']:.0%} confidence", file=sys.stderr)
+              f"{confidence:.0%} confidence", file=sys.stderr)
+    return 1 if falsified or (record["mechanism"] or {}).get("verdict") == "differs" else 0
 
 
-TRACE_BYTES = 12  # per canary and step: its coordinate kept in float32 each step, then the path in float64 to score it
+def mechanism(spec, grid: Path, coins: tuple, n_train: int, confidence: float) -> dict:
+    """The mechanism test (dpgrid.audit.mechanism) over every run the grid trained."""
+    import pandas as pd
+
+    from dpgrid.audit.mechanism import RunSteps, measure
+
+    column = spec.strategy_cls.gradient_query or "noise_multiplier"
+    runs = [RunSteps.load(grid / "audit" / f"{row.config_id}_seed{row.seed}_steps.npz", coins, getattr(row, column))
+            for row in pd.read_csv(grid / "runs.csv").itertuples()]
+    return measure(runs, n_train, spec.plan.batch_size, spec.plan.sample_rate, confidence, spec.strategy_cls,
+                   dict(spec.plan.per_query))
+
+
+TRACE_BYTES = 40  # per canary and step: its and its control's moves kept in float32 (8), read in float64 (16 + 16)
 
 
 def check_memory(canaries: int, threat: str, steps: int) -> None:
-    """Refuse white-box canaries whose trace (each canary's coordinate at every one of a run's steps) would not fit in
+    """Refuse white-box canaries whose trace (each canary's and its control's move at every one of a run's steps) would not fit in
     half of the machine's available memory, naming how many would."""
     if threat != "white_box":
         return
@@ -193,7 +216,8 @@ def summary_line(record: dict) -> str:
     return (f"audit ({record['threat_model'].replace('_', '-')}, {record['canaries']} canaries, "
             f"{len(record['released_runs'])} released of {record['runs']} runs): epsilon >= "
             f"{record['epsilon_lower_bound']:.3g} at {record['confidence']:.0%} confidence ({record['correct']} of "
-            f"{record['guesses']} guesses right); claimed {claimed}, delta = {record['delta']:g}")
+            f"{record['guesses']} guesses right; Gaussian f-DP estimate {record['epsilon_fdp']['epsilon_lower_bound']:.3g}); "
+            f"claimed {claimed}, delta = {record['delta']:g}")
 
 
 def canary_scores(spec, grid: Path, data) -> tuple:
@@ -213,7 +237,7 @@ def canary_scores(spec, grid: Path, data) -> tuple:
     # the released runs as the release chose them: (the run's seed, its index among the released models)
     _, runs, _ = chosen_runs(spec, pd.read_csv(grid / "runs.csv"), pd.read_csv(grid / "summary.csv"))
     released = [f"{config_id} seed {seed}" for seed, _ in runs]
-    if spec.audit.threat == "white_box":
+    if spec.observer.threat == "white_box":
         return sum(np.load(grid / "audit" / f"{config_id}_seed{seed}.npy") for seed, _ in runs), released
     return input_canary_scores(spec, grid, data, [index for _, index in runs]), released
 
@@ -226,7 +250,7 @@ def input_canary_scores(spec, grid: Path, data, seeds: list):
     from dpgrid.audit.canaries import input_canaries
     from dpgrid.results.models import load_model
 
-    x, y = input_canaries(spec.audit, data, spec.dataset.classes)
+    x, y = input_canaries(spec.observer, data, spec.dataset.classes)
     total = 0
     for seed in seeds:
         model = load_model(grid, seed, trust=[spec.model.target])

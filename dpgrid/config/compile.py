@@ -65,7 +65,7 @@ class GridSpec:
     config_hash: str
     warnings: tuple = ()        # to show once, when the grid starts or is planned
     start: Any = Start()        # dpgrid.specs.Start: the checkpoint every run starts from, adapters, what trains
-    audit: Any = None           # dpgrid.audit.canaries.AuditSpec: the canaries of `dpgrid audit`'s grid (None: none)
+    observer: Any = None        # what watches its runs (dpgrid.training.observer.RunObserver: `dpgrid audit`'s canaries), or None
 
     def announce(self) -> "GridSpec":
         """Show the grid's warnings (once: a grid is compiled once); returns the spec."""

@@ -37,6 +37,11 @@ class AdamWOSM(Strategy):
         self.t = 0
         self.m = [torch.zeros_like(p) for p in self.params]
 
+    def linear_step(self):
+        """m_t = (1 - beta1) v_t with v_t = beta1 v_{t-1} + g_tilde: the step moves by -ESS (1 - beta1) / (1 -
+        beta1^t) v_t."""
+        return self.beta1, float(self.lr) * (1 - self.beta1) / (1 - self.beta1 ** (self.t + 1))
+
     @no_grad
     def step(self, grads) -> None:
         clipped_sum = grads.weighted_sum(self.clip_weights(grads.norms))

@@ -78,6 +78,7 @@ class Strategy:
     tasks = None      # the dataset tasks it runs on (e.g. ("logistic",)); None: any
     full_batch = False  # True: every step uses the whole training set (train.batch_size must be N)
     stacks = False    # True: `step` also serves G runs stacked (see above); a group then trains as one model
+    gradient_query = None  # the key of noise.queries that is the gradient's multiplier (None: noise_multiplier)
 
     @classmethod
     def check_options(cls, options) -> None:
@@ -183,6 +184,15 @@ class Strategy:
 
     def step(self, grads) -> None:
         raise NotImplementedError
+
+    def linear_step(self):
+        """How the step about to be taken turns its noisy mean gradient g_tilde into moves, when it is linear:
+        (mu, a) such that every parameter moves by d = -a v, v = mu v_prev + g_tilde (v_prev: the previous step's
+        v, 0 before the first). `descend`'s heavy ball is (momentum, lr); Adam's first moment is of this form too.
+        None: no such pair (a per-coordinate normalisation, Adam's second moment). `dpgrid audit` reads the noise
+        and the clipped contributions off the moves through it (dpgrid.audit.mechanism); a strategy whose update is
+        not `descend` says its own. One run (an audit trains one at a time)."""
+        return float(self.momentum), float(self.lr)
 
     def curve_values(self) -> dict:
         """Extra columns recorded with every validation in curves.csv (e.g. {"grad_norm": ...}): numbers, or () tensors;

@@ -41,6 +41,9 @@ class DPAdam(Strategy):
         self.m = [torch.zeros_like(p) for p in self.params]
         self.v = [torch.zeros_like(p) for p in self.params]
 
+    def linear_step(self):
+        return None  # each coordinate's step is divided by its own sqrt(v_hat): not one (mu, a) for all
+
     @no_grad
     def step(self, grads) -> None:
         clipped_sum = grads.weighted_sum(self.clip_weights(grads.norms))

@@ -31,7 +31,7 @@ class RunResult:
     steps: int = 0             # steps taken (fewer than planned when the strategy stopped itself)
     curve: list = field(default_factory=list)  # dicts: step, value, clip, lr, test_loss
     weights: dict = None       # the final weights (a state dict on the CPU), where the grid keeps them
-    canary_scores: Any = None  # an audited run's white-box canary scores (dpgrid.audit.canaries)
+    watcher: Any = None        # what watched the run (dpgrid.training.observer), kept until its commit
 
 
 def batches(n: int, sample_rate: float, batch_size: int, sampling: str, source):
@@ -70,7 +70,8 @@ def evaluate(model, x, y, task: str, batch_size: int = 512) -> tuple:
 
 
 def train_runs(models: list, engine, strategy, data, steps: int, sample_rate: float, eval_every: int,
-               sample_generators: list, sampling: str = "poisson", progress: bool = True, ticking: bool = False) -> list:
+               sample_generators: list, sampling: str = "poisson", progress: bool = True, ticking: bool = False,
+               watcher=None) -> list:
     """The training loop of every run: G runs, each on its own batches from its own generator, one step for all
     (G = 1, or a stacked group, dpgrid.training.stacked; `engine.gradients` takes one batch per run). At most `steps`
     steps; a strategy that sets `finished` (its budget would be exceeded) ends the runs before the step it refused.
@@ -88,7 +89,11 @@ def train_runs(models: list, engine, strategy, data, steps: int, sample_rate: fl
         said(step)
         grads = engine.gradients(data, [next(s) for s in samplers])
         strategy.progress.step = step
+        if watcher is not None:
+            watcher.before_step(step, strategy)
         strategy.step(grads)
+        if watcher is not None:
+            watcher.after_step(step, strategy)
         if strategy.finished:
             break
         for run in training:

@@ -28,3 +28,42 @@ class NoClip(FixedThreshold):
     def step(self, grads):
         summed = grads.weighted_sum(torch.ones(grads.size, device=grads.device))
         self.descend(self.noisy_mean(summed, self.noise.noise_multiplier * self.clip), self.lr)
+
+
+class ScaledNoise(FixedThreshold):
+    """Draws `noise_scale` times the noise its plan calibrated (the config's strategy.noise_scale: 0.8, 0.5)."""
+
+    def step(self, grads):
+        clipped = grads.weighted_sum(self.clip_weights(grads.norms))
+        scale = float(self.options["noise_scale"])
+        self.descend(self.noisy_mean(clipped, scale * self.noise.noise_multiplier * self.clip), self.lr)
+
+
+class LooseClip(FixedThreshold):
+    """Clips at `clip_scale` times the threshold its noise is calibrated for (strategy.clip_scale: 1.25, 2)."""
+
+    def step(self, grads):
+        loose = torch.clamp(float(self.options["clip_scale"]) * self.clip / grads.norms.clamp_min(1e-12), max=1.0)
+        clipped = grads.weighted_sum(loose)
+        self.descend(self.noisy_mean(clipped, self.noise.noise_multiplier * self.clip), self.lr)
+
+
+class ReusedNoise(FixedThreshold):
+    """Draws the noise once and adds the same numbers at every step."""
+
+    def step(self, grads):
+        clipped = grads.weighted_sum(self.clip_weights(grads.norms))
+        if not hasattr(self, "drawn"):
+            self.drawn = self.noisy_mean([torch.zeros_like(c) for c in clipped], self.noise.noise_multiplier * self.clip)
+        self.descend([s / self.batch_size + z for s, z in zip(clipped, self.drawn)], self.lr)
+
+
+class EchoedBatch(FixedThreshold):
+    """Adds the previous step's clipped sum to this step's: every example counts in two steps, as if it were sampled
+    at 2q."""
+
+    def step(self, grads):
+        clipped = grads.weighted_sum(self.clip_weights(grads.norms))
+        echoed = [c + p for c, p in zip(clipped, getattr(self, "previous", None) or [0] * len(clipped))]
+        self.previous = [c.clone() for c in clipped]
+        self.descend(self.noisy_mean(echoed, self.noise.noise_multiplier * self.clip), self.lr)

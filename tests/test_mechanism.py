@@ -1,0 +1,149 @@
+"""The mechanism test (dpgrid.audit.mechanism) against exact toys: runs simulated step by step as the accountant
+assumes them (Gaussian noise nu C_t on the sum, every canary's contribution C_t, joins at rate q, heavy ball or Adam's
+first moment, adaptive C_t and learning rate), and the same runs with one assumption broken the way plugins break it.
+The honest toy passes in at least 95% of repetitions (the stated confidence); each broken one is flagged by the test
+that names its bug. Whole audits of real plugins: tests/test_audit.py."""
+
+import math
+
+import numpy as np
+import pytest
+
+from dpgrid.audit.mechanism import RunSteps, measure, summary_line
+from dpgrid.strategies import AdamWOSM, DPAdam, FixedQuantile, FixedThreshold, Online
+
+N, B, M, T = 2000, 100, 300, 80  # training set, expected batch, canaries, steps
+Q = B / N
+
+
+def simulated(rng, nu=2.0, noise_scale=1.0, clip_scale=1.0, mu=0.9, reused=False, echoed=False, laplace=False,
+              included=None, adapt=True) -> RunSteps:
+    """One run's steps as GradientCanaries records them, from the linear update of Strategy.linear_step: moves
+    d_t = -a_t v_t, v_t = mu v_{t-1} + (sum + noise) / B over m canary and m control coordinates."""
+    included = rng.random(M) < 0.5 if included is None else included
+    clips = np.exp(np.cumsum(rng.normal(0, 0.05, T))) if adapt else np.ones(T)  # an adaptive C_t
+    rates = 0.1 * np.exp(np.cumsum(rng.normal(0, 0.05, T))) if adapt else np.full(T, 0.1)  # and learning rate
+    joins = (rng.random((T, M)) < Q) & included
+    v, moves, once, previous = np.zeros(2 * M), [], None, np.zeros(2 * M)
+    for t in range(T):
+        total = np.zeros(2 * M)
+        total[:M] = joins[t] * clip_scale * clips[t]
+        if laplace:
+            z = rng.laplace(0, 1 / math.sqrt(2), 2 * M)
+        else:
+            z = rng.normal(0, 1, 2 * M) if once is None or not reused else once
+        once = z
+        g = (total + (previous if echoed else 0) + noise_scale * nu * clips[t] * z) / B
+        previous = total
+        v = mu * v + g
+        moves.append(-rates[t] * v)
+    stated = np.column_stack([clips, np.full(T, mu), rates])
+    return RunSteps(np.array(moves, dtype=np.float32), joins, rng.binomial(N, Q, T), stated, included, nu)
+
+
+def verdicts(runs, strategy=FixedThreshold, queries=None) -> dict:
+    found = measure(runs, N, B, Q, 0.95, strategy, queries or {})
+    return found, {name: t["verdict"] for name, t in found["tests"].items()}
+
+
+def test_an_honest_mechanism_is_as_planned_in_at_least_the_stated_share_of_repetitions():
+    """Each repetition: 2 runs (an adaptive threshold and learning rate, heavy ball 0.9) measured at 95%. The share
+    of repetitions that say "differs" stays below 5% (plus three standard errors)."""
+    rng = np.random.default_rng(0)
+    reps, alarms, ratios = 120, 0, []
+    for _ in range(reps):
+        found, _ = verdicts([simulated(rng), simulated(rng)])
+        alarms += found["verdict"] == "differs"
+        ratios.append(found["tests"]["noise_multiplier"]["estimate"])
+    assert alarms / reps <= 0.05 + 3 * math.sqrt(0.05 * 0.95 / reps), alarms
+    assert np.median(ratios) == pytest.approx(1.0, abs=0.02)  # the estimator is centred on the truth
+
+
+@pytest.mark.parametrize("bug, flagged", [
+    (dict(noise_scale=0.8), {"noise_multiplier"}),
+    (dict(noise_scale=0.5), {"noise_multiplier"}),
+    (dict(clip_scale=1.25), {"noise_multiplier", "sensitivity"}),
+    (dict(clip_scale=2.0), {"noise_multiplier", "sensitivity"}),
+    (dict(reused=True), {"independent"}),
+    (dict(echoed=True), {"canary_sampling"}),
+    (dict(laplace=True), {"gaussian"}),
+])
+def test_each_broken_assumption_is_flagged_by_its_own_test(bug, flagged):
+    rng = np.random.default_rng(1)
+    found, said = verdicts([simulated(rng, **bug), simulated(rng, **bug)])
+    assert found["verdict"] == "differs"
+    assert flagged <= {name for name, v in said.items() if v == "differs"}, said
+    line = summary_line(found)
+    assert line.startswith("mechanism differs from the plan at 95% confidence: ")
+
+
+def test_the_estimates_measure_the_bug_by_its_size():
+    rng = np.random.default_rng(2)
+    found, _ = verdicts([simulated(rng, noise_scale=0.5), simulated(rng, noise_scale=0.5)])
+    assert found["tests"]["noise_multiplier"]["estimate"] == pytest.approx(0.5, rel=0.06)
+    assert found["tests"]["sensitivity"]["estimate"] == pytest.approx(1.0, abs=0.06)  # the clip is honest
+    found, _ = verdicts([simulated(rng, clip_scale=1.25), simulated(rng, clip_scale=1.25)])
+    assert found["tests"]["sensitivity"]["estimate"] == pytest.approx(1.25, rel=0.05)
+    assert found["tests"]["noise_multiplier"]["estimate"] == pytest.approx(0.8, rel=0.06)
+    found, _ = verdicts([simulated(rng, echoed=True), simulated(rng, echoed=True)])
+    assert found["tests"]["canary_sampling"]["estimate"] == pytest.approx(2 * Q, rel=0.15)
+
+
+def test_adams_first_moment_without_momentum_and_a_wrongly_stated_momentum():
+    rng = np.random.default_rng(3)
+    found, said = verdicts([simulated(rng, mu=0.0), simulated(rng, mu=0.99)])
+    assert found["verdict"] == "as planned", said
+    wrong = simulated(rng, mu=0.9)
+    stated = wrong.stated.copy()
+    stated[:, 1] = 0.0  # the strategy says plain SGD, its moves carry momentum
+    found, said = verdicts([RunSteps(wrong.moves, wrong.joins, wrong.batch_sizes, stated, wrong.included, 2.0)])
+    assert said["independent"] == "differs"
+
+
+def test_a_strategy_whose_update_is_not_linear_has_its_sampling_measured_and_says_what_is_not():
+    rng = np.random.default_rng(4)
+    run = simulated(rng)
+    stated = run.stated.copy()
+    stated[:, 1:] = np.nan  # DPAdam's linear_step() is None
+    found, said = verdicts([RunSteps(run.moves, run.joins, run.batch_sizes, stated, run.included, 2.0)], DPAdam)
+    assert list(said) == ["sampling"] and found["verdict"] == "as planned"
+    assert "DPAdam's update is not linear" in found["not_measured"]
+    assert "only its sampling is measured" in summary_line(found)
+
+
+@pytest.mark.parametrize("strategy, query, others", [
+    (Online, "noise_multiplier_g", ["noise_multiplier_q"]),
+    (FixedQuantile, "noise_multiplier_grad", ["count_noise_std"]),
+    (AdamWOSM, "noise_multiplier", []),
+])
+def test_a_strategy_with_queries_beyond_the_gradient_names_those_not_measured(strategy, query, others):
+    rng = np.random.default_rng(5)
+    queries = {name: 1.0 for name in [q for q in (query, *others) if q != "noise_multiplier"]}
+    found, _ = verdicts([simulated(rng)], strategy, queries)
+    assert found["query"] == query and found["not_measured_queries"] == others
+
+
+def test_real_examples_sampled_at_another_rate_are_flagged():
+    rng = np.random.default_rng(6)
+    run = simulated(rng)
+    doubled = RunSteps(run.moves, run.joins, rng.binomial(N, 2 * Q, T), run.stated, run.included, 2.0)
+    _, said = verdicts([doubled])
+    assert said["sampling"] == "differs"
+
+
+def test_the_linear_steps_the_strategies_state():
+    """Strategy.linear_step is (momentum, lr) for descend; AdamWOSM's folds (1 - beta1) / (1 - beta1^t) into a; DPAdam
+    has none."""
+    import torch
+
+    from dpgrid.strategies.base import Noise
+
+    params = [torch.zeros(3)]
+    common = dict(batch_size=10, generator=torch.Generator(), noise=Noise(1.0))
+    sgd = FixedThreshold(params, hp={"lr": 0.5, "clip": 1.0}, options={}, momentum=0.9, **common)
+    assert sgd.linear_step() == pytest.approx((0.9, 0.5))
+    adam = AdamWOSM(params, hp={"clip": 1.0}, options={"lr": 0.1, "beta1": 0.9, "xi": 0.0}, **common)
+    ess = 0.1 / (1.0 * 1.0 / 10)
+    assert adam.linear_step() == pytest.approx((0.9, ess * 0.1 / (1 - 0.9)))  # t = 1: m_hat = g_tilde
+    assert DPAdam(params, hp={"clip": 1.0}, options={"lr": 0.1, "beta1": 0.9, "beta2": 0.999, "xi": 1e-8},
+                  **common).linear_step() is None

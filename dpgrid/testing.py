@@ -140,13 +140,17 @@ def check_rule(module, inputs, *, runs: int = 3, rtol: float = 1e-9) -> int:
         for run, copied in enumerate(copies):
             close(out[run], copied(a), f"stacked forward, run {run}")
         gs = torch.randn(out.shape, generator=generator, dtype=torch.float64)
-        computed = rule(module, x, gs, None, names, stacked=True)
         w = torch.rand((2, runs, b), generator=generator, dtype=torch.float64)
-        sums = computed.weighted_sum(w)
+        pers = []
         for run, copied in enumerate(copies):
             ps = [getattr(copied, name) for name in names]
-            per = torch.stack([torch.cat([t.flatten() for t in torch.autograd.grad(
-                (copied(a[i:i + 1]) * gs[run, i:i + 1]).sum(), ps)]) for i in range(b)])
-            close(computed.sq_norms()[run], per.pow(2).sum(1), f"stacked, run {run}: squared norms")
-            close(torch.cat([s[:, run].flatten(1) for s in sums], 1), w[:, run] @ per, f"stacked, run {run}: sums")
+            pers.append(torch.stack([torch.cat([t.flatten() for t in torch.autograd.grad(
+                (copied(a[i:i + 1]) * gs[run, i:i + 1]).sum(), ps)]) for i in range(b)]))
+        for choice, form in [(MethodChoice("auto"), "auto")] + [(MethodChoice(f), f) for f in dict.fromkeys(forms)]:
+            computed = rule(module, x, gs, choice, names, stacked=True)
+            sums = computed.weighted_sum(w)
+            for run, per in enumerate(pers):
+                close(computed.sq_norms()[run], per.pow(2).sum(1), f"stacked ({form}), run {run}: squared norms")
+                close(torch.cat([s[:, run].flatten(1) for s in sums], 1), w[:, run] @ per,
+                      f"stacked ({form}), run {run}: sums")
     return compared

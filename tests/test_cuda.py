@@ -140,3 +140,24 @@ def test_tf32_is_off_while_a_grid_trains_and_restored_after():
         assert not torch.backends.cudnn.allow_tf32 and not torch.backends.cuda.matmul.allow_tf32
         assert torch.backends.cudnn.deterministic
     assert torch.backends.cudnn.allow_tf32
+
+
+@pytest.mark.parametrize("model", ["mlp", "cnn"])
+def test_the_engines_prove_themselves_on_cuda(model):
+    """The first batch's proof runs where the grid trains: on CUDA the fast engine (and the stacked one) is proved and
+    kept, never set aside because the proof itself mixed devices."""
+    import warnings
+
+    from dpgrid.models import build_model
+    from dpgrid.training.proof import choose_engine
+
+    device = torch.device("cuda")
+    if model == "mlp":
+        net, x = build_model(load_cfg("digits", "online").model), torch.rand((16, 64))
+    else:
+        net, x = build_model(load_cfg("mnist", "online").model), torch.rand((16, 1, 28, 28))
+    y = torch.randint(0, 10, (16,))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        chosen = choose_engine(net.to(device), "classification", x.to(device), y.to(device), "auto", True, "auto")
+    assert chosen.name == "fast" and chosen.stacks, chosen.said

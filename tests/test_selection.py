@@ -303,7 +303,7 @@ K_FREE = {  # what makes a grid train one run at a time, each said in a line tha
 @pytest.mark.parametrize("case", list(K_FREE))
 def test_the_console_and_cli_log_do_not_depend_on_k(tmp_path, monkeypatch, case):
     """A grid that trains one run at a time says so in a line (a strategy written for one run; a model whose step is
-    bound by its matmuls on a CPU: 150,010 parameters x B = 128): the same line, and nothing else that differs, whether
+    bound by its arithmetic on a CPU: 150,010 parameters x B = 128): the same line, and nothing else that differs, whether
     one candidate was drawn (one run: nothing to stack) or several."""
     from .plugin import EXAMPLES, SEARCHPATH
 

@@ -62,6 +62,7 @@ def grouping(spec, runs: int) -> tuple:
     from dpgrid.models import starting_model
     from dpgrid.training.stacked import group_size
 
+    # no data is read to plan: the sizes are the layers' widths (exact for Linear layers; auto stacks no convolution)
     size, why = group_size(spec.train.parallel_runs, starting_model(spec), spec.strategy_cls, runs,
                            spec.plan.batch_size, torch.device(spec.train.device))
     return size, f": {why}" if why else ""

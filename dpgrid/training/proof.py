@@ -204,7 +204,7 @@ def compare(engine, reference, layers: int) -> tuple:
     errors.append(float(by_layer.max()) if layers else 0.0)
     clip = want.median().clamp_min(1e-12)
     weights = torch.stack([torch.clamp(clip / want.clamp_min(1e-300), max=1.0),
-                           torch.linspace(-1.0, 2.0, len(want), dtype=torch.float64)])
+                           torch.linspace(-1.0, 2.0, len(want), dtype=torch.float64, device=want.device)])
     got_sums, want_sums = engine.weighted_sums(*weights), reference.weighted_sums(*weights)
     for w, got, expected in zip(weights, got_sums, want_sums):
         bound = float((w.abs() * want).sum()) or 1.0
@@ -231,7 +231,7 @@ def why(model: nn.Module, layers: list, where, task: str, x, y, layout: ModelLay
     from dpgrid.training.persample import FastEngine
 
     engine = FastEngine(model, task, MethodChoice(PROOF_FORMS), layout)
-    sums = engine(x, y).weighted_sum(torch.ones(len(x), dtype=torch.float64))
+    sums = engine(x, y).weighted_sum(torch.ones(len(x), dtype=torch.float64, device=x.device))
     position = {id(p): i for i, p in enumerate(p for p in model.parameters() if p.requires_grad)}
     outside = any(t is not None and not torch.allclose(sums[position[id(p)]].double(), t.double(), rtol=1e-6,
                                                          atol=1e-9 * float(t.abs().max() or 1))
@@ -252,15 +252,15 @@ def prove_stacked(model: nn.Module, task: str, x, y) -> str:
     twins = [reference_copy(model) for _ in range(2)]
     generator = torch.Generator().manual_seed(0)
     for p in twins[1].parameters():
-        p.data.add_(0.1 * torch.randn(p.shape, generator=generator, dtype=p.dtype))
+        p.data.add_(0.1 * torch.randn(p.shape, generator=generator, dtype=p.dtype).to(p.device))
     references = [copy.deepcopy(t) for t in twins]
     b = len(x)
-    mask = torch.ones((2, b), dtype=torch.float64)
+    mask = torch.ones((2, b), dtype=torch.float64, device=x.device)
     mask[1, b - 2:] = 0  # the second run's batch is two rows shorter: its padding must add nothing
     try:
         engine = StackedEngine(StackedModel(twins), task)
         stacked = engine(torch.stack([x, x]), torch.stack([y, y]), mask)
-        weights = torch.rand((2, 2, b), generator=generator, dtype=torch.float64) * mask
+        weights = torch.rand((2, 2, b), generator=generator, dtype=torch.float64).to(x.device) * mask
         sums = stacked.weighted_sums(*weights)
         norms = stacked.norms
     except Exception as e:

@@ -24,13 +24,13 @@ import torch
 from torch import nn
 
 from dpgrid.training.persample import PerSampleGrads, check_model, per_sample_losses
-from dpgrid.training.rules import rule_for, why_unserved
+from dpgrid.training.rules import MethodChoice, rule_for, why_unserved
 
 STATE_COPIES = 8  # tensors as large as the parameters a stacked step holds (weights, noise, sums, moments, ...)
 MAX_GROUP = 64    # auto's largest group: a group's runs are committed when it ends, so a kill loses at most one
-# auto stacks on a CPU only below this much work per step (parameters x batch size): above it a step is bound by
-# its matmuls, which stacking does not make cheaper (scripts/bench.py --grid, 2-core CPU: digits MLP, 2,410 x 128,
-# 5.1x faster stacked; AG News bag-of-words, 113,156 x 512, 0.96x)
+# auto stacks on a CPU only below this much work per step (multiply-adds per sample x batch size): above it a step is
+# bound by its arithmetic, which stacking does not make cheaper (scripts/bench.py --grid, 2-core CPU: digits MLP,
+# 2,410 x 128, 5.1x faster stacked; AG News bag-of-words, 113,156 x 512, 0.96x)
 CPU_STACK_WORK = 10_000_000
 
 
@@ -60,31 +60,60 @@ def available_memory(device: torch.device) -> int:
         return 4 << 30
 
 
-def bytes_per_run(model: nn.Module, batch_size: int) -> int:
+def per_sample_sizes(model: nn.Module, sample: torch.Tensor = None) -> tuple:
+    """(multiply-adds, activation elements) of one sample through a Sequential: for each parametrised layer, its
+    output's elements times the weight's elements per output channel (a Linear's inputs, a convolution's kernel) or,
+    transposed, its input's elements times the weight's per input channel; and the input's and every parametrised
+    layer's output's sizes. The shapes are followed on the meta device (no arithmetic) from `sample` (one sample, as
+    a batch of one); without it, from the first layer's input width, each layer applied once (exact for Linear layers
+    on flat inputs)."""
+    import copy
+
+    layers = [layer for layer in model if any(True for _ in layer.parameters())]
+    if sample is None:
+        shapes = [layer.weight.shape for layer in layers]
+        return sum(layer.weight.numel() for layer in layers), shapes[0][1] + sum(shape[0] for shape in shapes)
+    meta, x = copy.deepcopy(model).to("meta"), sample[:1].to("meta")
+    work, elements = 0, x.numel()
+    for layer in meta:
+        inputs, x = x, layer(x)
+        if any(True for _ in layer.parameters()):
+            weight = layer.weight
+            applied = inputs if getattr(layer, "transposed", False) else x
+            work += applied.numel() * max(1, weight.numel() // weight.shape[0])
+            elements += x.numel()
+    return work, elements
+
+
+def bytes_per_run(model: nn.Module, batch_size: int, sample: torch.Tensor = None) -> int:
     """What one run adds to a group: its state (STATE_COPIES x the parameters) and its batch's activations and
     output gradients (a Poisson batch padded to 1.5 B)."""
     itemsize = next(model.parameters()).element_size()
-    # a parametrised layer's input and output widths (a Sequential's layers: each output is the next input)
-    shapes = [layer.weight.shape for layer in model if any(True for _ in layer.parameters())]
-    widths = shapes[0][1] + sum(shape[0] for shape in shapes)
-    return itemsize * (STATE_COPIES * sum(p.numel() for p in model.parameters()) + 3 * int(1.5 * batch_size) * widths)
+    elements = per_sample_sizes(model, sample)[1]
+    return itemsize * (STATE_COPIES * sum(p.numel() for p in model.parameters()) + 3 * int(1.5 * batch_size) * elements)
 
 
-def group_size(setting: str, model: nn.Module, strategy_cls, runs: int, batch_size: int, device: torch.device
-               ) -> tuple:
+def group_size(setting: str, model: nn.Module, strategy_cls, runs: int, batch_size: int, device: torch.device,
+               sample: torch.Tensor = None) -> tuple:
     """(how many runs train together, why one at a time or ''): train.parallel_runs as set (at most the runs
-    left), or auto's choice: on a CPU, one at a time for compute-bound models (CPU_STACK_WORK), else up to
-    MAX_GROUP runs within a quarter of the free memory (a GPU's free memory on CUDA)."""
+    left), or auto's choice: on a CPU, one at a time for compute-bound models (CPU_STACK_WORK multiply-adds per step),
+    else up to MAX_GROUP runs within a quarter of the free memory (a GPU's free memory on CUDA). `sample`: a training
+    example, for the sizes (per_sample_sizes)."""
     why = why_not_stacked(model, strategy_cls)
     if why or runs <= 1:
         return 1, why
     if str(setting) != "auto":
         return min(int(setting), runs), ""
-    work = sum(p.numel() for p in model.parameters()) * batch_size
+    slower = sorted({type(layer).__name__ for layer in model if any(True for _ in layer.parameters())
+                     and not rule_for(layer).auto_stacks})
+    if slower:
+        return 1, (f"{', '.join(slower)} layers stack (one grouped kernel for the group) but measured slower stacked than "
+                   "one run at a time; train.parallel_runs=N stacks N runs anyway")
+    work = per_sample_sizes(model, sample)[0] * batch_size
     if device.type == "cpu" and work > CPU_STACK_WORK:
-        return 1, (f"a step of this model is bound by its matmuls on a CPU, {work:,} parameter-samples per step, "
+        return 1, (f"a step of this model is bound by its arithmetic on a CPU, {work:,} multiply-adds per step, "
                    "which stacking does not make cheaper; train.parallel_runs=N stacks N runs anyway")
-    fits = available_memory(device) // 4 // max(1, bytes_per_run(model, batch_size))
+    fits = available_memory(device) // 4 // max(1, bytes_per_run(model, batch_size, sample))
     return max(1, min(runs, MAX_GROUP, fits)), ""
 
 
@@ -134,8 +163,9 @@ class StackedModel:
 class StackedEngine:
     """Per-sample norms and weighted sums of a group's runs, each on its own (padded) Poisson batch."""
 
-    def __init__(self, stack: StackedModel, task: str):
+    def __init__(self, stack: StackedModel, task: str, choice: MethodChoice = None):
         self.stack, self.task = stack, task
+        self.choice = choice or MethodChoice()  # each layer shape's form where two compete (a convolution's)
 
     def gradients(self, data, indices: list) -> PerSampleGrads:
         """The G runs' batches (`indices`: one index tensor per run), padded to the largest."""
@@ -155,7 +185,7 @@ class StackedEngine:
         losses = per_sample_losses(out.flatten(0, 1), y.flatten(0, 1), self.task).view(runs, b)
         # gradients of sum_i loss_i w.r.t. each layer's output: G_i of every sample (0 for padding)
         out_grads = torch.autograd.grad((losses * mask.to(losses.dtype)).sum(), [r[3] for r in records])
-        factors = [rule_for(layer)(layer, a, g, None, names, stacked=True)
+        factors = [rule_for(layer)(layer, a, g, self.choice, names, stacked=True)
                    for (layer, names, a, _), g in zip(records, out_grads)]
         padding = mask == 0
 

@@ -53,6 +53,13 @@ class LayerRule:
     `stacks` is True is built so."""
 
     stacks = False  # it has a stacked form (G runs' parameters stacked as (G, *shape), StackedModel)
+    auto_stacks = True  # train.parallel_runs=auto stacks a model of this layer (where `stacks`); False: only when asked
+
+    @staticmethod
+    def stacked_forward(layer, x, params):
+        """(G, b, ...) outputs of G runs' copies of `layer` on inputs x (G, b, ...), from their stacked parameters
+        `params` (the layer's own order, (G, *shape) each). Required where `stacks` is True."""
+        raise NotImplementedError
 
     def __init__(self, module, a, g, choice, params: tuple, stacked: bool = False):
         self.module, self.a, self.g, self.choice, self.params, self.stacked = module, a, g, choice, params, stacked

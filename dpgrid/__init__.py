@@ -17,9 +17,15 @@ def __getattr__(name):
 
 
 class DpgridError(ValueError):
-    """A problem with the user's input (config, data, results): shown as one line, exit code 2."""
+    """A problem with the user's input (config, data, results): shown as one line, exit code 2 (or `exit_code`, e.g.
+    130 where the user interrupted); only the command line turns it into an exit."""
 
     exit_code = 2
+
+    def __init__(self, *args, exit_code: int = None):
+        super().__init__(*args)
+        if exit_code is not None:
+            self.exit_code = exit_code
 
 
 class EnvironmentFault(DpgridError):

@@ -65,7 +65,7 @@ def run_command(args: list) -> None:
             created = {out: outermost_missing(out) for out in checked}
             register()  # the schema and resolvers Hydra's own composition needs
             sys.argv = ["dpgrid run", *args]
-            with kept_if_nothing_queued(overrides):
+            with kept_if_nothing_queued(overrides), launcher_errors_raised():
                 hydra.main(version_base="1.3", config_path=config_dir(), config_name="config")(
                     grid_job(created, checked=checked))()
         FINISHED.append(True)
@@ -94,6 +94,21 @@ def run_command(args: list) -> None:
 
 
 @contextlib.contextmanager
+def launcher_errors_raised():
+    """Hydra prints an error its launcher raises, with a traceback, and exits 1; HYDRA_FULL_ERROR makes it raise it
+    instead, so that a launcher's DpgridError reaches `main` and is its one line and exit code."""
+    before = os.environ.get("HYDRA_FULL_ERROR")
+    os.environ["HYDRA_FULL_ERROR"] = "1"
+    try:
+        yield
+    finally:
+        if before is None:
+            del os.environ["HYDRA_FULL_ERROR"]
+        else:
+            os.environ["HYDRA_FULL_ERROR"] = before
+
+
+@contextlib.contextmanager
 def kept_if_nothing_queued(overrides: list):
     """A SLURM sweep refused before any job was queued changes no file of an existing sweep folder: Hydra writes the
     sweep's multirun.yaml before the launcher submits, and it is put back as it was."""
@@ -106,9 +121,11 @@ def kept_if_nothing_queued(overrides: list):
     record, jobs = (folder / "multirun.yaml", folder / ".submitit" / "dpgrid_jobs.json") if slurm else (None, None)
     before = (record.read_bytes() if record.is_file() else None, jobs.read_bytes() if jobs.is_file() else None) \
         if slurm else (None, None)
+    from dpgrid import DpgridError
+
     try:
         yield
-    except SystemExit:
+    except (SystemExit, DpgridError):
         if slurm and before[0] is not None and (jobs.read_bytes() if jobs.is_file() else None) == before[1]:
             from dpgrid.results.files import write_atomic
 

@@ -17,7 +17,7 @@ import sys
 import warnings
 from pathlib import Path
 
-from dpgrid import slurm
+from dpgrid import DpgridError, slurm
 from dpgrid.reporting.console import plural
 
 NOT_ON_A_CLUSTER = ("hydra/launcher=slurm submits from a machine of a SLURM cluster (a login node); "
@@ -42,10 +42,9 @@ def launch(launcher, job_overrides, initial_job_idx) -> list:
               + ("submitting the rest" if todo else "nothing to submit"), file=sys.stderr, flush=True)
     returns = {i: finished_return(grids[i][0]) for i in first.values() if i not in todo}
     if live := slurm.still_queued(sweep_dir, [grids[i][0] for i in todo]):
-        from dpgrid.cli import fail
 
         ids = ",".join(sorted({slurm.array_of(j) for j in live.values()}))
-        fail(f"{len(live)} grid(s) of this sweep are still queued or running as SLURM job(s) of an earlier submission "
+        raise DpgridError(f"{len(live)} grid(s) of this sweep are still queued or running as SLURM job(s) of an earlier submission "
              f"({slurm.compact(sorted(live.values()))}); nothing was queued again: wait for them (squeue -j {ids}), or "
              f"cancel them (scancel {ids}), then run the same command, which resumes what they leave")
     if todo:
@@ -57,9 +56,8 @@ def launch(launcher, job_overrides, initial_job_idx) -> list:
         try:
             made = executor(launcher)
         except RuntimeError as e:  # submitit looks for srun first
-            from dpgrid.cli import fail
 
-            fail(f"no SLURM on this machine ({e}): {NOT_ON_A_CLUSTER}")
+            raise DpgridError(f"no SLURM on this machine ({e}): {NOT_ON_A_CLUSTER}")
         before = entries(sweep_dir / ".submitit")
         per_job = max(1, int(launcher.grids_per_job))
         chunks = [args[start:start + per_job] for start in range(0, len(args), per_job)]
@@ -73,16 +71,15 @@ def launch(launcher, job_overrides, initial_job_idx) -> list:
         try:
             accounting = slurm.wait(jobs, launcher.params)
         except KeyboardInterrupt as e:
-            from dpgrid.cli import fail
             from dpgrid.signals import stopped
 
             left = [j.job_id for j in jobs if not j.paths.result_pickle.exists()]
             name, code = stopped(e) or ("interrupted", 130)
             ids = slurm.array_id(jobs)
-            fail(f"{name}: {len(left)} SLURM job(s) go on queued or running without this process "
+            raise DpgridError(f"{name}: {len(left)} SLURM job(s) go on queued or running without this process "
                  f"({slurm.compact(left)}): squeue -j {ids} shows them, scancel {ids} cancels them; while they are "
                  "queued or running the same command refuses to queue their grids again, and once they have ended it "
-                 "resumes any grid left incomplete", code)
+                 "resumes any grid left incomplete", exit_code=code)
         by_job = [[job_overrides[i] for i in todo[start:start + per_job]] for start in range(0, len(todo), per_job)]
         with warnings.catch_warnings():  # submitit's "Bypassing sacct error" where sacct does not answer: said once
             warnings.simplefilter("ignore")
@@ -188,7 +185,6 @@ def submit(executor, task, args, array_size: int = 1001, on_refused=None) -> lis
     `on_refused()` clears what was made for a submission of which nothing was queued."""
     from submitit.core.utils import FailedJobError
 
-    from dpgrid.cli import fail
 
     said, jobs = io.StringIO(), []
     try:
@@ -197,7 +193,7 @@ def submit(executor, task, args, array_size: int = 1001, on_refused=None) -> lis
                 jobs += executor.map_array(task, *zip(*args[start:start + array_size]))
             return jobs
     except FileNotFoundError:
-        fail(f"sbatch not found: {NOT_ON_A_CLUSTER}")
+        raise DpgridError(f"sbatch not found: {NOT_ON_A_CLUSTER}")
     except FailedJobError as e:
         lines = [line.strip() for line in str(e).splitlines() if line.strip()]
         first = next((line for line in lines if "error" in line.lower()), lines[0] if lines else "no message")
@@ -209,11 +205,11 @@ def submit(executor, task, args, array_size: int = 1001, on_refused=None) -> lis
                 "is, or ask the cluster's admins" if "controller" in first.lower()
                 else "see the hydra.launcher settings (conf/hydra/launcher/slurm.yaml)")
         if jobs:  # an earlier array of a split sweep was queued
-            fail(f"SLURM refused the jobs after {len(jobs)} were queued ({slurm.array_id(jobs)}; scancel {slurm.array_id(jobs)} "
+            raise DpgridError(f"SLURM refused the jobs after {len(jobs)} were queued ({slurm.array_id(jobs)}; scancel {slurm.array_id(jobs)} "
                  f"cancels them, or the same command submits the rest): {first}; {hint}")
         if on_refused:
             on_refused()
-        fail(f"SLURM refused the jobs, nothing was queued: {first}; {hint}")
+        raise DpgridError(f"SLURM refused the jobs, nothing was queued: {first}; {hint}")
 
 
 def ended_why(error, timeout_min) -> str:
@@ -234,7 +230,6 @@ def outcomes(jobs, by_job: list, timeout_min=None, accounting: bool = True) -> l
     """Each grid's result (Hydra's JobReturn), in order; `by_job`: each job's grids' overrides. Jobs that ended
     without a result are dpgrid's one line: per reason (ran out of time, naming hydra.launcher.timeout_min; the job's
     state and the grid's own error line if it printed one, else its log), the jobs it ended, once, with their count."""
-    from dpgrid.cli import fail
 
     common = set.intersection(*(set(o) for grids in by_job for o in grids))  # a job is named by what its sweep varies
     ended_by, returns = {}, []
@@ -264,7 +259,7 @@ def outcomes(jobs, by_job: list, timeout_min=None, accounting: bool = True) -> l
         count = sum(len(names) for names in ended_by.values())
         parts = [f"{names[0]}{reason}" if len(names) == 1 else f"{len(names)} jobs ({slurm.compact(names)}){reason}"
                  for reason, names in ended_by.items()]
-        fail(f"{count} of {len(jobs)} SLURM job(s) ended before their grid finished: {' | '.join(parts)}; "
+        raise DpgridError(f"{count} of {len(jobs)} SLURM job(s) ended before their grid finished: {' | '.join(parts)}; "
              "the same command resumes them (finished runs are kept)")
     return returns
 

@@ -34,6 +34,18 @@ def target_name(node, where: str) -> str:
     return target
 
 
+def check_hooks(cls, base, where: str) -> None:
+    """A plugin class that defines a hook dpgrid no longer calls is refused in one line naming what replaced it:
+    its override would be ignored without a word (an accounting method's last-release `plan`, now `calibrate`, would
+    spend the full epsilon instead of what it asks for). `base._renamed_hooks`: {old name: what replaced it}."""
+    for old, new in getattr(base, "_renamed_hooks", {}).items():
+        for klass in cls.__mro__:
+            if klass is base:
+                break
+            if old in vars(klass):
+                raise DpgridError(f"{where}: {klass.__name__} defines `{old}`, which dpgrid no longer calls: {new}")
+
+
 def resolve(node, where: str, kind: str = "callable"):
     """The class (kind="class") or callable that node._target_ names."""
     target = target_name(node, where)

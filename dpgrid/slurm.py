@@ -14,6 +14,8 @@ import sys
 import time
 from pathlib import Path
 
+from dpgrid import DpgridError
+
 # pending reasons that waiting never resolves: each job asks for what the partition, QOS or account never gives
 # (per-job limits; group and per-user limits, held priorities and nodes down or reserved clear as other jobs end),
 # with the setting that asks
@@ -156,7 +158,6 @@ def wait(jobs, params: dict) -> bool:
     has left the queue for GONE_POLLS looks without a result (a cluster without accounting: a cancelled job). A job
     that is requeued (a node failure) is listed again, and waited for. Jobs that can never start (every job left is
     pending for a reason waiting never resolves) are cancelled: one line naming the settings to lower, exit 2."""
-    from dpgrid.cli import fail
 
     accounting, said_why = accounting_answers(jobs)
     if not accounting:  # said once; submitit's own sacct calls (and their warnings) are not made then
@@ -177,7 +178,7 @@ def wait(jobs, params: dict) -> bool:
         if never and sum(len(ids) for ids in never.values()) >= len(left):
             cancel_pending(jobs)
             lower = ", ".join(f"hydra.launcher.{s}" for s in settings_to_lower(never, params))
-            fail(f"{len(left)} SLURM job(s) can never start ({', '.join(sorted(never))}: each asks for more than the "
+            raise DpgridError(f"{len(left)} SLURM job(s) can never start ({', '.join(sorted(never))}: each asks for more than the "
                  f"partition, QOS or account gives); cancelled them (scancel --state=PENDING {array_id(jobs)}); "
                  f"ask for less: {lower} (`sinfo -o '%P %c %m %l'` lists what each partition gives), and run the "
                  "same command again")

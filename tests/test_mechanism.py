@@ -67,6 +67,7 @@ def test_an_honest_mechanism_is_as_planned_in_at_least_the_stated_share_of_repet
     (dict(reused=True), {"independent"}),
     (dict(echoed=True), {"canary_sampling"}),
     (dict(laplace=True), {"gaussian"}),
+    (dict(noise_scale=0.0), {"noise_multiplier"}),  # no noise at all: the controls never move
 ])
 def test_each_broken_assumption_is_flagged_by_its_own_test(bug, flagged):
     rng = np.random.default_rng(1)

@@ -104,3 +104,36 @@ def test_a_broken_selection_is_one_line(overrides, message):
 
     r = run("plan", *overrides)
     assert r.returncode == 2 and one_line(r.stderr) and message in r.stderr, r.stderr
+
+
+def _last_releases_method():
+    """An accounting plugin written for the previous contract: it overrides `plan`, the hook now called `calibrate`."""
+    from dpgrid.privacy.composition import Composition
+
+    def plan(self, plan, strategy_cls, options, privacy, problem):  # asks for half the target
+        return Composition.calibrate(self, plan, strategy_cls, options, {**privacy, "epsilon": privacy["epsilon"] / 2},
+                                     problem)
+
+    return type("HalfBudget", (Composition,), {"plan": plan, "name": "composition"})
+
+
+HalfBudget = _last_releases_method()
+
+
+def test_a_plugin_defining_a_hook_dpgrid_no_longer_calls_is_refused_naming_its_replacement():
+    """Silently ignored, its `plan` would let the grid spend the full epsilon instead of the half it asks for."""
+    with pytest.raises(DpgridError) as refused:
+        compile(compose(["privacy.selection._target_=tests.test_plugin_accounting.HalfBudget"]))
+    assert "HalfBudget defines `plan`, which dpgrid no longer calls: rename it `calibrate(" in str(refused.value)
+    assert "\n" not in str(refused.value)
+
+
+def test_a_layer_rule_defining_a_renamed_hook_is_refused_when_registered(monkeypatch):
+    from torch import nn
+
+    from dpgrid.training.rules import LayerRule, register_rule
+
+    monkeypatch.setattr(LayerRule, "_renamed_hooks", {"norms": "it is `sq_norms` now"}, raising=False)
+    with pytest.raises(DpgridError, match=r"register_rule\(Bilinear\): Old defines `norms`, which dpgrid no longer "
+                                          r"calls: it is `sq_norms` now"):
+        register_rule(nn.Bilinear)(type("Old", (LayerRule,), {"norms": lambda self: None}))

@@ -409,3 +409,27 @@ def test_one_meaning_per_name():
     text = "".join(p.read_text() for p in PACKAGE.rglob("*.py"))
     for gone in ("planned_runs", "Noise.of", "def multipliers", ".selected", "def accounting("):
         assert gone not in text, gone
+
+
+# The command line's own modules: they turn a refusal into its line and exit code (signals: the handler of the
+# command's first moment, before cli installs its own)
+COMMAND_LINE = {"dpgrid/cli.py", "dpgrid/__main__.py", "dpgrid/signals.py"}
+
+
+def test_library_code_never_exits():
+    """Only the command line exits: everywhere else a refusal is a DpgridError (with its exit_code), so that a notebook
+    or another program calling dpgrid gets an exception, never the end of its process."""
+    found = []
+    for path in sorted(PACKAGE.rglob("*.py")):
+        where = str(path.relative_to(ROOT))
+        if where in COMMAND_LINE:
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):
+            called = node.func if isinstance(node, ast.Call) else None
+            exits = (isinstance(node, ast.Raise) and node.exc is not None and "SystemExit" in ast.unparse(node.exc)) \
+                or (called is not None and ast.unparse(called) in ("sys.exit", "exit", "quit", "os._exit"))
+            imports_cli = isinstance(node, ast.ImportFrom) and node.module == "dpgrid.cli" or \
+                isinstance(node, ast.ImportFrom) and node.module == "dpgrid" and any(a.name == "cli" for a in node.names)
+            if exits or imports_cli:
+                found.append(f"{where}:{node.lineno}: {ast.unparse(node)[:80]}")
+    assert not found, found

@@ -98,6 +98,7 @@ class Pooled:
     sampled: int = 0   # real examples over all batches
     trials: int = 0    # N T
     kurtosis: list = None
+    noiseless: int = 0  # joins that moved their canary at steps where no control moved (no noise at all)
 
 
 def pool(runs: list, n_train: int, batch_size: int) -> Pooled:
@@ -110,6 +111,8 @@ def pool(runs: list, n_train: int, batch_size: int) -> Pooled:
         m = run.joins.shape[1]
         e, s, usable = innovations(run)
         joins, included = run.joins & run.included, run.included[None, :] & ~run.joins
+        still = np.isfinite(e).all(1) & (s == 0)  # the controls did not move: no noise at those steps
+        pooled.noiseless += int(((e[:, :m] != 0) & joins)[still].sum())
         u = -e[:, :m] / np.where(usable, s, 1.0)[:, None]
         nu = run.noise_multiplier
         pooled.noise.append(nu * u[usable[:, None] & joins])
@@ -158,7 +161,10 @@ def measure(runs: list, n_train: int, batch_size: int, sample_rate: float, confi
     low, high = test.proportion_ci(1 - significance, method="wilson")  # thousands of trials: exact enough, fast
     tests["sampling"] = entry(pooled.sampled / pooled.trials, [low, high], sample_rate, float(test.pvalue),
                               significance, "the rate q at which real examples joined the batches (binomial)")
-    if linear:
+    if linear and not sum(len(v) for v in pooled.noise) and pooled.noiseless:
+        tests["noise_multiplier"] = entry(0.0, [0.0, 0.0], 1.0, 0.0, significance, "nu_eff / nu_plan: the canaries "
+                                          "moved and the controls never did: no noise was added")
+    elif linear and sum(len(v) for v in pooled.noise):
         noise = np.concatenate(pooled.noise)
         mean, se, p = mean_test(noise, 1.0, significance)
         inverse = (lambda x: 1 / x if x > 0 else math.inf)

@@ -82,7 +82,8 @@ def compile(cfg, n_train: int = None, plan: bool = True, before_plan=None) -> Gr
     the plan is checked before torch is loaded (strategies load it at first use), so a refusal is as fast as Python
     starts; `before_plan(spec)` is then asked what else may refuse the grid (`dpgrid run`: its run directory,
     dpgrid.results.claim); plan=False stops there (the spec has no plan, its device is as configured): a sweep's
-    jobs are all checked so. Reads no file but what N needs (the data, where the config does not state N)."""
+    jobs are all checked so. Reads no file but what N needs (the data, where the config does not state N) and the
+    checkpoint model.init names (its checksum is the grid's identity, its release metadata what covers it)."""
     from dpgrid.config.checks import Reader, check_config, start_of
 
     selection_cls, selection = selection_of(cfg.privacy.selection)  # its keys typed: a misspelt one is refused first

@@ -15,7 +15,7 @@ from dpgrid.config.checks import wrong_type
 def selection_of(node) -> tuple:
     """(the class of the grid's privacy.selection, its node as plain values with its keys typed by the class's
     Options): DpgridError for a node that is no option of conf/privacy/selection, a misspelt key or a wrong type."""
-    from dpgrid.plugins import resolve
+    from dpgrid.plugins import check_hooks, resolve
     from dpgrid.privacy.method import AccountingMethod
 
     if not OmegaConf.is_dict(node) or "name" not in node:
@@ -25,6 +25,7 @@ def selection_of(node) -> tuple:
     cls = resolve(node, where, kind="class")
     if not (isinstance(cls, type) and issubclass(cls, AccountingMethod)):
         raise DpgridError(f"{where}: _target_ {node._target_} is not a subclass of dpgrid.privacy.AccountingMethod")
+    check_hooks(cls, AccountingMethod, where)
     if str(node.name) != cls.name:  # the name plan.json and the hashes record: its class's
         raise DpgridError(f"privacy.selection.name={node.name} is not the name of its _target_ {node._target_} "
                           f"({cls.name}); choose another selection with privacy.selection={node.name}")

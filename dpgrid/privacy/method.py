@@ -28,6 +28,9 @@ class AccountingMethod:
     adjacency = "add or remove one training example"  # the neighbouring datasets its analysis is for
     accounts_seeds = False  # True: its epsilon always composes a configuration's seeds (privacy.account_seeds or not)
     procedure = "dpgrid.results.procedure.Procedure"  # what a grid trains and releases under it (composition's)
+    # hooks of earlier releases, refused where a plugin still defines them (dpgrid.plugins.check_hooks)
+    _renamed_hooks = {"plan": "rename it `calibrate(self, plan, strategy_cls, options, privacy, problem)`, which "
+                             "returns the plan's fields (docs/extending.md, \"An accounting method\")"}
 
     @classmethod
     def check_options(cls, read) -> None:

@@ -142,9 +142,11 @@ def configuration_lines(plan, notes: dict = None) -> list:
 
 def procedure_of(method) -> Procedure:
     """The procedure of an accounting method (its class): the one its `procedure` names."""
-    from dpgrid.plugins import Target, resolve
+    from dpgrid.plugins import Target, check_hooks, resolve
 
-    return resolve(Target(method.procedure, {}), f"privacy.selection={method.name}", "class")()
+    cls = resolve(Target(method.procedure, {}), f"privacy.selection={method.name}", "class")
+    check_hooks(cls, Procedure, f"privacy.selection={method.name}: its procedure")
+    return cls()
 
 
 def seed_names(spec) -> tuple:

@@ -193,4 +193,5 @@ def repair_hint(record) -> str:
         return ("restore model/ (and selection.json) from a copy: this secure grid cannot release again without "
                 "spending a new epsilon (overwrite=true starts such a new release)")
     return ("restore it from a copy, or run the grid's command with overwrite=true: a seeded grid trains the same runs "
-            "again and releases the same model")
+            "again, on the same machine and software the same model (elsewhere, or where a per-sample form is timed "
+            "afresh, within float rounding), under the same epsilon")

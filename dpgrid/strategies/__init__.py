@@ -3,6 +3,7 @@ gradient information to a noisy update. A strategy config (conf/strategy/<name>.
 on Hydra's search path) names its class in `_target_`; nothing here lists them."""
 
 from dpgrid import DpgridError
+from dpgrid.plugins import check_hooks
 from dpgrid.plugins import resolve as resolve_target
 from dpgrid.strategies.adamwosm import AdamWOSM
 from dpgrid.strategies.base import Noise, Progress, Strategy
@@ -24,4 +25,5 @@ def resolve(strategy_cfg) -> type:
     cls = resolve_target(strategy_cfg, where, kind="class")
     if not (isinstance(cls, type) and issubclass(cls, Strategy)):
         raise DpgridError(f"{where}: _target_ {strategy_cfg._target_} is not a subclass of dpgrid.Strategy")
+    check_hooks(cls, Strategy, where)
     return cls

@@ -1,12 +1,12 @@
 from __future__ import annotations
 
 from dpgrid.lazy import lazy_import
-from dpgrid.strategies.base import Strategy, no_grad
+from dpgrid.strategies.adam import AdamMoments
 
 torch = lazy_import("torch")
 
 
-class DPAdam(Strategy):
+class DPAdam(AdamMoments):
     """DPAdam (Mohapatra et al. 2022, Section 4): Adam (Kingma & Ba 2015) on DP-SGD's noisy mean gradient.
 
         g_tilde = (sum_i g_bar_i + N(0, nu^2 C^2 I)) / B               (as DP-SGD)
@@ -17,44 +17,26 @@ class DPAdam(Strategy):
     The per-coordinate effective step size alpha / (sqrt(v_hat) + xi) tends to adamwosm's
     ESS = alpha / (nu C / B + xi) when the noise dominates the gradient (their Theorem 3: v_hat -> (nu C / B)^2).
     The grid is over C with alpha fixed (the paper's default 1e-3); `grid: [lr, clip]` tunes alpha too.
-    `train.momentum` does not apply (beta1 is the momentum here).
+    The moments are AdamMoments'.
     """
 
     label = "DPAdam"
-    uses_momentum = False  # beta1 is its momentum
-    stacks = True
-
-    @classmethod
-    def check_options(cls, options) -> None:
-        options.positive("lr")
-        options.fraction("beta1", closed_low=True)
-        options.fraction("beta2", closed_low=True)
-        options.real("xi", "a finite number >= 0", lambda v: v >= 0)
+    second_moment = True
 
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
-        c = self.options
         if "lr" not in self.hp:  # alpha from the config unless the grid tunes it
-            self.lr.fill_(float(c["lr"]))
-        self.beta1, self.beta2, self.xi = float(c["beta1"]), float(c["beta2"]), float(c["xi"])
-        self.t = 0
-        self.m = [torch.zeros_like(p) for p in self.params]
-        self.v = [torch.zeros_like(p) for p in self.params]
+            self.lr.fill_(float(self.options["lr"]))
+        self.beta2 = float(self.options["beta2"])
 
     def linear_step(self):
         return None  # each coordinate's step is divided by its own sqrt(v_hat): not one (mu, a) for all
 
-    @no_grad
-    def step(self, grads) -> None:
-        clipped_sum = grads.weighted_sum(self.clip_weights(grads.norms))
-        g_tilde = self.noisy_mean(clipped_sum, self.noise.noise_multiplier * self.clip)
-        self.t += 1
+    def move(self, p, m, v, g) -> None:
         first, second = 1 - self.beta1 ** self.t, 1 - self.beta2 ** self.t
-        for p, m, v, g in zip(self.params, self.m, self.v, g_tilde):
-            m.mul_(self.beta1).add_(g, alpha=1 - self.beta1)
-            v.mul_(self.beta2).addcmul_(g, g, value=1 - self.beta2)
-            step = m.div(v.div(second).sqrt_().add_(self.xi))  # m / (sqrt(v_hat) + xi)
-            p.addcmul_(step, self.per_run(self.lr, p), value=-1 / first)  # lr stays a tensor: no host sync
+        v.mul_(self.beta2).addcmul_(g, g, value=1 - self.beta2)
+        step = m.div(v.div(second).sqrt_().add_(self.xi))  # m / (sqrt(v_hat) + xi)
+        p.addcmul_(step, self.per_run(self.lr, p), value=-1 / first)  # lr stays a tensor: no host sync
 
     def effective_step_size(self) -> list:
         """alpha / (sqrt(v_hat) + xi) per coordinate (Theorem 3's quantity)."""

@@ -27,6 +27,9 @@ def register_rule(*layer_types):
     forward (a LoRA Linear, a quantised one), so it needs a rule of its own, or `register_rule(Sub)(Rule)` where
     the parent's rule holds for it."""
     def register(rule):
+        from dpgrid.plugins import check_hooks
+
+        check_hooks(rule, LayerRule, f"register_rule({', '.join(t.__name__ for t in layer_types)})")
         for layer_type in layer_types:
             RULES[layer_type] = rule
         return rule

@@ -54,10 +54,10 @@ def run_command(args: list) -> None:
     from dpgrid.api import check_sweep
     from dpgrid.jobs import launch
     from dpgrid.config import register
-    from dpgrid.config.selection import selection_overrides
+    from dpgrid.config.renamed import as_written_now
     from dpgrid.results.files import directory_setting, outermost_missing
 
-    args = selection_overrides(args)  # privacy.selection=NAME, as written before it was a config option
+    args = as_written_now(args)
     if {"-m", "--multirun"} & set(args):
         overrides = [a for a in args if a not in ("-m", "--multirun")]
         with directory_setting("hydra.sweep.dir=..."):

@@ -225,7 +225,7 @@ def train_grid(spec, out: Path, progress: bool, on_lock=None) -> "Trained":
     # A selection's console and cli.log say nothing that depends on the candidates: not their number
     # (a bar's total, a line per run) nor their scores. Those stay in the private files.
     quiet = procedure.releases_best_only
-    work, conv_methods, engine, trained = [], MethodChoice(spec.train.conv_method), None, 0
+    work, conv_methods, engine, trained = [], MethodChoice(spec.train.per_sample_method), None, 0
     for number, phase in enumerate(procedure.phases(out, spec, list(spec.to_train), data)):
         if number == 0:  # after the first phase's draw, which may refuse the grid
             ledger.record_draws(out, spec)

@@ -342,7 +342,7 @@ def grid_job(model_name, mode, setting="auto"):
     size = 1 if mode == "sequential" else group_size(setting, model, spec.strategy_cls, len(runs),
                                                      spec.plan.batch_size, DEVICE, data.x_train[:1])[0]
 
-    methods = MethodChoice(spec.train.conv_method)  # one choice of each convolution's form per grid, as a run makes
+    methods = MethodChoice(spec.train.per_sample_method)  # one choice of each convolution's form per grid, as a run makes
 
     def job():
         for start in range(0, len(runs), size):
@@ -499,7 +499,7 @@ def main():
     parser.add_argument("--default-malloc", action="store_true",
                         help="leave glibc's malloc at its defaults (dpgrid run keeps freed memory for reuse)")
     parser.add_argument("--conv-method", default="auto", choices=["auto", *CONV_METHODS],
-                        help="a convolution's per-sample method (train.conv_method; auto: measured on the first batch)")
+                        help="a convolution's per-sample method (train.per_sample_method; auto: measured on the first batch)")
     parser.add_argument("--record", nargs="?", const=RECORD, default=None,
                         help="write the report as the benchmark record (default benchmarks/steps.json), with the "
                         "machine, the commit and the command")

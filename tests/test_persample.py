@@ -283,15 +283,34 @@ def test_a_strided_convolution_is_given_only_the_methods_that_compute_it():
         "grouped", "grouped64", "backward32", "backward128"]
     forced = MethodChoice("unfold64")  # not offered for this layer: its first form, measured nothing
     assert forced.pick("key", "a strided layer", {"grouped": lambda: "grouped's", "backward32": lambda: 0}) == "grouped's"
-    assert forced.describe() == ["a strided layer: grouped (train.conv_method)"]
+    assert forced.describe() == ["a strided layer: grouped (train.per_sample_method)"]
     assert applicable(nn.Conv2d(2, 4, 3, groups=2)) == ["backward32", "backward128"]
     assert applicable(nn.ConvTranspose2d(2, 3, 3, stride=2)) == ["backward32", "backward128"]
 
 
-def test_the_config_offers_the_methods_the_engine_has():
-    from dpgrid.config.checks import CONV_METHODS as offered
+def test_the_config_offers_the_forms_the_rules_have():
+    """train.per_sample_method names every form a rule offers: the convolutions' methods and Linear's two."""
+    from dpgrid.config.checks import PER_SAMPLE_METHODS
+    from dpgrid.training.rules import linear
 
-    assert set(offered) == set(CONV_METHODS)
+    assert set(PER_SAMPLE_METHODS) == set(CONV_METHODS) | {"ghost", "per_sample"}
+    for form in ("ghost", "per_sample"):  # each forces a Linear layer on sequences
+        choice, layer = MethodChoice(form), nn.Linear(4, 3)
+        linear.LinearRule(layer, torch.randn(5, 6, 4), torch.randn(5, 6, 3), choice, ("weight", "bias")).sq_norms()
+        assert choice.summary() == form
+
+
+def test_the_old_key_of_the_per_sample_method_sets_the_new_one_with_a_warning():
+    from dpgrid.api import compose
+
+    with pytest.warns(UserWarning, match=r"train.conv_method is now train.per_sample_method \(it chooses the "
+                                         r"per-sample form of every layer"):
+        cfg = compose(["train.conv_method=grouped"])
+    assert cfg.train.per_sample_method == "grouped" and "conv_method" not in cfg.train
+    from dpgrid.config import compile
+
+    with pytest.raises(DpgridError, match="train.per_sample_method"), pytest.warns(UserWarning):
+        compile(compose(["train.conv_method=nonsense"]), plan=False)
 
 
 @pytest.mark.parametrize("case", ["cnn", "autoencoder", "strided_conv", "wide_convs", "same_padding"])

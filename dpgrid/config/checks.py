@@ -115,8 +115,10 @@ def is_number(v) -> bool:
 
 BUDGETS = ("per_grid", "per_run")
 SAVE_MODELS = ("released", "all", "none")  # train.save_models (dpgrid.results.models)
-CONV_METHODS = ("grouped", "grouped64", "depthwise64", "backward32", "backward128", "unfold16",
-                "unfold64")  # train.conv_method besides auto (dpgrid.training.rules.convolution)
+# train.per_sample_method besides auto: a convolution's forms (dpgrid.training.rules.convolution) and a Linear layer's on
+# sequences (dpgrid.training.rules.linear)
+PER_SAMPLE_METHODS = ("grouped", "grouped64", "depthwise64", "backward32", "backward128", "unfold16", "unfold64",
+                      "ghost", "per_sample")
 
 
 def check_config(cfg, n_train: int = None) -> list:
@@ -155,7 +157,7 @@ def check_config(cfg, n_train: int = None) -> list:
         warnings.append("train.sampling=shuffle: fixed-size shuffled batches are NOT covered by the Poisson analysis; "
                         "these runs claim no epsilon (epsilon_spent is empty, rows marked 'not DP')")
     read.choice("train.engine", ("auto", "fast", "func"))
-    read.choice("train.conv_method", ("auto", *CONV_METHODS))
+    read.choice("train.per_sample_method", ("auto", *PER_SAMPLE_METHODS))
     read.choice("train.save_models", SAVE_MODELS)
     threads = str(read.get("train.threads"))
     if threads != "auto" and not (threads.isdigit() and int(threads) >= 1):

@@ -39,7 +39,7 @@ class Training:
     threads: str = "auto"  # torch threads: auto (chosen when the grid runs, dpgrid.training.threads) or a number
     parallel_runs: str = "auto"  # runs trained stacked: auto (dpgrid.training.stacked.group_size) or a number
     save_models: str = "released"  # released | all | none (dpgrid.results.models)
-    conv_method: str = "auto"    # a convolution's per-sample method: auto (measured) or one (dpgrid.training.rules.convolution)
+    per_sample_method: str = "auto"  # each layer's per-sample form where a rule offers several: auto (measured) or one
     engine_setting: str = "auto"  # train.engine as set: auto | fast (the first batch's proof refuses, not falls back) | func
     steps: Optional[int] = None   # train.steps: T itself, in place of epochs (None: T from the epochs)
 
@@ -130,7 +130,7 @@ def compile(cfg, n_train: int = None, plan: bool = True, before_plan=None) -> Gr
                        sampling=str(cfg.train.sampling), device=str(cfg.train.device), engine=str(cfg.train.engine),
                        float64=bool(cfg.train.float64), secure_rng=bool(cfg.privacy.secure_rng),
                        threads=str(cfg.train.threads), parallel_runs=str(cfg.train.parallel_runs),
-                       save_models=str(cfg.train.save_models), conv_method=str(cfg.train.conv_method),
+                       save_models=str(cfg.train.save_models), per_sample_method=str(cfg.train.per_sample_method),
                        engine_setting=str(cfg.train.engine), steps=None if steps is None else int(steps)),
         dataset=dataset, model=target_of(own_keys(read_only(cfg.model)), "model"), start=start,
         data_root=str(cfg.data.root), protocol=str(cfg.protocol), overwrite=bool(cfg.overwrite), stopping_seed=int(privacy["stopping_seed"]),

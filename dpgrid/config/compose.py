@@ -9,8 +9,8 @@ import shlex
 from dpgrid import DpgridError
 from dpgrid.config import groups
 from dpgrid.config.checks import wrong_type
-from dpgrid.config.groups import config_dir
-from dpgrid.config.selection import selection_keys, selection_overrides, selection_owners
+from dpgrid.config.renamed import as_written_now
+from dpgrid.config.selection import selection_keys, selection_owners
 from dpgrid.specs import MODEL_KEYS
 
 
@@ -25,10 +25,10 @@ def compose(overrides=(), with_hydra: bool = False):
     from dpgrid.config import register
 
     register()  # the schema and resolvers, made known to Hydra when a config is first composed
-    overrides = selection_overrides(overrides)  # privacy.selection=NAME, as written before it was a config option
+    overrides = as_written_now(overrides)
     refuse_added_settings(overrides)
     try:
-        with initialize_config_dir(version_base="1.3", config_dir=config_dir(), job_name="dpgrid"):
+        with initialize_config_dir(version_base="1.3", config_dir=groups.config_dir(), job_name="dpgrid"):
             try:
                 cfg = hydra_compose("config", overrides=overrides, return_hydra_config=with_hydra)
             except HydraException as e:

@@ -44,7 +44,7 @@ class TrainConfig:
     sampling: str = MISSING
     device: str = MISSING
     engine: str = MISSING
-    conv_method: str = "auto"
+    per_sample_method: str = "auto"
     float64: bool = False
     threads: str = "auto"
     parallel_runs: str = "auto"

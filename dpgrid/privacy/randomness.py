@@ -88,15 +88,21 @@ def permutation(n: int, source) -> torch.Tensor:
     return torch.randperm(n, generator=source)
 
 
+def to_device(tensor: torch.Tensor, device) -> torch.Tensor:
+    """A CPU tensor on `device`: on CUDA one pinned, non-blocking copy, so that the host does not wait for the GPU's
+    queue (batches, masks and secure noise are drawn on the CPU every step)."""
+    if torch.device(device).type == "cuda":
+        return tensor.pin_memory().to(device, non_blocking=True)
+    return tensor
+
+
 def standard_normal(shape, source, device, dtype, out=None) -> torch.Tensor:
     """N(0, I) from a seeded torch.Generator or a SecureRandom; written into `out` (contiguous) when given."""
     if isinstance(source, torch.Generator):
         if out is not None:
             return torch.randn(shape, generator=source, out=out)
         return torch.randn(shape, generator=source, device=device, dtype=dtype)
-    z = source.normal(shape).to(dtype)  # drawn on the CPU from the OS's bytes, in float64, rounded once
-    if torch.device(device).type == "cuda":  # one pinned, non-blocking copy: no wait for the GPU's queue
-        z = z.pin_memory().to(device, non_blocking=True)
+    z = to_device(source.normal(shape).to(dtype), device)  # drawn on the CPU from the OS's bytes, rounded once
     return z if out is None else out.copy_(z, non_blocking=True)
 
 

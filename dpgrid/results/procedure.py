@@ -134,6 +134,13 @@ class Procedure:
         return ""
 
 
+def other_analyses(plan) -> str:
+    """What the plan's noise spends under each selection analysis but the one it was calibrated with, for its
+    description ("" where there is no other)."""
+    return ", ".join(f"{eps:.5g} by {name}" for name, eps in plan.record.epsilon_by_analysis.items()
+                     if name != plan.record.selection_accountant)
+
+
 def configuration_lines(plan, notes: dict = None) -> list:
     """`dpgrid plan`'s line per configuration, with what a procedure notes of each (`notes`: by config_id)."""
     return [f"    {c['config_id']} " + " ".join(f"{k}={v:.4g}" for k, v in c.items() if k != "config_id")

@@ -11,7 +11,7 @@ import pandas as pd
 
 from dpgrid import DpgridError
 from dpgrid.results.draws import draw_candidates
-from dpgrid.results.procedure import Phase, Procedure, configuration_lines, seed_names
+from dpgrid.results.procedure import Phase, Procedure, configuration_lines, other_analyses, seed_names
 from dpgrid.results.runs import summarize
 
 
@@ -211,8 +211,7 @@ class RandomStoppingProcedure(Procedure):
                  "poisson": f"mu = {stop['mean']:g}",
                  "binomial": f"{stop.get('rounds')} rounds, p = {stop.get('p', 0):.4g}",
                  "liu_talwar": f"stop probability {stop.get('gamma', 0):.4g}, at most {stop.get('max_candidates')}"}
-        others = ", ".join(f"{eps:.5g} by {name}" for name, eps in plan.record.epsilon_by_analysis.items()
-                           if name != plan.record.selection_accountant)
+        others = other_analyses(plan)
         return [f"  random-stopping selection, {stop['rule']} ({shape[stop['rule']]}): {stop['mean']:g} candidates "
                 f"expected, each a configuration drawn from the grid and trained {plan.seeds} times",
                 f"  budget (eps, delta) = ({plan.epsilon:g}, {plan.delta:g}) for the whole selection; it covers "

@@ -9,7 +9,7 @@ import pandas as pd
 from dpgrid import DpgridError
 from dpgrid.results.files import read_frame, read_json, write_json
 from dpgrid.results.runs import REPAIR, same, summarize
-from dpgrid.results.procedure import Phase, configuration_lines, seed_names
+from dpgrid.results.procedure import Phase, configuration_lines, other_analyses, seed_names
 from dpgrid.results.selection import RandomStoppingProcedure, candidate_summary
 
 TUNING_SET = "tuning_set.json"
@@ -216,8 +216,7 @@ class SubsampleTuningProcedure(RandomStoppingProcedure):
         where = "the full data" if t["final_data"] == "full" else "the examples outside the tuning set"
         split = ("one noise multiplier for both phases (privacy.selection.tuning_split=shared)" if t["split"] == "shared" else
                  f"the tuning phase alone spends {t['split']:g} x epsilon (privacy.selection.tuning_split)")
-        others = ", ".join(f"{eps:.5g} by {name}" for name, eps in plan.record.epsilon_by_analysis.items()
-                           if name != plan.record.selection_accountant)
+        others = other_analyses(plan)
         return [f"  tuning on a subsample: each example joins the tuning set with probability q1 = {t['rate']:g} "
                 f"(about {t['rate'] * plan.n_train:,.0f} of {plan.n_train:,})",
                 f"  budget (eps, delta) = ({plan.epsilon:g}, {plan.delta:g}) for the whole procedure; it covers "

@@ -22,6 +22,7 @@ from torch import nn
 from torch.func import functional_call, grad, vmap
 
 from dpgrid import DpgridError, tasks
+from dpgrid.privacy.randomness import to_device
 from dpgrid.training.rules import MethodChoice, disjoint_subsets, rule_for, why_unserved
 
 
@@ -119,9 +120,9 @@ class OneRunEngine:
     G, dpgrid.training.stacked)."""
 
     def gradients(self, data, indices: list) -> PerSampleGrads:
+        """The run's batch (`indices`: one index tensor) taken from `data`."""
         (idx,) = indices
-        if data.x_train.is_cuda:  # pinned + non_blocking: the copy does not wait for the GPU's queue
-            idx = idx.pin_memory().to(data.x_train.device, non_blocking=True)
+        idx = to_device(idx, data.x_train.device)
         return self(data.x_train[idx], data.y_train[idx])
 
 

@@ -23,6 +23,7 @@ import os
 import torch
 from torch import nn
 
+from dpgrid.privacy.randomness import to_device
 from dpgrid.training.persample import PerSampleGrads, check_model, per_sample_losses
 from dpgrid.training.rules import MethodChoice, rule_for, why_unserved
 
@@ -213,6 +214,5 @@ def padded_batch(data, indices: list) -> tuple:
     for run, idx in enumerate(indices):
         rows[run, :len(idx)] = idx
         mask[run, :len(idx)] = 1
-    if data.x_train.is_cuda:  # pinned and non-blocking: the copy does not wait for the GPU's queue
-        rows, mask = (t.pin_memory().to(data.x_train.device, non_blocking=True) for t in (rows, mask))
+    rows, mask = to_device(rows, data.x_train.device), to_device(mask, data.x_train.device)
     return data.x_train[rows], data.y_train[rows], mask

@@ -107,7 +107,7 @@ def disjoint_subsets(w):
 
 class MethodChoice:
     """Where two exact forms of a rule compete, the cheaper for the layer's shape and device: `setting`
-    (train.conv_method) forces one where the rule offers it; `auto` times every offered form on the first batch that
+    (train.per_sample_method) forces one where the rule offers it (a rule that does not takes its first); `auto` times every offered form on the first batch that
     reaches a shape (one warm-up and two timed calls each, synchronised on CUDA), keeps the fastest and reuses it, as
     cuDNN's benchmark mode does. The forms are exact; they differ in speed and float rounding only. One choice serves
     a whole grid."""
@@ -139,7 +139,7 @@ class MethodChoice:
         for description, name, times in self.chosen.values():
             measured = ", ".join(f"{m} {t * 1e3:.1f} ms" for m, t in sorted(times.items(), key=lambda kv: kv[1]))
             lines.append(f"{description}: {name}" + (f" ({measured}, measured on the first batch)" if times else
-                                                     " (train.conv_method)"))
+                                                     " (train.per_sample_method)"))
         return lines
 
     def summary(self) -> str:

@@ -20,7 +20,7 @@ def check_stacked(strategy: str, *overrides: str, rtol: float = 1e-9) -> int:
     """Train `strategy`'s small grid (`overrides`: Hydra overrides, its search path among them) one run at a time and
     as one stacked group; AssertionError naming the run, the validation and the value that differ. Returns how many
     values were compared."""
-    from dpgrid.api import compose
+    from dpgrid.config.compose import compose
     from dpgrid.config import check_loaded, compile
     from dpgrid.data import load
     from dpgrid.runner import train_together

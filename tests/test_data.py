@@ -218,6 +218,7 @@ def test_digits_is_embedded():
     assert sorted(d.y_train.unique().tolist()) == list(range(10))
 
 
+@pytest.mark.slow  # reads and checks 140,000 real images (3 s)
 def test_real_mnist_and_fashion_mnist(shared_data):
     m = load(MNIST, shared_data)
     assert m.x_train.shape == (60000, 1, 28, 28) and m.x_test.shape == (10000, 1, 28, 28)

@@ -63,6 +63,7 @@ def test_the_docs_need_nothing_outside_the_repository():
 REFUSED_ON_PURPOSE = {"strategy.clip0=-1"}  # the README times a refusal
 
 
+@pytest.mark.slow  # plans every command the docs quote (4-6 s)
 def test_the_commands_the_readme_quotes_still_run():
     """Every `dpgrid run|plan ...` the README and docs/usage.md quote (beside its times and figures) still composes and compiles
     (the one refusal it times is still refused), and every `python scripts/...` still exists and takes the

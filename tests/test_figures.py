@@ -49,6 +49,7 @@ def drawn(tmp_path_factory):
     return found
 
 
+@pytest.mark.slow  # renders every kind of figure, PNG and PDF (3-4 s); other captions are read in the fast layer
 def test_every_figure_has_its_caption_beside_it(tmp_path):
     tree = make_tree(tmp_path / "outputs", ("online", "fixed_quantile"), (3,))  # each kind of figure, rendered
     written = write_tables(tree)

@@ -148,6 +148,7 @@ def test_models_train_in_float64_and_load_so(tmp_path):
     assert {p.dtype for p in model.parameters()} == {torch.float64} and not model.training
 
 
+@pytest.mark.slow  # a fresh Python that imports torch without dpgrid (3-5 s): it must be a process of its own
 def test_the_readmes_plain_pytorch_load_scores_as_the_statement_says(tmp_path):
     """The README's load without dpgrid, run in a process that never imports it: the released model of the default
     job's model and data scores what model.json says (its architecture and split are stated there)."""

@@ -48,15 +48,15 @@ class LoRALinear(nn.Module):
 def read_checkpoint(path: str, sha256: str = None) -> dict:
     """The state dict a .safetensors file holds; DpgridError in one line when there is none, or when its bytes are not
     those of `sha256` (the checksum the grid was planned with: every run starts from the file the identity names)."""
-    import hashlib
-
     from safetensors import SafetensorError
     from safetensors.torch import load
+
+    from dpgrid.privacy.provenance import checksum
 
     if not Path(path).is_file():
         raise DpgridError(f"model.init: no file {path}")
     data = Path(path).read_bytes()
-    if sha256 is not None and hashlib.sha256(data).hexdigest() != sha256:
+    if sha256 is not None and checksum(data) != sha256:
         raise DpgridError(f"model.init: {path} changed since the grid was planned (its checksum is the grid's "
                           "identity): restore it, or run the grid again with the new file")
     try:

@@ -127,10 +127,14 @@ def release_cover(covered: dict, events, accountant: str, provenance: Provenance
     return covered, part
 
 
-def checksum(path: str) -> str:
-    """The checkpoint's SHA-256, read afresh (a checkpoint is read whole once per grid anyway)."""
+def checksum(source) -> str:
+    """A checkpoint's SHA-256 (the grid's identity): of its file, read afresh, or of its bytes already read (the one
+    digest both the plan and the run that loads the checkpoint compare)."""
     digest = hashlib.sha256()
-    with open(path, "rb") as f:
+    if isinstance(source, (bytes, bytearray, memoryview)):
+        digest.update(source)
+        return digest.hexdigest()
+    with open(source, "rb") as f:
         for block in iter(lambda: f.read(1 << 20), b""):
             digest.update(block)
     return digest.hexdigest()

@@ -112,13 +112,14 @@ def test_a_stacked_group_on_cuda_matches_its_runs_trained_alone(tmp_path):
 
 def test_the_group_size_follows_the_devices_free_memory():
     from dpgrid.models import build_model
-    from dpgrid.training.stacked import available_memory, bytes_per_run, group_size
+    from dpgrid.training.stacked import available_memory, bytes_per_run, group_size, per_sample_sizes
 
     from .conftest import strategy_class
 
     mlp = build_model(load_cfg("digits", "online").model).cuda()
     size, why = group_size("auto", mlp, strategy_class("online"), 35, 128, torch.device("cuda"))
-    assert why == "" and size == min(35, 64, available_memory(torch.device("cuda")) // 4 // bytes_per_run(mlp, 128))
+    per_run = bytes_per_run(mlp, 128, per_sample_sizes(mlp)[1])
+    assert why == "" and size == min(35, 64, available_memory(torch.device("cuda")) // 4 // per_run)
     assert available_memory(torch.device("cuda")) == torch.cuda.mem_get_info()[0]
 
 

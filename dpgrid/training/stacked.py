@@ -35,6 +35,11 @@ MAX_GROUP = 64    # auto's largest group: a group's runs are committed when it e
 CPU_STACK_WORK = 10_000_000
 
 
+def owns_parameters(layer: nn.Module) -> bool:
+    """A parametrised layer of a Sequential (a parameter-free one is applied to the runs' samples as one batch)."""
+    return any(True for _ in layer.parameters())
+
+
 def why_not_stacked(model: nn.Module, strategy_cls) -> str:
     """Why a grid's runs cannot train stacked ('' when they can), in words for a one-line message."""
     if not strategy_cls.stacks:
@@ -44,7 +49,7 @@ def why_not_stacked(model: nn.Module, strategy_cls) -> str:
     if not all(p.requires_grad for p in model.parameters()):
         return "part of the model is frozen (train.trainable): such runs train one at a time"
     for layer in model:
-        if any(True for _ in layer.parameters()):
+        if owns_parameters(layer):
             rule = rule_for(layer)
             if rule is None or not rule.stacks or why_unserved(layer) or any(True for _ in layer.children()):
                 return f"the model has {type(layer).__name__} layers (no stacked form: they train one run at a time)"
@@ -70,7 +75,7 @@ def per_sample_sizes(model: nn.Module, sample: torch.Tensor = None) -> tuple:
     on flat inputs)."""
     import copy
 
-    layers = [layer for layer in model if any(True for _ in layer.parameters())]
+    layers = [layer for layer in model if owns_parameters(layer)]
     if sample is None:
         shapes = [layer.weight.shape for layer in layers]
         return sum(layer.weight.numel() for layer in layers), shapes[0][1] + sum(shape[0] for shape in shapes)
@@ -78,7 +83,7 @@ def per_sample_sizes(model: nn.Module, sample: torch.Tensor = None) -> tuple:
     work, elements = 0, x.numel()
     for layer in meta:
         inputs, x = x, layer(x)
-        if any(True for _ in layer.parameters()):
+        if owns_parameters(layer):
             weight = layer.weight
             applied = inputs if getattr(layer, "transposed", False) else x
             work += applied.numel() * max(1, weight.numel() // weight.shape[0])
@@ -86,11 +91,10 @@ def per_sample_sizes(model: nn.Module, sample: torch.Tensor = None) -> tuple:
     return work, elements
 
 
-def bytes_per_run(model: nn.Module, batch_size: int, sample: torch.Tensor = None) -> int:
+def bytes_per_run(model: nn.Module, batch_size: int, elements: int) -> int:
     """What one run adds to a group: its state (STATE_COPIES x the parameters) and its batch's activations and
-    output gradients (a Poisson batch padded to 1.5 B)."""
+    output gradients (a Poisson batch padded to 1.5 B; `elements`: one sample's, per_sample_sizes)."""
     itemsize = next(model.parameters()).element_size()
-    elements = per_sample_sizes(model, sample)[1]
     return itemsize * (STATE_COPIES * sum(p.numel() for p in model.parameters()) + 3 * int(1.5 * batch_size) * elements)
 
 
@@ -105,16 +109,17 @@ def group_size(setting: str, model: nn.Module, strategy_cls, runs: int, batch_si
         return 1, why
     if str(setting) != "auto":
         return min(int(setting), runs), ""
-    slower = sorted({type(layer).__name__ for layer in model if any(True for _ in layer.parameters())
-                     and not rule_for(layer).auto_stacks})
+    slower = sorted({type(layer).__name__ for layer in model
+                     if owns_parameters(layer) and not rule_for(layer).auto_stacks})
     if slower:
         return 1, (f"{', '.join(slower)} layers stack (one grouped kernel for the group) but measured slower stacked than "
                    "one run at a time; train.parallel_runs=N stacks N runs anyway")
-    work = per_sample_sizes(model, sample)[0] * batch_size
+    per_sample, elements = per_sample_sizes(model, sample)  # shapes followed once, for the work and the memory
+    work = per_sample * batch_size
     if device.type == "cpu" and work > CPU_STACK_WORK:
         return 1, (f"a step of this model is bound by its arithmetic on a CPU, {work:,} multiply-adds per step, "
                    "which stacking does not make cheaper; train.parallel_runs=N stacks N runs anyway")
-    fits = available_memory(device) // 4 // max(1, bytes_per_run(model, batch_size, sample))
+    fits = available_memory(device) // 4 // max(1, bytes_per_run(model, batch_size, elements))
     return max(1, min(runs, MAX_GROUP, fits)), ""
 
 

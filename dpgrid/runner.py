@@ -70,7 +70,8 @@ def train_together(spec, data, runs: list, progress: bool = False, conv_methods:
     models = [initial_model(spec, seed, device, checkpoint) for _, seed in runs]
     samplers, noise_sources = zip(*(sources(spec, config, seed, device, phase) for config, seed in runs))
     configs = [config for config, _ in runs]
-    lengths = {procedure_of(spec.plan.method).run_steps(spec.plan, c["config_id"]) for c in configs}
+    procedure = procedure_of(spec.plan.method)
+    lengths = {procedure.run_steps(spec.plan, c["config_id"]) for c in configs}
     if len(lengths) > 1:  # only the noise schedules' T differ by configuration, and their strategies do not stack
         raise RuntimeError(f"runs of {len(lengths)} lengths cannot train stacked")
     steps = lengths.pop()
@@ -87,7 +88,7 @@ def train_together(spec, data, runs: list, progress: bool = False, conv_methods:
         engine, params = watcher.engine, [*params, *watcher.params]
     strategy = build_strategy(spec, params, hp, noise_source, steps, phase)
     # a selection's lines say nothing that grows with the candidates drawn: no progress line without a terminal
-    ticking = progress and not procedure_of(spec.plan.method).releases_best_only
+    ticking = progress and not procedure.releases_best_only
     results = train_runs(models, engine, strategy, data, steps, spec.plan.sample_rate, spec.train.eval_every,
                          list(samplers), spec.train.sampling, progress, ticking, watcher)
     if watcher is not None:
@@ -265,12 +266,7 @@ def check_sealed(out: Path, spec) -> None:
     if not found:
         return
     if seal.recorded(out) is None:
-        if ledger.kept(spec):
-            ledger.start_over(out, spec, found)
-        else:
-            import warnings
-
-            warnings.warn(seal.resume(out, found, spec.overwrite))
+        refuse_or_resume(out, spec, found)
         return
     bad = seal.unsealed(out)
     if "summary.csv" in bad:  # derived from runs.csv, written again at the end of this command
@@ -283,8 +279,13 @@ def check_sealed(out: Path, spec) -> None:
         from dpgrid.results.runs import read_runs
 
         read_runs(out / "runs.csv", [c["config_id"] for c in spec.plan.configurations], spec.config_hash)
-    found = (f"{out / edited[0]} holds lines its grid did not write (a number edited or a row added after it was "
-             f"sealed: {out / seal.DIGESTS})")
+    refuse_or_resume(out, spec, f"{out / edited[0]} holds lines its grid did not write (a number edited or a row added "
+                     f"after it was sealed: {out / seal.DIGESTS})")
+
+
+def refuse_or_resume(out: Path, spec, found: str) -> None:
+    """Results in `out` its grid did not write as they are (`found`, in words): a secure grid (its ledger kept) is
+    refused, or starts a new release with overwrite=true; a seeded one says so and trains again what it must."""
     if ledger.kept(spec):
         ledger.start_over(out, spec, found)
     else:

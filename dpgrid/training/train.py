@@ -123,8 +123,10 @@ class Ticker:
         self.last = self.start
 
     def __call__(self, step: int) -> None:
+        if not self.on:  # called every step: nothing more where a terminal shows the bar
+            return
         now = time.perf_counter()
-        if not self.on or now - self.last < PROGRESS_S or step <= 1:
+        if now - self.last < PROGRESS_S or step <= 1:
             return
         self.last = now
         left = (now - self.start) / (step - 1) * (self.steps - step + 1)

@@ -112,6 +112,7 @@ def launcher_errors_raised():
 def kept_if_nothing_queued(overrides: list):
     """A SLURM sweep refused before any job was queued changes no file of an existing sweep folder: Hydra writes the
     sweep's multirun.yaml before the launcher submits, and it is put back as it was."""
+    from dpgrid import DpgridError
     from dpgrid.config.compose import compose, sweep_jobs
 
     first = next(iter(sweep_jobs(overrides)), None)
@@ -121,8 +122,6 @@ def kept_if_nothing_queued(overrides: list):
     record, jobs = (folder / "multirun.yaml", folder / ".submitit" / "dpgrid_jobs.json") if slurm else (None, None)
     before = (record.read_bytes() if record.is_file() else None, jobs.read_bytes() if jobs.is_file() else None) \
         if slurm else (None, None)
-    from dpgrid import DpgridError
-
     try:
         yield
     except (SystemExit, DpgridError):

@@ -145,7 +145,8 @@ def audit_command(args: list) -> int:
     spec = replace(spec, observer=AuditSpec(threat, m, coins, seed, spec.plan.sample_rate, spec.dataset.classes))
     start = time.perf_counter()
     train(spec, out / "grid", progress=True)
-    scores, released = canary_scores(spec, out / "grid", data)
+    runs = read_runs(out / "grid")
+    scores, released = canary_scores(spec, out / "grid", data, runs)
     claimed = spec.plan.epsilon_with_seeds if spec.plan.private and spec.plan.epsilon_spent is not None else None
     confidence = options["--confidence"]
     nothing = {"epsilon_lower_bound": 0.0, "guesses": 0, "correct": 0, "tried": []}
@@ -156,10 +157,10 @@ def audit_command(args: list) -> int:
               "threat_model": threat, "included": int(sum(coins)), "guesses": found["guesses"],
               "correct": found["correct"], "tried": found["tried"],
               "epsilon_fdp": {k: estimated[k] for k in ("epsilon_lower_bound", "guesses", "correct", "tried")},
-              "mechanism": mechanism(spec, out / "grid", coins, data.n_train, confidence) if threat == "white_box"
-              else None,
+              "mechanism": mechanism(spec, out / "grid", runs, coins, data.n_train, confidence)
+              if threat == "white_box" else None,
               "released_runs": released,
-              "runs": len(json_lines(out / "grid" / "runs.csv")), "strategy": spec.plan.strategy,
+              "runs": len(runs), "strategy": spec.plan.strategy,
               "dataset": spec.plan.dataset, "selection": spec.plan.selection, "seed": seed,
               "seconds": round(time.perf_counter() - start, 1), "grid": str(out / "grid"), "overrides": overrides}
     write_json(out / "audit.json", record)
@@ -173,16 +174,22 @@ def audit_command(args: list) -> int:
     return 1 if falsified or (record["mechanism"] or {}).get("verdict") == "differs" else 0
 
 
-def mechanism(spec, grid: Path, coins: tuple, n_train: int, confidence: float) -> dict:
-    """The mechanism test (dpgrid.audit.mechanism) over every run the grid trained."""
+def read_runs(grid: Path):
+    """The audited grid's runs.csv, read once for the scores, the mechanism test and the count (empty where no run
+    was committed)."""
     import pandas as pd
 
+    return pd.read_csv(grid / "runs.csv") if (grid / "runs.csv").exists() else pd.DataFrame()
+
+
+def mechanism(spec, grid: Path, runs, coins: tuple, n_train: int, confidence: float) -> dict:
+    """The mechanism test (dpgrid.audit.mechanism) over every run the grid trained (`runs`: its runs.csv)."""
     from dpgrid.audit.mechanism import RunSteps, measure
 
     column = spec.strategy_cls.gradient_query or "noise_multiplier"
-    runs = [RunSteps.load(grid / "audit" / f"{row.config_id}_seed{row.seed}_steps.npz", coins, getattr(row, column))
-            for row in pd.read_csv(grid / "runs.csv").itertuples()]
-    return measure(runs, n_train, spec.plan.batch_size, spec.plan.sample_rate, confidence, spec.strategy_cls,
+    steps = [RunSteps.load(grid / "audit" / f"{row.config_id}_seed{row.seed}_steps.npz", coins, getattr(row, column))
+             for row in runs.itertuples()]
+    return measure(steps, n_train, spec.plan.batch_size, spec.plan.sample_rate, confidence, spec.strategy_cls,
                    dict(spec.plan.per_query))
 
 
@@ -207,10 +214,6 @@ def check_memory(canaries: int, threat: str, steps: int) -> None:
                           f"({2 * free / 2 ** 30:,.1f} GiB): at most {most:,} canaries here")
 
 
-def json_lines(path: Path) -> list:
-    return path.read_text().splitlines()[1:] if path.exists() else []
-
-
 def summary_line(record: dict) -> str:
     claimed = f"epsilon = {record['epsilon_claimed']:.4g}" if record["epsilon_claimed"] is not None else "no epsilon"
     return (f"audit ({record['threat_model'].replace('_', '-')}, {record['canaries']} canaries, "
@@ -220,9 +223,9 @@ def summary_line(record: dict) -> str:
             f"claimed {claimed}, delta = {record['delta']:g}")
 
 
-def canary_scores(spec, grid: Path, data) -> tuple:
+def canary_scores(spec, grid: Path, data, runs) -> tuple:
     """(each canary's score, summed over the released runs; the released runs as "config_id seed") from what the
-    grid released. No release (every run diverged): (None, [])."""
+    grid released (`runs`: its runs.csv). No release (every run diverged): (None, [])."""
     import numpy as np
 
     statement = grid / "model" / "model.json"
@@ -235,11 +238,11 @@ def canary_scores(spec, grid: Path, data) -> tuple:
     record = json.loads(statement.read_text())
     config_id = record["configuration"]["config_id"]
     # the released runs as the release chose them: (the run's seed, its index among the released models)
-    _, runs, _ = chosen_runs(spec, pd.read_csv(grid / "runs.csv"), pd.read_csv(grid / "summary.csv"))
-    released = [f"{config_id} seed {seed}" for seed, _ in runs]
+    _, chosen, _ = chosen_runs(spec, runs, pd.read_csv(grid / "summary.csv"))
+    released = [f"{config_id} seed {seed}" for seed, _ in chosen]
     if spec.observer.threat == "white_box":
-        return sum(np.load(grid / "audit" / f"{config_id}_seed{seed}.npy") for seed, _ in runs), released
-    return input_canary_scores(spec, grid, data, [index for _, index in runs]), released
+        return sum(np.load(grid / "audit" / f"{config_id}_seed{seed}.npy") for seed, _ in chosen), released
+    return input_canary_scores(spec, grid, data, [index for _, index in chosen]), released
 
 
 def input_canary_scores(spec, grid: Path, data, seeds: list):

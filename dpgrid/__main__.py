@@ -3,13 +3,13 @@ the command line included, never a traceback."""
 
 import signal
 
-from dpgrid.signals import starting
+from dpgrid.commands.signals import starting
 
 
 def main() -> None:
     for received in (signal.SIGTERM, signal.SIGINT):
         signal.signal(received, starting)
-    from dpgrid.cli import main as command
+    from dpgrid.commands.cli import main as command
 
     command()
 

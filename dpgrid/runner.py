@@ -13,12 +13,13 @@ import pandas as pd
 import torch
 from tqdm.auto import tqdm
 
-from dpgrid import DpgridError, data as data_mod, tasks
+from dpgrid import DpgridError, data as data_mod
+from dpgrid.data import tasks
 from dpgrid.config import check_loaded
 from dpgrid.results.curves import append_curves
 from dpgrid.results.files import (check_writable, environment, locked, outermost_missing, read_frame, read_json,
                                   remove_created, write_csv)
-from dpgrid.finetuning import read_checkpoint
+from dpgrid.models.finetuning import read_checkpoint
 from dpgrid.models import default_dtype, starting_model
 from dpgrid.training.rules import MethodChoice
 from dpgrid.training.persample import make_engine, trainable

@@ -54,7 +54,7 @@ def own_keys(model_cfg):
 @dataclass(frozen=True)
 class Start:
     """What a run's model starts from and which part of it trains (model.init, model.lora, train.trainable; applied
-    by dpgrid.finetuning.prepare)."""
+    by dpgrid.models.finetuning.prepare)."""
     init: Optional[str] = None         # a .safetensors checkpoint's path, as given
     init_sha256: Optional[str] = None  # its checksum: the grid's identity, so a changed file is another grid
     init_provenance: object = None     # what covers it (dpgrid.privacy.provenance.Provenance): its file's statement, or declared

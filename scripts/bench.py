@@ -37,7 +37,7 @@ import dpgrid
 from dpgrid import strategies
 from dpgrid.config.groups import options
 from dpgrid.models import autoencoder, bag_of_words, cnn
-from dpgrid.transformers import transformer, vit
+from dpgrid.models.transformers import transformer, vit
 from dpgrid.training.rules import MethodChoice
 from dpgrid.training.rules.convolution import CONV_METHODS
 from dpgrid.training.persample import make_engine, per_sample_losses

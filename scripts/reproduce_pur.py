@@ -24,7 +24,7 @@ import pandas as pd
 import dpgrid
 from omegaconf import OmegaConf
 from dpgrid.data import load
-from dpgrid import tasks
+from dpgrid.data import tasks
 
 PROTOCOL = OmegaConf.load(Path(__file__).with_suffix(".yaml"))  # schedules, datasets, the paper's Table 3
 POINTS = 100  # validations per run (the figure's resolution)

@@ -23,7 +23,7 @@ class Completed:
 
 def dpgrid(*args, cwd=None, path=()) -> Completed:
     """Run `dpgrid *args` in `cwd` with `path` prepended to sys.path (a user's plugin package)."""
-    from dpgrid.cli import main
+    from dpgrid.commands.cli import main
 
     keep_absl_off_captured_streams()
     out, err, code = io.StringIO(), io.StringIO(), 0

@@ -1,7 +1,7 @@
 """`python tests/paused.py READY GO AFTER dpgrid ARGS...`: `dpgrid ARGS...` in a real process that, right
 after committing its AFTER-th run (0: once it holds the run directory, before any run; -1: at start-up, as
 it composes its config; "finished": once it has said its results; a module's name: as that module starts to be
-imported, wherever the start-up imports it, e.g. torch.nn inside torch's own import, or dpgrid.cli as the command
+imported, wherever the start-up imports it, e.g. torch.nn inside torch's own import, or dpgrid.commands.cli as the command
 starts), creates the file READY and waits until the file GO exists. A test then acts at that moment (a signal, kill -9, a second
 writer) without racing the grid: the process is where the test wants it, however loaded the machine."""
 
@@ -19,7 +19,7 @@ def main() -> None:
             time.sleep(0.01)
 
     if sys.argv[3] == "finished":  # once the results are said: the command must end as a finished one
-        from dpgrid import signals
+        from dpgrid.commands import signals
 
         class Pausing(list):
             def append(self, item):
@@ -27,7 +27,7 @@ def main() -> None:
                 pause()
 
         signals.FINISHED = Pausing()
-        from dpgrid import cli
+        from dpgrid.commands import cli
         cli.FINISHED = signals.FINISHED
         sys.argv[1:] = sys.argv[5:]
         from dpgrid.__main__ import main as command  # as the `dpgrid` command starts
@@ -51,7 +51,7 @@ def main() -> None:
         return
     after = int(sys.argv[3])
     from dpgrid import runner
-    from dpgrid.cli import main as dpgrid
+    from dpgrid.commands.cli import main as dpgrid
 
     commit, header = runner.commit_run, runner.write_header
     commits = [0]
@@ -70,14 +70,16 @@ def main() -> None:
 
     runner.commit_run, runner.write_header = committed, holding
     if after < 0:
-        from dpgrid import api
-        compose = api.compose
+        import importlib
+
+        composing = importlib.import_module("dpgrid.config.compose")  # where the command line takes compose from
+        compose = composing.compose
 
         def starting(*args, **kwargs):
             pause()
             return compose(*args, **kwargs)
 
-        api.compose = starting
+        composing.compose = starting
     dpgrid(sys.argv[5:])
 
 

@@ -39,7 +39,7 @@ def test_plan_and_run_grid_from_python(tmp_path):
 
 
 def test_run_help_names_dpgrid_and_describes_every_setting(capsys):
-    from dpgrid.cli import main
+    from dpgrid.commands.cli import main
 
     main(["run", "--help"])
     out = capsys.readouterr().out
@@ -98,7 +98,7 @@ def test_the_command_line_leaves_the_process_as_it_found_it(tmp_path, capsys):
     import sys
     import warnings
 
-    from dpgrid.cli import main
+    from dpgrid.commands.cli import main
 
     def state():
         return (warnings.formatwarning, list(warnings.filters), signal.getsignal(signal.SIGTERM), sys.argv[:],

@@ -73,7 +73,7 @@ def test_the_transformers_step_without_a_host_wait(name):
     """The layer rules (Linear on sequences, Embedding, LayerNorm) ask nothing of the host on CUDA: no dead positions
     or shared rows looked for there."""
     from dpgrid.training.persample import make_engine
-    from dpgrid.transformers import transformer, vit
+    from dpgrid.models.transformers import transformer, vit
 
     g = torch.Generator().manual_seed(0)
     if name == "transformer":

@@ -11,7 +11,7 @@ from omegaconf import OmegaConf
 
 from dpgrid import DpgridError
 from dpgrid.data import load
-from dpgrid.datasets import embed, tokenize
+from dpgrid.data.datasets import embed, tokenize
 
 
 
@@ -33,7 +33,7 @@ def make_idx_root(root, folder="MNIST", n_train=12, n_test=5):
 
 
 def idx_cfg(name, folder, task, **extra):
-    return OmegaConf.create(dict(name=name, task=task, load={"_target_": "dpgrid.datasets.load_idx", "folder": folder},
+    return OmegaConf.create(dict(name=name, task=task, load={"_target_": "dpgrid.data.datasets.load_idx", "folder": folder},
                                  **extra))
 
 
@@ -120,7 +120,7 @@ def glove_txt(tmp_path):
 
 def ag_cfg(glove, max_words=3):
     return OmegaConf.create(dict(name="ag_news", task="classification", load={
-        "_target_": "dpgrid.datasets.load_ag_news", "max_words": max_words, "glove": str(glove)}))
+        "_target_": "dpgrid.data.datasets.load_ag_news", "max_words": max_words, "glove": str(glove)}))
 
 
 ROWS = [(3, "Stocks rise", "the stocks, rise"), (2, "Team wins", "game on"), (1, "Zzz unknown", "x")]
@@ -204,7 +204,7 @@ def test_tokenizer_and_padding():
 
 
 def test_packaged_glove_vectors_cover_common_words():
-    from dpgrid.datasets import load_glove
+    from dpgrid.data.datasets import load_glove
     index, vectors = load_glove()
     assert vectors.shape == (400000, 50) and index["the"] == 0 and "," in index
 
@@ -213,7 +213,7 @@ def test_packaged_glove_vectors_cover_common_words():
 
 def test_digits_is_embedded():
     d = load(OmegaConf.create(dict(name="digits", task="classification",
-                                   load={"_target_": "dpgrid.datasets.load_digits"})), "/nonexistent")
+                                   load={"_target_": "dpgrid.data.datasets.load_digits"})), "/nonexistent")
     assert d.x_train.shape == (1437, 64) and d.x_test.shape == (360, 64)
     assert sorted(d.y_train.unique().tolist()) == list(range(10))
 
@@ -236,7 +236,7 @@ def test_real_ag_news_test_split_as_a_scratch_train_test_pair(shared_data, tmp_p
     rows.iloc[:6000].to_csv(folder / "train.csv", header=False, index=False)
     rows.iloc[6000:].to_csv(folder / "test.csv", header=False, index=False)
     cfg = OmegaConf.create(dict(name="ag_news", task="classification", load={
-        "_target_": "dpgrid.datasets.load_ag_news", "max_words": 15, "glove": None}))
+        "_target_": "dpgrid.data.datasets.load_ag_news", "max_words": 15, "glove": None}))
     d = load(cfg, tmp_path)
     assert d.x_train.shape == (6000, 750) and d.x_test.shape == (1600, 750)
     assert (d.x_train != 0).any(dim=1).float().mean() > 0.99  # nearly every text has known words

@@ -19,7 +19,7 @@ SMALL = ["grid.k=2", "train.epochs=2", "train.seeds=2", "train.eval_every=5"]
 
 
 def process(*args, cwd=None):
-    return subprocess.run([sys.executable, "-m", "dpgrid.cli", *args], capture_output=True, text=True, cwd=cwd,
+    return subprocess.run([sys.executable, "-m", "dpgrid.commands.cli", *args], capture_output=True, text=True, cwd=cwd,
                           timeout=600)
 
 
@@ -157,7 +157,7 @@ def test_plan_into_a_closed_pipe_ends_quietly():
     import subprocess
     import sys
 
-    proc = subprocess.Popen([sys.executable, "-m", "dpgrid.cli", "plan", "strategy=fixed_threshold", "grid.k=60"],
+    proc = subprocess.Popen([sys.executable, "-m", "dpgrid.commands.cli", "plan", "strategy=fixed_threshold", "grid.k=60"],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     assert proc.stdout.readline().startswith("fixed_threshold on digits")
     proc.stdout.close()

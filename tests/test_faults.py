@@ -204,7 +204,7 @@ def test_one_writer_per_directory_and_nothing_lost(tmp_path, reference):
     before = snapshot(out)
     assert {".lock", ".hydra/config.yaml", "cli.log", "runs.csv"} <= {str(p) for p in before}
     second = dpgrid("run", *GRID, f"hydra.run.dir={out}")
-    third = subprocess.run([sys.executable, "-m", "dpgrid.cli", "run", *GRID, f"hydra.run.dir={out}"],
+    third = subprocess.run([sys.executable, "-m", "dpgrid.commands.cli", "run", *GRID, f"hydra.run.dir={out}"],
                            capture_output=True, text=True)
     for refused in (second, third):
         assert refused.returncode == 2 and len(errors(refused)) == 1, refused.stderr
@@ -274,7 +274,7 @@ def test_a_moved_data_directory_resumes_and_a_changed_file_is_named(tmp_path):
 # moments of start-up, each reached by design: composing the config; inside torch's own import (its modules half
 # initialised: whatever breaks after the signal is still the signal); Hydra's job machinery; the accountant; the
 # data's loader, once Hydra has made the run directory (which is removed again)
-START_UP = {"the command line's import": "dpgrid.cli", "compose": -1, "inside torch's import": "torch.nn",
+START_UP = {"the command line's import": "dpgrid.commands.cli", "compose": -1, "inside torch's import": "torch.nn",
             "Hydra's job": "hydra.core.utils", "the accountant": "opacus", "the data's loader": "sklearn.datasets"}
 
 

@@ -1,4 +1,4 @@
-"""Private fine-tuning (dpgrid.finetuning): a grid starts every run from a checkpoint (model.init), trains the part
+"""Private fine-tuning (dpgrid.models.finetuning): a grid starts every run from a checkpoint (model.init), trains the part
 train.trainable names, or LoRA adapters (model.lora); the checkpoint is the grid's identity by its checksum and is
 named, outside epsilon, in plan.json and model.json; bad input is one line."""
 
@@ -12,7 +12,7 @@ from safetensors.torch import load_file, save_file
 import dpgrid
 from dpgrid import DpgridError
 from dpgrid.config import compile
-from dpgrid.finetuning import LoRALinear, merged_state
+from dpgrid.models.finetuning import LoRALinear, merged_state
 from dpgrid.runner import initial_model, train
 
 from .conftest import load_cfg

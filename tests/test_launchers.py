@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-from dpgrid import slurm as slurm_module
+from dpgrid.commands import slurm as slurm_module
 
 from .command import dpgrid
 
@@ -175,7 +175,7 @@ def test_a_job_whose_grid_failed_is_named_with_the_grids_own_error(slurm, tmp_pa
 
 
 def test_an_interrupted_submitter_names_the_jobs_still_queued_and_how_to_cancel_them(slurm, tmp_path):
-    proc = subprocess.Popen([sys.executable, "-m", "dpgrid.cli", "run", *SWEEP, f"hydra.sweep.dir={tmp_path / 'sweep'}"],
+    proc = subprocess.Popen([sys.executable, "-m", "dpgrid.commands.cli", "run", *SWEEP, f"hydra.sweep.dir={tmp_path / 'sweep'}"],
                             stderr=subprocess.PIPE, stdout=subprocess.DEVNULL, text=True, env=slurm("pending", 4244))
     lines = [proc.stderr.readline(), proc.stderr.readline()]  # submitted; then why the jobs wait
     assert lines[1].strip() == "dpgrid: 2 SLURM job(s) pending (Priority: 4244_0, 4244_1)", lines
@@ -201,7 +201,7 @@ def test_jobs_that_can_never_start_are_cancelled_in_one_line(slurm, tmp_path):
 
 
 def test_pending_jobs_are_counted_per_array_element_and_no_reason_is_not_said(slurm):
-    from dpgrid import launchers
+    from dpgrid.commands import launchers
 
     slurm("none", 4246)
 
@@ -289,7 +289,7 @@ def test_a_resume_never_queues_a_grid_whose_job_is_still_queued(slurm, tmp_path)
     """The interrupted submitter's jobs are recorded with the sweep; while squeue lists them, the same command queues
     nothing again and says what to do."""
     sweep = f"hydra.sweep.dir={tmp_path / 'sweep'}"
-    proc = subprocess.Popen([sys.executable, "-m", "dpgrid.cli", "run", *SWEEP, sweep], stderr=subprocess.PIPE,
+    proc = subprocess.Popen([sys.executable, "-m", "dpgrid.commands.cli", "run", *SWEEP, sweep], stderr=subprocess.PIPE,
                             stdout=subprocess.DEVNULL, text=True, env=slurm("pending", 4254))
     proc.stderr.readline(), proc.stderr.readline()  # submitted; then why the jobs wait
     proc.send_signal(signal.SIGINT)
@@ -348,7 +348,7 @@ def grid_lines(stdout: str) -> list:
 
 def test_a_finished_sweep_says_each_grids_result_and_a_resume_queues_only_what_is_missing(slurm, tmp_path,
                                                                                           monkeypatch):
-    from dpgrid import launchers
+    from dpgrid.commands import launchers
 
     monkeypatch.setattr(slurm_module, "POLL_S", 0.2)
     slurm("run", 4250)
@@ -373,7 +373,7 @@ def test_a_finished_sweep_says_each_grids_result_and_a_resume_queues_only_what_i
 
 
 def test_a_sweep_larger_than_max_array_size_is_split_into_arrays(slurm, tmp_path, monkeypatch):
-    from dpgrid import launchers
+    from dpgrid.commands import launchers
 
     monkeypatch.setattr(slurm_module, "POLL_S", 0.2)
     monkeypatch.setenv("FAKE_MAX_ARRAY", "1")
@@ -388,7 +388,7 @@ def test_a_sweep_larger_than_max_array_size_is_split_into_arrays(slurm, tmp_path
 def test_jobs_that_are_one_grid_are_trained_once(slurm, tmp_path, monkeypatch):
     """nodp reads no epsilon: privacy.epsilon=3,5 is one grid in one directory, queued once (twice, the second
     job would find the first's lock)."""
-    from dpgrid import launchers
+    from dpgrid.commands import launchers
 
     monkeypatch.setattr(slurm_module, "POLL_S", 0.2)
     slurm("run", 4270)
@@ -399,7 +399,7 @@ def test_jobs_that_are_one_grid_are_trained_once(slurm, tmp_path, monkeypatch):
 
 
 def test_several_grids_share_a_job(slurm, tmp_path, monkeypatch):
-    from dpgrid import launchers
+    from dpgrid.commands import launchers
 
     monkeypatch.setattr(slurm_module, "POLL_S", 0.2)
     slurm("run", 4280)
@@ -438,10 +438,10 @@ def test_what_a_queued_job_would_find_late_is_refused_before_queueing(slurm, tmp
 def test_a_sweep_job_that_composes_another_config_than_the_checked_one_trains_nothing(tmp_path, monkeypatch, capsys):
     """Each job of a sweep compiles its config again (on a cluster node, perhaps after a config file changed) and
     must find the config hash the sweep checked before queueing; another is refused in one line."""
-    from dpgrid import api, cli
+    from dpgrid.commands import cli, sweep
 
-    checked = api.check_sweep
-    monkeypatch.setattr(api, "check_sweep", lambda overrides: {out: "0" * 16 for out in checked(overrides)})
+    checked = sweep.check_sweep
+    monkeypatch.setattr(sweep, "check_sweep", lambda overrides: {out: "0" * 16 for out in checked(overrides)})
     monkeypatch.chdir(tmp_path)
     with pytest.raises(SystemExit) as stopped:
         cli.main(["run", "-m", "grid.k=2", "train.epochs=1", "train.seeds=1", "privacy.epsilon=3,8"])
@@ -458,7 +458,7 @@ def test_scancel_stops_a_running_job_within_seconds(slurm, tmp_path):
     env = slurm("run", 4270)
     long = ["-m", "hydra/launcher=slurm", "strategy=fixed_threshold", "grid.k=2", "train.seeds=1", "train.epochs=400",
             "train.parallel_runs=1", f"hydra.sweep.dir={sweep}"]
-    proc = subprocess.Popen([sys.executable, "-m", "dpgrid.cli", "run", *long], stderr=subprocess.PIPE,
+    proc = subprocess.Popen([sys.executable, "-m", "dpgrid.commands.cli", "run", *long], stderr=subprocess.PIPE,
                             stdout=subprocess.DEVNULL, text=True, env=env)
     deadline = time.monotonic() + 300
     while not list(sweep.rglob("cli.log")) and time.monotonic() < deadline:  # the job holds its grid
@@ -474,3 +474,17 @@ def test_scancel_stops_a_running_job_within_seconds(slurm, tmp_path):
     proc.wait(timeout=120)
     said = proc.stderr.read()
     assert proc.returncode == 2 and "SIGTERM: the grid in" in said and "the same command resumes" in said, said
+
+
+def test_the_launcher_check_knows_the_keys_of_dpgrids_launcher_config():
+    """check_launcher names dpgrid's keys rather than importing the plugin (which hands its launch to dpgrid): the two
+    lists are one."""
+    pytest.importorskip("hydra_plugins.hydra_submitit_launcher")
+    from hydra_plugins.dpgrid_launcher import DpgridSlurmConf
+    from hydra_plugins.hydra_submitit_launcher.config import SlurmQueueConf
+    from omegaconf import OmegaConf
+
+    from dpgrid.commands.sweep import DPGRID_SLURM_KEYS
+
+    added = set(OmegaConf.structured(DpgridSlurmConf).keys()) - set(OmegaConf.structured(SlurmQueueConf).keys())
+    assert added == set(DPGRID_SLURM_KEYS)

@@ -261,7 +261,7 @@ def test_a_rule_returning_fewer_sums_than_parameters_is_caught():
 
 def built_in(name):
     from dpgrid.models import autoencoder, cnn, mlp
-    from dpgrid.transformers import transformer, vit
+    from dpgrid.models.transformers import transformer, vit
 
     images, digits = torch.rand(20, 1, 28, 28), torch.randint(0, 10, (20,))
     return {"mlp": (mlp(), torch.randn(20, 64), torch.randint(0, 10, (20,)), "classification"),

@@ -10,7 +10,7 @@ import torch
 
 import dpgrid
 from dpgrid.privacy import noise_schedule as zcdp
-from dpgrid.binary import load_breast_cancer, load_iris, load_kddcup99, load_synthetic
+from dpgrid.data.binary import load_breast_cancer, load_iris, load_kddcup99, load_synthetic
 from dpgrid.strategies import PUR, ConstantNoise, Noise, PUROracle
 
 from .command import dpgrid as run_dpgrid

@@ -40,7 +40,7 @@ def test_double_plus_sets_a_setting_either_way():
 
 
 @pytest.mark.parametrize("key, message", [("+model.foo=1", "model.foo: dpgrid.models.mlp takes no argument 'foo'"),
-                                          ("+dataset.load.foo=1", "dataset.load.foo: dpgrid.datasets.load_digits takes "
+                                          ("+dataset.load.foo=1", "dataset.load.foo: dpgrid.data.datasets.load_digits takes "
                                                                   "no argument 'foo'")])
 def test_an_argument_a_model_or_loader_does_not_take_is_refused_at_compile(key, message):
     with pytest.raises(DpgridError, match=message):
@@ -69,7 +69,7 @@ def test_a_model_that_does_not_fit_its_data_writes_nothing(model, tmp_path):
     (torch.float32, torch.float32, "returned labels of dtype float32; task classification needs int64 (y.long()"),
 ])
 def test_a_loaders_dtypes_are_checked_at_load(features, labels, message, monkeypatch, tmp_path):
-    from dpgrid import datasets
+    from dpgrid.data import datasets
     from dpgrid.runner import train
 
     real = datasets.load_digits
@@ -118,7 +118,7 @@ def test_a_folder_where_a_file_goes_is_named_as_the_file(tmp_path):
 
 @pytest.mark.slow
 def test_a_full_disk_while_logging_is_one_line(tmp_path, monkeypatch):
-    from dpgrid import jobs
+    from dpgrid.commands import jobs
 
     class Full:
         def write(self, text):

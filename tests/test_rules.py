@@ -158,7 +158,7 @@ def test_tied_embeddings_are_refused_in_one_line():
 
 
 def transformer_case():
-    from dpgrid.transformers import transformer
+    from dpgrid.models.transformers import transformer
 
     ids_ = ids(5, 9, high=52)
     ids_[0, 4:] = 0  # a short text: its padding is attended by no one
@@ -166,7 +166,7 @@ def transformer_case():
 
 
 def vit_case():
-    from dpgrid.transformers import vit
+    from dpgrid.models.transformers import vit
 
     return vit(width=16, heads=4).double(), x(5, 1, 28, 28).double(), torch.tensor([0, 1, 2, 3, 9])
 
@@ -203,14 +203,14 @@ def test_padding_moves_nothing():
     (dict(depth=0), "model.depth must be a whole number >= 1, got 0"),
 ])
 def test_transformer_settings_are_checked_in_one_line(value, message):
-    from dpgrid.transformers import transformer
+    from dpgrid.models.transformers import transformer
 
     with pytest.raises(DpgridError, match=message):
         transformer(**value)
 
 
 def test_a_vit_patch_must_divide_the_image():
-    from dpgrid.transformers import vit
+    from dpgrid.models.transformers import vit
 
     with pytest.raises(DpgridError, match=r"model.patch must divide the image side \(28\), got 5"):
         vit(patch=5)

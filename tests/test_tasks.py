@@ -1,9 +1,10 @@
-"""A task is defined once (dpgrid.tasks) and asked everywhere: loss, metric, direction, table scale."""
+"""A task is defined once (dpgrid.data.tasks) and asked everywhere: loss, metric, direction, table scale."""
 
 import pytest
 import torch
 
-from dpgrid import DpgridError, tasks
+from dpgrid import DpgridError
+from dpgrid.data import tasks
 from dpgrid.reporting.cells import fmt_value
 from dpgrid.training.train import evaluate
 

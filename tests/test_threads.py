@@ -9,7 +9,7 @@ import pytest
 import torch
 from omegaconf import OmegaConf
 
-from dpgrid.jobs import parallel_jobs
+from dpgrid.commands.jobs import parallel_jobs
 from dpgrid.training import threads
 
 from .conftest import load_cfg

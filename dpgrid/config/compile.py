@@ -84,7 +84,8 @@ def compile(cfg, n_train: int = None, plan: bool = True, before_plan=None) -> Gr
     dpgrid.results.claim); plan=False stops there (the spec has no plan, its device is as configured): a sweep's
     jobs are all checked so. Reads no file but what N needs (the data, where the config does not state N) and the
     checkpoint model.init names (its checksum is the grid's identity, its release metadata what covers it)."""
-    from dpgrid.config.checks import Reader, check_config, start_of
+    from dpgrid.config.checks import check_config, start_of
+    from dpgrid.plugins import Reader
 
     selection_cls, selection = selection_of(cfg.privacy.selection)  # its keys typed: a misspelt one is refused first
     warnings = check_config(cfg, n_train)  # first, and before torch is imported: a bad value is refused at once
@@ -143,7 +144,7 @@ def compile(cfg, n_train: int = None, plan: bool = True, before_plan=None) -> Gr
         return spec
     device = resolve_device(spec.train.device)  # torch from here on
     privacy_plan = make_plan(spec, configs, n_train, 0)  # reads the dataset's constants first: a model key
-    from dpgrid.finetuning import prepare
+    from dpgrid.models.finetuning import prepare
     from dpgrid.models import build_model, count_parameters
     from dpgrid.plugins import check_arguments
     from dpgrid.training.persample import engine_for
@@ -174,7 +175,7 @@ def check_loaded(spec: GridSpec, n_train: int) -> None:
 
 
 def make_plan(spec: GridSpec, configs: list, n_train: int, model_parameters: int):
-    from dpgrid.config.checks import Reader
+    from dpgrid.plugins import Reader
     from dpgrid.privacy import make_plan as plan_privacy
 
     t, cls = spec.train, spec.strategy_cls

@@ -8,9 +8,9 @@ import shlex
 
 from dpgrid import DpgridError
 from dpgrid.config import groups
-from dpgrid.config.checks import wrong_type
 from dpgrid.config.renamed import as_written_now
 from dpgrid.config.selection import selection_keys, selection_owners
+from dpgrid.plugins import wrong_type
 from dpgrid.specs import MODEL_KEYS
 
 
@@ -137,33 +137,6 @@ def refuse_added_settings(overrides: list) -> None:
 
 
 LAUNCHER_PLUGINS = {"joblib": "hydra-joblib-launcher", "submitit": "hydra-submitit-launcher"}
-DPGRID_LAUNCHER = "hydra_plugins.dpgrid_launcher.SlurmLauncher"
-
-
-def check_launcher(launcher) -> None:
-    """Refuse, before anything is queued, a sweep whose launcher is dpgrid's and which Hydra would not find (an editable
-    install in setuptools' default mode hides the hydra_plugins namespace from Hydra's plugin discovery), or which
-    asks SLURM for what it would read otherwise (`+hydra.launcher.mem=8`: sbatch's megabytes)."""
-    if str(launcher.get("_target_", "")) != DPGRID_LAUNCHER:
-        return
-    from hydra_plugins.dpgrid_launcher import DpgridSlurmConf
-    from omegaconf import OmegaConf
-
-    known = set(OmegaConf.structured(DpgridSlurmConf).keys())
-    for key in [k for k in launcher if k not in known]:
-        if key == "mem":
-            raise DpgridError(f"hydra.launcher.mem={launcher[key]} would ask SLURM for {launcher[key]} megabytes (sbatch's "
-                              f"--mem); set hydra.launcher.mem_gb={launcher[key]} for gigabytes")
-        close = closest(key, known)
-        raise DpgridError(f"no setting 'hydra.launcher.{key}'" + (f"; did you mean hydra.launcher.{close[0]}?" if close
-                          else "; SLURM options it does not name go in hydra.launcher.additional_parameters"))
-    from hydra.core.plugins import Plugins
-    from hydra.plugins.launcher import Launcher
-
-    if DPGRID_LAUNCHER not in {f"{c.__module__}.{c.__name__}" for c in Plugins.instance().discover(Launcher)}:
-        raise DpgridError("hydra/launcher=slurm: Hydra does not find dpgrid's launcher (hydra_plugins.dpgrid_launcher), "
-                          "as after an editable install in setuptools' default mode; install it so that Hydra sees it: "
-                          "pip install -e \".[cluster]\" --config-settings editable_mode=compat")
 
 
 def readable(message: str, overrides: list) -> str:

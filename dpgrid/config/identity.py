@@ -9,6 +9,8 @@ from pathlib import Path
 
 from omegaconf import OmegaConf
 
+from dpgrid import MOVED_MODULES
+
 
 # Settings that cannot change what a run computes. data.root: the data's content is recorded instead
 # (plan.json's data_files), so a moved data directory resumes and a changed file is named.
@@ -78,7 +80,23 @@ def hashed(settings: dict, private: bool = True, accounts_seeds: bool = False) -
         node = plain.get(section, {})
         if name in node and node[name] == default:
             node.pop(name)
-    return plain
+    return targets_as_first_recorded(plain)
+
+
+def targets_as_first_recorded(tree):
+    """`tree` with each `_target_` in a moved module spelt by its old path (dpgrid.MOVED_MODULES): a grid hashes the
+    same whichever path its config names, so grids recorded before the move keep their hash."""
+    if isinstance(tree, list):
+        return [targets_as_first_recorded(value) for value in tree]
+    if not isinstance(tree, dict):
+        return tree
+    out = {key: targets_as_first_recorded(value) for key, value in tree.items()}
+    target = out.get("_target_")
+    if isinstance(target, str):
+        module, _, name = target.rpartition(".")
+        old = {new: old for old, new in MOVED_MODULES.items()}.get(module)
+        out["_target_"] = f"{old}.{name}" if old else target
+    return out
 
 
 def config_difference(out: Path, settings: dict, private: bool = True, accounts_seeds: bool = False) -> str:

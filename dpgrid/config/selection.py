@@ -9,7 +9,7 @@ from omegaconf import OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 from dpgrid import DpgridError
-from dpgrid.config.checks import wrong_type
+from dpgrid.plugins import wrong_type
 
 
 def selection_of(node) -> tuple:

@@ -34,7 +34,7 @@ class AccountingMethod:
 
     @classmethod
     def check_options(cls, read) -> None:
-        """Its keys' ranges and the settings it cannot run with; `read`: a dpgrid.config.checks.Reader of the whole
+        """Its keys' ranges and the settings it cannot run with; `read`: a dpgrid.plugins.Reader of the whole
         config (its keys are privacy.selection.*). DpgridError, one line naming the key, for a bad one."""
 
     def calibrate(self, plan, strategy_cls, options: dict, privacy: dict, problem: dict) -> dict:

@@ -6,7 +6,7 @@ from dataclasses import dataclass, field
 
 import pandas as pd
 
-from dpgrid import tasks
+from dpgrid.data import tasks
 from dpgrid.config.grid import AXIS_SYMBOL
 from dpgrid.privacy import ACCOUNTING
 

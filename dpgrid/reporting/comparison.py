@@ -10,7 +10,7 @@ import math
 import numpy as np
 import pandas as pd
 
-from dpgrid import tasks
+from dpgrid.data import tasks
 from dpgrid.config.grid import AXIS_SYMBOL
 from dpgrid.reporting.cells import MISSING, NOT_RUN, fmt_hp, fmt_value, label_of, private_strategies
 from dpgrid.reproduction.paper import paper_claim

@@ -4,7 +4,7 @@ what it releases."""
 import logging
 import sys
 
-from dpgrid import tasks
+from dpgrid.data import tasks
 from dpgrid.config import grid
 
 

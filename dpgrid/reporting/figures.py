@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from dpgrid import tasks
+from dpgrid.data import tasks
 from dpgrid.config.grid import AXIS_SYMBOL
 from dpgrid.reporting.cells import budget_note, fmt_epsilon, fmt_value, private_strategies
 from dpgrid.results.files import read_frame, write_atomic

@@ -11,7 +11,8 @@ from pathlib import Path
 
 import pandas as pd
 
-from dpgrid import DpgridError, tasks
+from dpgrid import DpgridError
+from dpgrid.data import tasks
 from dpgrid.config.grid import ID_PREFIX, edges
 from dpgrid.privacy import NOT_DP_SAMPLING, recorded_method
 from dpgrid.results.procedure import procedure_of

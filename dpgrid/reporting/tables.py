@@ -20,7 +20,8 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from dpgrid import DpgridError, tasks
+from dpgrid import DpgridError
+from dpgrid.data import tasks
 from dpgrid.config.grid import AXIS_SYMBOL
 from dpgrid.reporting.cells import (ACCOUNTANT_NAMES, NOT_RUN, Column, Table, budget_note, fmt_hp, fmt_value,
                                     private_strategies, to_csv_frame, to_latex, to_markdown)

@@ -50,7 +50,7 @@ def final_weights(model) -> dict:
     finite (a diverged run keeps no model)."""
     import torch
 
-    from dpgrid.finetuning import merged_state
+    from dpgrid.models.finetuning import merged_state
 
     state = {name: t.detach().to("cpu").clone() for name, t in merged_state(model).items()}
     return state if all(bool(torch.isfinite(t).all()) for t in state.values() if t.is_floating_point()) else None
@@ -142,7 +142,7 @@ def write_release(out: Path, spec, runs, curves, plan_record: dict, configuratio
         tensors = load(weights_file(out, configuration["config_id"], seed).read_bytes())
         content = save(tensors, metadata={"dpgrid": json.dumps({
             "covered_by": record["covered_by"], "why": record["why"], "configuration": configuration, "seed": j,
-            # what a grid fine-tuned from this file composes with its own (dpgrid.finetuning.checkpoint_provenance)
+            # what a grid fine-tuned from this file composes with its own (dpgrid.models.finetuning.checkpoint_provenance)
             "dataset": record["dataset"], "data_files": record["data_files"], "events": record["events"],
             "privacy": {"accountant": (record.get("privacy") or {}).get("accountant")}})})
         name = f"seed{j}.safetensors"
@@ -180,7 +180,7 @@ def last_values(curves, config_id: str) -> dict:
 
 def best_seed(entries: list, metric: str):
     """The seed whose final model scores best on the (public) test set: a choice among released models."""
-    from dpgrid import tasks
+    from dpgrid.data import tasks
 
     scored = [e for e in entries if e["test_value"] is not None]
     if not scored:

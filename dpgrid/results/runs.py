@@ -15,7 +15,8 @@ import numpy as np
 import pandas as pd
 from omegaconf import OmegaConf
 
-from dpgrid import DpgridError, tasks
+from dpgrid import DpgridError
+from dpgrid.data import tasks
 from dpgrid.results.curves import read_curves, whole_curve
 from dpgrid.results.files import environment, read_frame, read_rows, write_atomic, write_csv, write_json
 

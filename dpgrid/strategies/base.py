@@ -83,7 +83,7 @@ class Strategy:
     @classmethod
     def check_options(cls, options) -> None:
         """Refuse this strategy's own keys when out of range. `options` reads them, each checked as it is
-        read (dpgrid.config.checks.Reader: options.positive("clip0"), .real, .fraction, .whole, .numbers, .choice):
+        read (dpgrid.plugins.Reader: options.positive("clip0"), .real, .fraction, .whole, .numbers, .choice):
         a bad value is a DpgridError naming strategy.<key> and what is valid."""
 
     @staticmethod

@@ -21,7 +21,8 @@ import torch
 from torch import nn
 from torch.func import functional_call, grad, vmap
 
-from dpgrid import DpgridError, tasks
+from dpgrid import DpgridError
+from dpgrid.data import tasks
 from dpgrid.privacy.randomness import to_device
 from dpgrid.training.rules import MethodChoice, disjoint_subsets, rule_for, why_unserved
 
@@ -238,7 +239,7 @@ class FastEngine(OneRunEngine):
         if copies:
             a, replaced = a.clone(), out.clone()
         moved = a.movedim(batch_dim, 0) if batch_dim else a
-        kept = self._rule_of[module].recorded(module, (moved,), out) if batch_dim == 0 else moved.detach()
+        kept = self._rule_of[module].recorded(module, (moved,), out) if batch_dim == 0 else (moved.detach(),)
         self._record[module] = (kept, out, batch_dim, watched)
         return replaced
 
@@ -246,7 +247,9 @@ class FastEngine(OneRunEngine):
         """The hook that builds layer `at`'s rule from its output gradient; `kept`: a one-item list, emptied then."""
         def build(g):
             g = g.movedim(batch_dim, 0) if batch_dim else g
-            factors[at] = rule(module, kept.pop(), g, self.methods, tuple(name for name, _ in own))
+            a, *saved = kept.pop()  # the layer's input, and what else its rule's `recorded` kept
+            factors[at] = rule(module, a, g, self.methods, tuple(name for name, _ in own),
+                               **({"saved": tuple(saved)} if saved else {}))
         return build
 
     def __call__(self, x: torch.Tensor, y: torch.Tensor) -> PerSampleGrads:

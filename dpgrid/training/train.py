@@ -15,7 +15,7 @@ from typing import Any
 import torch
 from tqdm.auto import tqdm
 
-from dpgrid import tasks
+from dpgrid.data import tasks
 from dpgrid.privacy.randomness import permutation, poisson_batch
 
 

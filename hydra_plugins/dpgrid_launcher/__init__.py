@@ -1,5 +1,5 @@
 """dpgrid's SLURM launcher for Hydra (hydra/launcher=slurm): Hydra takes launchers from this namespace only.
-The class is the submitit plugin's, with its launch handed to dpgrid.launchers.launch (one-line errors, why
+The class is the submitit plugin's, with its launch handed to dpgrid.commands.launchers.launch (one-line errors, why
 jobs are pending, what Ctrl-C leaves queued, several grids per job). Its config is the plugin's with
 `grids_per_job` added (registered here, as the plugin registers its own, when Hydra discovers its plugins).
 Without dpgrid[cluster] there is nothing to define."""
@@ -29,6 +29,6 @@ if SubmititSlurmLauncher is not None:
             self.grids_per_job = grids_per_job
 
         def launch(self, job_overrides, initial_job_idx):
-            from dpgrid.launchers import launch
+            from dpgrid.commands.launchers import launch
 
             return launch(self, job_overrides, initial_job_idx)

@@ -40,7 +40,7 @@ def dataset_of(name: str) -> str:
 
 
 def in_a_process(*args) -> None:
-    subprocess.run([sys.executable, "-m", "dpgrid.cli", *args], check=True, capture_output=True)
+    subprocess.run([sys.executable, "-m", "dpgrid.commands.cli", *args], check=True, capture_output=True)
 
 
 def run_all(results: Path, names: list, dpgrid=in_a_process, extra: tuple = ()) -> dict:

@@ -69,11 +69,12 @@ class LayerRule:
         self.dtype = g.dtype
 
     @staticmethod
-    def recorded(module, inputs, output):
-        """What the engine keeps of the layer's forward call and hands to the rule as `a`: the layer's input. A rule
-        that can reuse what the forward computed (a normalisation's statistics) keeps that beside it. (Stacked runs
-        hand every rule the input.)"""
-        return inputs[0].detach()
+    def recorded(module, inputs, output) -> tuple:
+        """What the engine keeps of the layer's forward call: (the layer's input, *what else the rule reuses). The
+        input reaches the rule as `a`; anything after it as the keyword `saved` (a rule that keeps more than the input
+        takes `saved=()` in its __init__: a normalisation's statistics, which autograd saved). Stacked runs hand every
+        rule the input alone."""
+        return (inputs[0].detach(),)
 
     @staticmethod
     def unsupported(module) -> str:

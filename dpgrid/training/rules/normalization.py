@@ -45,17 +45,17 @@ class AffineNormRule(LayerRule):
 @register_rule(nn.LayerNorm)
 class LayerNormRule(AffineNormRule):
     @staticmethod
-    def recorded(module, inputs, output):
+    def recorded(module, inputs, output) -> tuple:
         """The input, and the forward's mean and 1/std where autograd saved them for its backward (x_hat without a
         second normalisation, which costs as much as the rest of the rule)."""
         node = output.grad_fn
         if type(node).__name__ != "NativeLayerNormBackward0":
-            return inputs[0].detach()
+            return (inputs[0].detach(),)
         return inputs[0].detach(), node._saved_result1.detach(), node._saved_result2.detach()
 
-    def __init__(self, module, a, g, choice, params, stacked=False):
-        self.statistics = a[1:] if isinstance(a, tuple) else None
-        super().__init__(module, a[0] if isinstance(a, tuple) else a, g, choice, params, stacked)
+    def __init__(self, module, a, g, choice, params, stacked=False, saved=()):
+        self.statistics = tuple(saved) or None  # (mean, 1/std) as the forward computed them, when it kept them
+        super().__init__(module, a, g, choice, params, stacked)
 
     def normalised(self, module, a):
         if self.statistics is not None:

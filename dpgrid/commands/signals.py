@@ -34,7 +34,7 @@ def stopped(error: BaseException):
 
 
 def starting(signum, frame):
-    """The handler from the command's first moment until dpgrid.cli.main installs `on_signal`."""
+    """The handler from the command's first moment until dpgrid.commands.cli.main installs `on_signal`."""
     name, code = ("SIGTERM", 143) if signum == signal.SIGTERM else ("interrupted", 130)
     print(f"dpgrid: error: {name}: dpgrid stopped as it started; the same command starts it again", file=sys.stderr)
     raise SystemExit(code)

@@ -249,7 +249,7 @@ def input_canary_scores(spec, grid: Path, data, seeds: list):
     """Minus each black-box canary's loss, averaged over the released models."""
     import torch
 
-    from dpgrid import tasks
+    from dpgrid.data import tasks
     from dpgrid.audit.canaries import input_canaries
     from dpgrid.results.models import load_model
 

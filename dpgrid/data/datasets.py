@@ -201,7 +201,7 @@ def read_ag_news(root, glove=None) -> tuple:
 
 def load_ag_news(root, max_words: int = 15, glove=None) -> Data:
     """AG News (either layout) as concatenated GloVe-50 vectors of the first `max_words` tokens."""
-    from dpgrid.config.checks import Reader
+    from dpgrid.plugins import Reader
 
     Reader({"max_words": max_words}, "dataset.load.").whole("max_words")
     train, test, (word_index, vectors), files = read_ag_news(root, glove)
@@ -223,7 +223,7 @@ def token_ids(texts, word_index, vocabulary: int, max_tokens: int) -> torch.Tens
 def load_ag_news_tokens(root, max_tokens: int = 32, vocabulary: int = 20000, glove=None) -> Data:
     """AG News (either layout) as token ids of the first `max_tokens` tokens over GloVe's `vocabulary` most frequent
     words (token_ids), for a model with its own embedding (model=transformer)."""
-    from dpgrid.config.checks import Reader
+    from dpgrid.plugins import Reader
 
     read = Reader({"max_tokens": max_tokens, "vocabulary": vocabulary}, "dataset.load.")
     read.whole("max_tokens")

@@ -17,7 +17,8 @@ import sys
 import warnings
 from pathlib import Path
 
-from dpgrid import DpgridError, slurm
+from dpgrid import DpgridError
+from dpgrid.commands import slurm
 from dpgrid.reporting.console import plural
 
 NOT_ON_A_CLUSTER = ("hydra/launcher=slurm submits from a machine of a SLURM cluster (a login node); "
@@ -71,7 +72,7 @@ def launch(launcher, job_overrides, initial_job_idx) -> list:
         try:
             accounting = slurm.wait(jobs, launcher.params)
         except KeyboardInterrupt as e:
-            from dpgrid.signals import stopped
+            from dpgrid.commands.signals import stopped
 
             left = [j.job_id for j in jobs if not j.paths.result_pickle.exists()]
             name, code = stopped(e) or ("interrupted", 130)

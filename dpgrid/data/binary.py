@@ -18,7 +18,7 @@ from dpgrid.data import Data
 
 def binary_data(x, positive, feature_bound: float, files=None) -> Data:
     """Data of a +-1 problem: standardised, rows bounded by Z, the training set used for evaluation too."""
-    from dpgrid.config.checks import Reader
+    from dpgrid.plugins import Reader
 
     Reader({"feature_bound": feature_bound}, "dataset.load.").positive("feature_bound")  # a loader checks its keys
     x = np.asarray(x, dtype=np.float64)
@@ -59,7 +59,7 @@ def load_breast_cancer(root=None, feature_bound: float = 12.0):
 
 def load_mnist_binary(root, feature_bound: float = 40.0):
     """MNIST's 60,000 training images from data.root, digit 0 (+1) against the rest, d = 784."""
-    from dpgrid.datasets import load_idx
+    from dpgrid.data.datasets import load_idx
 
     data = load_idx(root, "MNIST")
     return binary_data(data.x_train.flatten(1).double().numpy(), data.y_train.numpy() == 0, feature_bound,

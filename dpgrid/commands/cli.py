@@ -11,7 +11,7 @@ import time
 import warnings
 from pathlib import Path
 
-from dpgrid.signals import FINISHED, RECEIVED, on_signal, stopped
+from dpgrid.commands.signals import FINISHED, RECEIVED, on_signal, stopped
 
 def fail(message, code: int = None) -> None:
     """One line on stderr; exit code 2 (bad input or results), 1 for an environment fault (the error's own)."""
@@ -26,7 +26,7 @@ def config_dir() -> str:
 
 
 def plan_command(args: list) -> None:
-    from dpgrid.api import compose
+    from dpgrid.config.compose import compose
 
     as_json, compare = "--json" in args, "--compare" in args
     cfg = compose([a for a in args if a not in ("--json", "--compare")], with_hydra=True)
@@ -51,8 +51,8 @@ def run_command(args: list) -> None:
     a job. A sweep (-m) is Hydra's own, so that launchers work; every job's config is checked first."""
     import hydra
 
-    from dpgrid.api import check_sweep
-    from dpgrid.jobs import launch
+    from dpgrid.commands.sweep import check_sweep
+    from dpgrid.commands.jobs import launch
     from dpgrid.config import register
     from dpgrid.config.renamed import as_written_now
     from dpgrid.results.files import directory_setting, outermost_missing
@@ -70,7 +70,7 @@ def run_command(args: list) -> None:
                     grid_job(created, checked=checked))()
         FINISHED.append(True)
         return
-    from dpgrid.api import compose
+    from dpgrid.config.compose import compose
 
     cfg = compose(args, with_hydra=True)  # bad names and syntax refused here; bad values by compile, before torch
     from dpgrid.config import compile
@@ -145,7 +145,7 @@ def grid_job(created: dict, spec=None, checked: dict = None):
         from dpgrid import DpgridError
         from dpgrid.config import compile
         from dpgrid.results.files import locked, remove_created
-        from dpgrid.jobs import hydra_record, parallel_jobs, run_log
+        from dpgrid.commands.jobs import hydra_record, parallel_jobs, run_log
         from dpgrid.reporting.console import chance_warning, describe_best, edge_warning
         from dpgrid.runner import train
 
@@ -260,7 +260,7 @@ def model_command(args: list) -> None:
 
 
 def audit_command(args: list) -> None:
-    from dpgrid.audit.command import audit_command as audit
+    from dpgrid.commands.audit import audit_command as audit
 
     code = audit(args)
     if code:  # the mechanism differs from the plan, or the bound exceeds the claim: a plugin's CI gates on it

@@ -113,7 +113,7 @@ def logistic(inputs: int, l2: float = 0.0) -> LogisticRegression:
 
 def build_model(model_cfg) -> nn.Module:
     """The model a `model` config names in `_target_`, called with the config's other keys (but dpgrid's own,
-    dpgrid.specs.MODEL_KEYS: a run's start is dpgrid.finetuning's)."""
+    dpgrid.specs.MODEL_KEYS: a run's start is dpgrid.models.finetuning's)."""
     from dpgrid import DpgridError
     from dpgrid.plugins import call
 
@@ -127,9 +127,9 @@ def build_model(model_cfg) -> nn.Module:
 
 def starting_model(spec, checkpoint: dict = None) -> nn.Module:
     """A run's model before training: built from the grid's model config, then started as the grid says
-    (checkpoint, adapters, the part that trains: dpgrid.finetuning; `checkpoint`: its tensors, read once for the
+    (checkpoint, adapters, the part that trains: dpgrid.models.finetuning; `checkpoint`: its tensors, read once for the
     grid). Draws from torch's random state."""
-    from dpgrid.finetuning import prepare
+    from dpgrid.models.finetuning import prepare
 
     return prepare(build_model(spec.model), spec.start, f"model={spec.settings['model'].get('_target_')}", checkpoint)
 

@@ -1,4 +1,4 @@
-"""What SLURM says of a sweep's jobs, for dpgrid's SLURM launcher (dpgrid.launchers): which are still in the queue
+"""What SLURM says of a sweep's jobs, for dpgrid's SLURM launcher (dpgrid.commands.launchers): which are still in the queue
 (squeue), why pending ones wait and which reasons waiting never resolves (and the setting that asks for too much),
 whether SLURM's accounting (sacct) answers here, and the jobs each sweep queued (recorded with it, so that a resume
 never queues a grid whose job is still queued or running)."""

@@ -1,20 +1,28 @@
 """Datasets as whole tensors on the run's device: a dataset config's `load` node + data.root -> Data.
 
-The loaders themselves (built-in ones in dpgrid.datasets, a user's anywhere importable) are plugins:
-`load._target_` names one. This module checks what they return and records the data's identity.
+The package: this module (Data, `load`, the checks of what a loader returns, the data's identity), the built-in
+loaders (`datasets`: the paper's image and text sets; `binary`: the PUR track's two-class sets) and `tasks` (what a
+task trains on and measures). The loaders are plugins: `load._target_` names one, a user's anywhere importable.
+torch is imported where a tensor is made or checked, so that reading a task (dpgrid.data.tasks, e.g. by the tables)
+loads none.
 """
+
+from __future__ import annotations
 
 import hashlib
 import json
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-import torch
-
-from dpgrid import DpgridError, tasks
+from dpgrid import DpgridError
+from dpgrid.data import tasks
 from dpgrid.plugins import call
 from dpgrid.specs import dataset_spec
+
+if TYPE_CHECKING:
+    import torch
 
 
 @dataclass
@@ -23,7 +31,7 @@ class Data:
     y_train: torch.Tensor  # targets: class indices, or the inputs themselves for reconstruction
     x_test: torch.Tensor
     y_test: torch.Tensor
-    task: str              # a dpgrid.tasks name: "classification" (accuracy %) or "reconstruction" (MSE)
+    task: str              # a dpgrid.data.tasks name: "classification" (accuracy %) or "reconstruction" (MSE)
     files: dict = field(default_factory=dict)  # {name relative to data.root: path}: the data's identity
 
     @property
@@ -60,6 +68,8 @@ def load(dataset, root, device="cpu") -> Data:
 def check_loaded(dataset, root, x_tr, y_tr, x_te, y_te) -> None:
     """Whatever the loader: non-empty splits, as many targets as inputs, and class labels in
     0..classes-1 (a label outside would crash training midway, or count silently as a miss)."""
+    import torch
+
     name, classes, features = dataset.name, dataset.classes, dataset.features
     task = tasks.get(dataset.task)
     casts = {"float32": "float", "float64": "double", "int64": "long"}

@@ -74,7 +74,15 @@ def shared_data():
     return SHARED_DATA
 
 
-__all__ = ["load_cfg", "OmegaConf", "strategy_class"]
+def fast_layer_runs(cases, *fast):
+    """A parametrised matrix whose cases in `fast` run in the fast layer and the rest carry the `slow` marker: the
+    fast layer checks the property once (a check after every edit), the slow layer across the whole matrix. The
+    test ids are those of the plain list."""
+    return [case if case in fast else pytest.param(*(case if isinstance(case, tuple) else (case,)),
+                                                   marks=pytest.mark.slow) for case in cases]
+
+
+__all__ = ["load_cfg", "OmegaConf", "strategy_class", "fast_layer_runs"]
 
 
 def pytest_configure(config):
@@ -83,6 +91,8 @@ def pytest_configure(config):
     time, kill and resume) compare the CPU's, and the CUDA tests (tests/test_cuda.py) say train.device=cuda."""
     os.environ.setdefault("DPGRID_CACHE", tempfile.mkdtemp(prefix="dpgrid-noise-"))
     os.environ["DPGRID_DEVICE"] = "cpu"
+    # one torch thread per test process (pytest-xdist starts one per core): more would contend for the same cores
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 
 # ---- the fast layer's guards (README: `python -m pytest -q -m "not slow"`, a check after every edit)

@@ -8,7 +8,7 @@ import torch
 from dpgrid.strategies import Noise
 from dpgrid.training.persample import PerSampleGrads, empty_batch
 
-from .conftest import strategy_class
+from .conftest import fast_layer_runs, strategy_class
 
 CFG = {
     "online": dict(clip0=0.1, clip_lr=2.5e-3, lr_lr=2.5e-3, grad_noise_ratio=1.01),
@@ -148,7 +148,7 @@ def test_dpadam_uses_the_configs_alpha_unless_the_grid_tunes_it():
     assert float(tuned.lr) == pytest.approx(0.1) and float(fixed.lr) == pytest.approx(CFG["dpadam"]["lr"])
 
 
-@pytest.mark.parametrize("clip", [0.1, 1.0, 10.0])
+@pytest.mark.parametrize("clip", fast_layer_runs([0.1, 1.0, 10.0], 1.0))
 def test_dpadam_effective_step_size_tends_to_adamwosms_when_noise_dominates(clip):
     """Mohapatra et al.'s Theorem 3: with g -> 0 the second moment tends to (nu C / B)^2, so DPAdam's
     per-coordinate step alpha / (sqrt(v_hat) + xi) tends to adamwosm's ESS = alpha / (nu C / B + xi).

@@ -1,4 +1,4 @@
-"""The transformers (dpgrid.transformers) on their data: AG News as token ids over GloVe's most frequent words, a ViT
+"""The transformers (dpgrid.models.transformers) on their data: AG News as token ids over GloVe's most frequent words, a ViT
 on 28 x 28 images. Every built-in DP-SGD strategy trains both on the fast engine; a grid of each (k = 3, one epoch)
 runs end to end and releases a model that loads and scores as its run did."""
 
@@ -18,7 +18,7 @@ from dpgrid.runner import train_together
 from dpgrid.training.train import evaluate
 
 from .command import dpgrid as run_dpgrid
-from .conftest import load_cfg, strategy_class
+from .conftest import fast_layer_runs, load_cfg, strategy_class
 from .test_data import make_idx_root
 
 WORDS = ["the", ",", "stocks", "rise", "team", "wins", "game", "on", "oil", "prices", "fall", "vote"]
@@ -43,7 +43,7 @@ def test_token_ids_follow_gloves_ranks_within_the_vocabulary(tmp_path):
     pd.DataFrame([(3, "The stocks, rise", "zzz oil")]).to_csv(tmp_path / "ag_news_csv" / "train.csv", header=False,
                                                               index=False)
     cfg = OmegaConf.create(dict(name="ag_news_tokens", task="classification", load={
-        "_target_": "dpgrid.datasets.load_ag_news_tokens", "max_tokens": 8, "vocabulary": 5, "glove": str(glove)}))
+        "_target_": "dpgrid.data.datasets.load_ag_news_tokens", "max_tokens": 8, "vocabulary": 5, "glove": str(glove)}))
     data = load(cfg, tmp_path)
     # the 0, , 1, stocks 2, rise 3 (ranks) -> + 2; zzz unknown and oil (rank 8) beyond the vocabulary of 5 -> 1
     assert data.x_train.tolist() == [[2, 4, 3, 5, 1, 1, 0, 0]] and data.x_train.dtype == torch.int64
@@ -72,7 +72,7 @@ SMALL_TRANSFORMER = {"model.vocabulary": 50, "model.max_tokens": 9, "model.width
 SMALL_VIT = {"model.width": 16, "model.depth": 1}
 
 
-@pytest.mark.parametrize("strategy", dp_sgd_strategies())
+@pytest.mark.parametrize("strategy", fast_layer_runs(dp_sgd_strategies(), "online"))
 @pytest.mark.parametrize("dataset, model", [("ag_news_tokens", SMALL_TRANSFORMER), ("mnist", {"model": "vit",
                                                                                                **SMALL_VIT})])
 def test_every_strategy_trains_both_transformers(strategy, dataset, model):

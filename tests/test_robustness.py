@@ -191,8 +191,9 @@ def independent(q, nu, steps, delta, kind):
 
 
 @pytest.mark.parametrize("kind", ["rdp", pytest.param("pld", marks=pytest.mark.slow)])  # PLDs of 10^4 steps: 1 s each
-@pytest.mark.parametrize("dataset, n_train, epsilon", [("mnist", 60000, 3), ("fashion_mnist", 60000, 1),
-                                                       ("ag_news", 120000, 9), ("digits", 1437, 3)])
+@pytest.mark.parametrize("dataset, n_train, epsilon", fast_layer_runs([("mnist", 60000, 3), ("fashion_mnist", 60000, 1),
+                                                                       ("ag_news", 120000, 9), ("digits", 1437, 3)],
+                                                                      ("mnist", 60000, 3), ("digits", 1437, 3)))
 @pytest.mark.parametrize("strategy", fast_layer_runs(["online", "fixed_threshold", "fixed_quantile", "adamwosm"],
                                                      "online", "fixed_quantile"))
 def test_every_grid_spends_at_most_its_target(dataset, n_train, epsilon, strategy, kind):

@@ -31,6 +31,19 @@ def test_the_p_value_is_the_binomial_tail_at_delta_0_and_grows_with_delta():
     assert p_value(100, 20, 15, 2.0, 0.0) > p_value(100, 20, 15, 1.0, 0.0)  # a larger epsilon explains more
 
 
+def test_the_binomial_tail_is_scipys_at_every_count_in_and_out_of_range():
+    from scipy.stats import binom
+
+    from dpgrid.audit.bound import binomial_tail
+
+    rng = np.random.default_rng(0)
+    for _ in range(200):
+        n, p = int(rng.integers(1, 5000)), float(rng.uniform(0.001, 0.999))
+        k = np.concatenate([[-3, -1, 0, n - 1, n, n + 2], rng.integers(0, n, 30)])
+        # below 1e-250 the two special functions underflow at different points: nothing any significance can see
+        assert np.allclose(binomial_tail(k, n, p), binom.sf(k, n, p), rtol=1e-9, atol=1e-250), (n, p)
+
+
 def test_chance_level_guessing_bounds_nothing_and_perfect_guessing_a_lot():
     assert epsilon_lower_bound(1000, 200, 100, 1e-5, 0.05) == 0.0
     perfect = epsilon_lower_bound(1000, 200, 200, 0.0, 0.05)

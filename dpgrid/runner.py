@@ -61,11 +61,11 @@ def sources(spec, config: dict, seed: int, device, phase: Phase = None) -> tuple
     return torch.Generator().manual_seed(derive_seed(*names, "sampling")), noise_source
 
 
-def train_together(spec, data, runs: list, progress: bool = False, conv_methods: MethodChoice = None, phase: Phase = None,
+def train_together(spec, data, runs: list, progress: bool = False, per_sample_methods: MethodChoice = None, phase: Phase = None,
                    engine: EngineChoice = None, checkpoint: dict = None) -> list:
     """The results of `runs` ((configuration, seed) pairs), all trained by one loop: one run alone, or several as
-    one stacked model (the same numbers as alone, within float rounding: dpgrid.training.stacked). `conv_methods`: the
-    grid's choice of each convolution's per-sample method (measured once); `data` the phase's training data; `engine`:
+    one stacked model (the same numbers as alone, within float rounding: dpgrid.training.stacked). `per_sample_methods`: the
+    grid's choice of each layer's per-sample form (train.per_sample_method, measured once per layer shape); `data` the phase's training data; `engine`:
     the engine the grid's first batch proved (choose_engine; None: the compiled one, unproved, for a test's runs)."""
     device = data.x_train.device
     models = [initial_model(spec, seed, device, checkpoint) for _, seed in runs]
@@ -79,10 +79,10 @@ def train_together(spec, data, runs: list, progress: bool = False, conv_methods:
     if len(runs) == 1:
         params, hp, noise_source = trainable(models[0]), configs[0], noise_sources[0]
         chosen = engine or EngineChoice(spec.train.engine)
-        engine = make_engine(models[0], data.task, chosen.name, conv_methods, chosen.layout)
+        engine = make_engine(models[0], data.task, chosen.name, per_sample_methods, chosen.layout)
     else:
         stack = StackedModel(models)
-        params, noise_source, engine = stack.params, list(noise_sources), StackedEngine(stack, data.task, conv_methods)
+        params, noise_source, engine = stack.params, list(noise_sources), StackedEngine(stack, data.task, per_sample_methods)
         hp = {k: tuple(c[k] for c in configs) for k in configs[0] if k != "config_id"}
     watcher = spec.observer.watch(engine, runs[0], phase, models[0]) if spec.observer is not None else None
     if watcher is not None:  # an observed grid trains one run at a time (stacking)
@@ -134,7 +134,7 @@ class Trained:
     final: dict = None      # a tuning on a subsample's final runs' score (its selection.json's), or None
 
 
-def run_row(spec, config, seed, result, draw=None, n_threads=None, conv_methods: str = "", phase: Phase = None,
+def run_row(spec, config, seed, result, draw=None, n_threads=None, per_sample_methods: str = "", phase: Phase = None,
             group_size: int = 1, engine: EngineChoice = None) -> dict:
     plan, procedure, phase = spec.plan, procedure_of(spec.plan.method), phase or Phase([])
     row = dict(dataset=plan.dataset, strategy=plan.strategy, metric=tasks.get(spec.dataset.task).metric,
@@ -160,7 +160,7 @@ def run_row(spec, config, seed, result, draw=None, n_threads=None, conv_methods:
                threads=n_threads, group_size=group_size, device=spec.train.device,
                engine=engine.name if engine else spec.train.engine,
                engine_proof=engine.error if engine else float("nan"),
-               **({"conv_methods": conv_methods} if conv_methods else {}),
+               **({"conv_methods": per_sample_methods} if per_sample_methods else {}),  # the column's recorded name
                config_hash=spec.config_hash)
     return row
 
@@ -227,7 +227,7 @@ def train_grid(spec, out: Path, progress: bool, on_lock=None) -> "Trained":
     # A selection's console and cli.log say nothing that depends on the candidates: not their number
     # (a bar's total, a line per run) nor their scores. Those stay in the private files.
     quiet = procedure.releases_best_only
-    work, conv_methods, engine, trained = [], MethodChoice(spec.train.per_sample_method), None, 0
+    work, per_sample_methods, engine, trained = [], MethodChoice(spec.train.per_sample_method), None, 0
     for number, phase in enumerate(procedure.phases(out, spec, list(spec.to_train), data)):
         if number == 0:  # after the first phase's draw, which may refuse the grid
             ledger.record_draws(out, spec)
@@ -236,7 +236,7 @@ def train_grid(spec, out: Path, progress: bool, on_lock=None) -> "Trained":
                 say(f"{plan.selection.replace('_', ' ')}: training; its epsilon covers {plan.method.covers}")
         if engine is None and phase.runs:
             engine = proved_engine(spec, data, checkpoint)
-        trained += train_phase(spec, out, data, phase, done, progress, quiet, conv_methods, engine, checkpoint)
+        trained += train_phase(spec, out, data, phase, done, progress, quiet, per_sample_methods, engine, checkpoint)
         work += phase.runs
     if not trained and work and not quiet:
         say(f"nothing to train: every run of this grid has finished ({len(work)} runs, checked against their seal)")
@@ -307,7 +307,7 @@ def proved_engine(spec, data, checkpoint: dict = None) -> EngineChoice:
     return choice
 
 
-def train_phase(spec, out: Path, data, phase: Phase, done: set, progress: bool, quiet: bool, conv_methods: MethodChoice,
+def train_phase(spec, out: Path, data, phase: Phase, done: set, progress: bool, quiet: bool, per_sample_methods: MethodChoice,
                 engine: EngineChoice = None, checkpoint: dict = None) -> int:
     """Train a phase's runs that are not `done`, committing each run's row as it finishes; how many it trained."""
     plan, work = spec.plan, phase.runs
@@ -331,9 +331,9 @@ def train_phase(spec, out: Path, data, phase: Phase, done: set, progress: bool, 
             continue
         # the step bar (a terminal's only, and gone when the group ends) is a selection's too: its group holds one
         # candidate's runs at most, so nothing it shows depends on how many were drawn
-        results = train_together(spec, data, group, progress, conv_methods, phase, engine, checkpoint)
+        results = train_together(spec, data, group, progress, per_sample_methods, phase, engine, checkpoint)
         if not quiet:  # each convolution's per-sample choice, once measured (a selection's stay in its rows)
-            said = say_methods(conv_methods, said)
+            said = say_methods(per_sample_methods, said)
         for (config, seed), result in zip(group, results):  # each run committed on its own, as when trained alone
             if (config, seed) not in left:
                 continue
@@ -342,7 +342,7 @@ def train_phase(spec, out: Path, data, phase: Phase, done: set, progress: bool, 
             if result.watcher is not None:  # an observer's (the audit's canaries): what it measured of this run
                 result.watcher.finish(out, config["config_id"], seed)
             append_curves(out / "curves.csv", [dict(config_id=config["config_id"], seed=seed, **c) for c in result.curve])
-            row = run_row(spec, config, seed, result, phase.draw, torch.get_num_threads(), conv_methods.summary(), phase,
+            row = run_row(spec, config, seed, result, phase.draw, torch.get_num_threads(), per_sample_methods.summary(), phase,
                           len(group), engine)
             committed = commit_run(out / "runs.csv", row)
             ledger.record(out, spec, committed)

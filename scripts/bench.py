@@ -35,11 +35,11 @@ import torch
 
 import dpgrid
 from dpgrid import strategies
+from dpgrid.config.checks import PER_SAMPLE_METHODS
 from dpgrid.config.groups import options
 from dpgrid.models import autoencoder, bag_of_words, cnn
 from dpgrid.models.transformers import transformer, vit
 from dpgrid.training.rules import MethodChoice
-from dpgrid.training.rules.convolution import CONV_METHODS
 from dpgrid.training.persample import make_engine, per_sample_losses
 from dpgrid.runner import build_strategy
 from dpgrid.training.threads import keep_freed_memory
@@ -123,13 +123,13 @@ if "--default-malloc" in sys.argv:  # the memory subprocesses read it from the e
     os.environ["DPGRID_BENCH_MALLOC"] = "default"
 ALLOCATOR = ("glibc defaults (--default-malloc)" if os.environ.get("DPGRID_BENCH_MALLOC") == "default"
              else keep_freed_memory() or "the allocator's defaults")
-METHODS = MethodChoice(os.environ.get("DPGRID_BENCH_CONV_METHOD", "auto"))  # one choice for every step, as a grid
+METHODS = MethodChoice(os.environ.get("DPGRID_BENCH_PER_SAMPLE_METHOD", "auto"))  # one choice for every step, as a grid
 
 
 def strategy_step(model_name, strategy, engine_name):
     """The strategy's step exactly as `dpgrid run` builds it: the compiled grid of this strategy on the model's
     dataset (its protocol's momentum, its plan's multipliers), a configuration in the middle of its grid, the
-    convolutions' per-sample methods chosen by measurement (or --conv-method)."""
+    layers' per-sample forms chosen by measurement (or --per-sample-method)."""
     model = MODELS[model_name][0]().to(DEVICE)
     x, y, task = batch(model_name)
     spec = dpgrid.compile(dpgrid.compose([f"dataset={MODELS[model_name][4]}", f"strategy={strategy}",
@@ -342,11 +342,11 @@ def grid_job(model_name, mode, setting="auto"):
     size = 1 if mode == "sequential" else group_size(setting, model, spec.strategy_cls, len(runs),
                                                      spec.plan.batch_size, DEVICE, data.x_train[:1])[0]
 
-    methods = MethodChoice(spec.train.per_sample_method)  # one choice of each convolution's form per grid, as a run makes
+    methods = MethodChoice(spec.train.per_sample_method)  # one choice of each layer's form per grid, as a run makes
 
     def job():
         for start in range(0, len(runs), size):
-            train_together(spec, data, runs[start:start + size], conv_methods=methods)
+            train_together(spec, data, runs[start:start + size], per_sample_methods=methods)
     job.runs, job.size, job.model, job.batch_size = len(runs), size, model, spec.plan.batch_size
     return job
 
@@ -470,9 +470,9 @@ def main():
     if "--device" in sys.argv:  # before anything is built; the memory subprocesses read it from the environment
         os.environ["DPGRID_BENCH_DEVICE"] = sys.argv[sys.argv.index("--device") + 1]
         globals()["DEVICE"] = torch.device(os.environ["DPGRID_BENCH_DEVICE"])
-    if "--conv-method" in sys.argv:  # the memory subprocesses build their steps from the environment too
-        os.environ["DPGRID_BENCH_CONV_METHOD"] = sys.argv[sys.argv.index("--conv-method") + 1]
-        METHODS.setting = os.environ["DPGRID_BENCH_CONV_METHOD"]
+    if "--per-sample-method" in sys.argv:  # the memory subprocesses build their steps from the environment too
+        os.environ["DPGRID_BENCH_PER_SAMPLE_METHOD"] = sys.argv[sys.argv.index("--per-sample-method") + 1]
+        METHODS.setting = os.environ["DPGRID_BENCH_PER_SAMPLE_METHOD"]
     strategies_found = dp_sgd_strategies()
     parser = argparse.ArgumentParser(description=" ".join(__doc__.split("\n\n")[0].split()))
     parser.add_argument("--searchpath", help="a config folder (file://...) whose strategies join the benchmark")
@@ -498,8 +498,8 @@ def main():
                         "synchronised, peak memory the device's)")
     parser.add_argument("--default-malloc", action="store_true",
                         help="leave glibc's malloc at its defaults (dpgrid run keeps freed memory for reuse)")
-    parser.add_argument("--conv-method", default="auto", choices=["auto", *CONV_METHODS],
-                        help="a convolution's per-sample method (train.per_sample_method; auto: measured on the first batch)")
+    parser.add_argument("--per-sample-method", default="auto", choices=["auto", *PER_SAMPLE_METHODS],
+                        help="each layer's per-sample form (train.per_sample_method; auto: measured on the first batch)")
     parser.add_argument("--record", nargs="?", const=RECORD, default=None,
                         help="write the report as the benchmark record (default benchmarks/steps.json), with the "
                         "machine, the commit and the command")

@@ -40,6 +40,7 @@ def test_the_readmes_accounting_figures_are_what_dpgrid_plan_prints():
             and f"K = 49: {plan.noise_multiplier:.2f} vs {plan.record.liu_talwar['noise_multiplier']:.2f}" in readme)
 
 
+@pytest.mark.slow  # plans every grid the protocol's reference table quotes (2 s): the docs, not the code, change it
 def test_the_protocols_reference_figures_are_what_dpgrid_plan_prints():
     """docs/protocol.md §3 quotes nu for MNIST at epsilon 3 and 9: one run, online's K = 7, fixed_threshold's K = 49."""
     import dpgrid

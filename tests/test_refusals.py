@@ -206,6 +206,7 @@ def script_help(script) -> str:
     return out.getvalue()
 
 
+@pytest.mark.slow  # imports every script (2 s): what a script's help says changes with its docs, not after every edit
 def test_every_scripts_help_describes_it_in_whole_sentences():
     from .conftest import ROOT
 

@@ -455,7 +455,7 @@ def test_the_accounting_contract_is_small_and_the_procedure_is_documented():
 
 def test_one_meaning_per_name():
     """A name says one thing: a strategy's noise (dpgrid.strategies.Noise) is never a generator (a run's noise
-    source), the accounting method is never a convolution's per-sample method (conv_methods), one run_grid (the API's),
+    source), the accounting method is never a layer's per-sample method (per_sample_methods), one run_grid (the API's),
     the configurations a command trains are not a `selection`, the shims of older plugins are gone."""
     runner = (PACKAGE / "runner.py").read_text()
     assert not re.search(r"\bnoises\b|\bnoise\s*=\s*torch\.Generator", runner) and not re.search(r"\bmethods\b", runner)

@@ -85,11 +85,23 @@ def fast_layer_runs(cases, *fast):
 __all__ = ["load_cfg", "OmegaConf", "strategy_class", "fast_layer_runs"]
 
 
+MADE = []  # the temporary folders this process made for the session, removed as it ends
+
+
+def pytest_unconfigure(config):
+    import shutil
+
+    for folder in [*MADE, *(str(source.parent) for _, source in TRAINED.values())]:
+        shutil.rmtree(folder, ignore_errors=True)
+
+
 def pytest_configure(config):
     """The noise searches' cache in a folder of this session (shared by its processes), not the user's; and the
     CPU as every grid's default device: the tests that compare numbers (golden data, stacked against one at a
     time, kill and resume) compare the CPU's, and the CUDA tests (tests/test_cuda.py) say train.device=cuda."""
-    os.environ.setdefault("DPGRID_CACHE", tempfile.mkdtemp(prefix="dpgrid-noise-"))
+    if "DPGRID_CACHE" not in os.environ:  # the first process of the session makes it, its workers inherit it
+        MADE.append(tempfile.mkdtemp(prefix="dpgrid-noise-"))
+        os.environ["DPGRID_CACHE"] = MADE[-1]
     os.environ["DPGRID_DEVICE"] = "cpu"
     # one torch thread per test process (pytest-xdist starts one per core): more would contend for the same cores
     os.environ.setdefault("OMP_NUM_THREADS", "1")

@@ -64,9 +64,10 @@ def sources(spec, config: dict, seed: int, device, phase: Phase = None) -> tuple
 def train_together(spec, data, runs: list, progress: bool = False, per_sample_methods: MethodChoice = None, phase: Phase = None,
                    engine: EngineChoice = None, checkpoint: dict = None) -> list:
     """The results of `runs` ((configuration, seed) pairs), all trained by one loop: one run alone, or several as
-    one stacked model (the same numbers as alone, within float rounding: dpgrid.training.stacked). `per_sample_methods`: the
-    grid's choice of each layer's per-sample form (train.per_sample_method, measured once per layer shape); `data` the phase's training data; `engine`:
-    the engine the grid's first batch proved (choose_engine; None: the compiled one, unproved, for a test's runs)."""
+    one stacked model (the same numbers as alone, within float rounding: dpgrid.training.stacked).
+    `per_sample_methods`: the grid's choice of each layer's per-sample form (train.per_sample_method, measured once
+    per layer shape); `data` the phase's training data; `engine`: the engine the grid's first batch proved
+    (choose_engine; None: the compiled one, unproved, for a test's runs)."""
     device = data.x_train.device
     models = [initial_model(spec, seed, device, checkpoint) for _, seed in runs]
     samplers, noise_sources = zip(*(sources(spec, config, seed, device, phase) for config, seed in runs))
@@ -134,7 +135,7 @@ class Trained:
     final: dict = None      # a tuning on a subsample's final runs' score (its selection.json's), or None
 
 
-def run_row(spec, config, seed, result, draw=None, n_threads=None, per_sample_methods: str = "", phase: Phase = None,
+def run_row(spec, config, seed, result, draw=None, n_threads=None, chosen_forms: str = "", phase: Phase = None,
             group_size: int = 1, engine: EngineChoice = None) -> dict:
     plan, procedure, phase = spec.plan, procedure_of(spec.plan.method), phase or Phase([])
     row = dict(dataset=plan.dataset, strategy=plan.strategy, metric=tasks.get(spec.dataset.task).metric,
@@ -160,7 +161,7 @@ def run_row(spec, config, seed, result, draw=None, n_threads=None, per_sample_me
                threads=n_threads, group_size=group_size, device=spec.train.device,
                engine=engine.name if engine else spec.train.engine,
                engine_proof=engine.error if engine else float("nan"),
-               **({"conv_methods": per_sample_methods} if per_sample_methods else {}),  # the column's recorded name
+               **({"conv_methods": chosen_forms} if chosen_forms else {}),  # MethodChoice.summary(); the column's recorded name
                config_hash=spec.config_hash)
     return row
 

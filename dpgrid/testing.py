@@ -114,10 +114,10 @@ def check_rule(module, inputs, *, runs: int = 3, rtol: float = 1e-9) -> int:
                 ((slice(0, b), "the whole batch"), (slice(0, half), "the first chunk"),
                  (slice(half, b), "the second chunk")), owns):
             # what the engine records of the forward (rule.recorded), and the bare input where that is more
-            given, *saved = rule.recorded(module, (a[rows],), module(a[rows]))
-            for extra, how in [({"saved": tuple(saved)} if saved else {}, "")] + ([({}, ", bare input")] if saved else []):
+            recorded = rule.recorded(module, (a[rows],), module(a[rows]))
+            for kept, how in [(recorded, "")] + ([(recorded[:1], ", bare input")] if len(recorded) > 1 else []):
                 what = part + dead + how
-                computed = rule(module, given, g[rows], choice, names, **extra)
+                computed = rule.from_recorded(module, kept, g[rows], choice, names)
                 close(computed.sq_norms(), own[rows].pow(2).sum(1), f"{form}, {what}: squared norms")
                 for w, kind in ((dense, "dense"), (disjoint, "disjoint")):
                     w = w[:, rows]

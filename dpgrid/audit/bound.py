@@ -59,18 +59,24 @@ def epsilon_lower_bound(m: int, r: int, v: int, delta: float, significance: floa
     return brentq(lambda eps: p_value(m, r, v, eps, delta) - significance, 0.0, EPSILON_CAP, xtol=1e-6)
 
 
+def coins_by_score(scores, coins) -> np.ndarray:
+    """The canaries' coins (True: in) in the order of their scores, lowest first (ties in the canaries' order): the
+    guesses of both estimates are its ends."""
+    return np.asarray(coins, dtype=bool)[np.argsort(np.asarray(scores, dtype=float), kind="stable")]
+
+
 def audit_scores(scores, coins, delta: float, confidence: float) -> dict:
     """The bound from the canaries' scores (higher: more likely in) and their coins (True: in): the best over
     GUESSES, each at (1 - confidence) / len(GUESSES). What it found for each k is returned too."""
     m = len(scores)
-    order = sorted(range(m), key=lambda i: scores[i])
+    inside = coins_by_score(scores, coins)
     significance = (1 - confidence) / len(GUESSES)
     tried = []
     for fraction in GUESSES:
         k = max(1, math.floor(fraction * m))
         if 2 * k > m:
             continue
-        correct = sum(coins[i] for i in order[-k:]) + sum(not coins[i] for i in order[:k])
+        correct = int(inside[-k:].sum() + (~inside[:k]).sum())
         tried.append({"guesses": 2 * k, "correct": correct,
                       "epsilon": epsilon_lower_bound(m, 2 * k, correct, delta, significance)})
     best = max(tried, key=lambda t: t["epsilon"])
@@ -131,8 +137,7 @@ def fdp_scores(scores, coins, delta: float, confidence: float) -> dict:
     """The f-DP estimate from the canaries' scores: "in" for the k highest (one-sided, as Mahloujifar et al.), k / m
     each of GUESSES, each at (1 - confidence) / len(GUESSES); the best."""
     m = len(scores)
-    order = np.argsort(np.asarray(scores, dtype=float), kind="stable")
-    inside = np.asarray(coins, dtype=bool)[order]
+    inside = coins_by_score(scores, coins)
     significance = (1 - confidence) / len(GUESSES)
     tried = []
     for fraction in GUESSES:

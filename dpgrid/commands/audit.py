@@ -145,7 +145,7 @@ def audit_command(args: list) -> int:
     spec = replace(spec, observer=AuditSpec(threat, m, coins, seed, spec.plan.sample_rate, spec.dataset.classes))
     start = time.perf_counter()
     train(spec, out / "grid", progress=True)
-    runs = read_runs(out / "grid")
+    runs = grid_runs(spec, out / "grid")
     scores, released = canary_scores(spec, out / "grid", data, runs)
     claimed = spec.plan.epsilon_with_seeds if spec.plan.private and spec.plan.epsilon_spent is not None else None
     confidence = options["--confidence"]
@@ -174,12 +174,16 @@ def audit_command(args: list) -> int:
     return 1 if falsified or (record["mechanism"] or {}).get("verdict") == "differs" else 0
 
 
-def read_runs(grid: Path):
-    """The audited grid's runs.csv, read once for the scores, the mechanism test and the count (empty where no run
-    was committed)."""
+def grid_runs(spec, grid: Path):
+    """The audited grid's runs.csv, read once (checked row by row, as every reader of a grid's rows:
+    dpgrid.results.runs.read_runs) for the scores, the mechanism test and the count; empty where no run was committed."""
     import pandas as pd
 
-    return pd.read_csv(grid / "runs.csv") if (grid / "runs.csv").exists() else pd.DataFrame()
+    from dpgrid.results.runs import read_runs
+
+    if not (grid / "runs.csv").exists():
+        return pd.DataFrame()
+    return read_runs(grid / "runs.csv", [c["config_id"] for c in spec.plan.configurations], spec.config_hash)
 
 
 def mechanism(spec, grid: Path, runs, coins: tuple, n_train: int, confidence: float) -> dict:
@@ -231,14 +235,13 @@ def canary_scores(spec, grid: Path, data, runs) -> tuple:
     statement = grid / "model" / "model.json"
     if not statement.exists():
         return None, []
-    import pandas as pd
-
+    from dpgrid.results.files import read_frame
     from dpgrid.results.release import chosen_runs
 
     record = json.loads(statement.read_text())
     config_id = record["configuration"]["config_id"]
     # the released runs as the release chose them: (the run's seed, its index among the released models)
-    _, chosen, _ = chosen_runs(spec, runs, pd.read_csv(grid / "summary.csv"))
+    _, chosen, _ = chosen_runs(spec, runs, read_frame(grid / "summary.csv"))
     released = [f"{config_id} seed {seed}" for seed, _ in chosen]
     if spec.observer.threat == "white_box":
         return sum(np.load(grid / "audit" / f"{config_id}_seed{seed}.npy") for seed, _ in chosen), released

@@ -83,6 +83,9 @@ def hashed(settings: dict, private: bool = True, accounts_seeds: bool = False) -
     return targets_as_first_recorded(plain)
 
 
+FIRST_RECORDED = {new: old for old, new in MOVED_MODULES.items()}  # a moved module's path -> the path grids recorded
+
+
 def targets_as_first_recorded(tree):
     """`tree` with each `_target_` in a moved module spelt by its old path (dpgrid.MOVED_MODULES): a grid hashes the
     same whichever path its config names, so grids recorded before the move keep their hash."""
@@ -94,7 +97,7 @@ def targets_as_first_recorded(tree):
     target = out.get("_target_")
     if isinstance(target, str):
         module, _, name = target.rpartition(".")
-        old = {new: old for old, new in MOVED_MODULES.items()}.get(module)
+        old = FIRST_RECORDED.get(module)
         out["_target_"] = f"{old}.{name}" if old else target
     return out
 

@@ -247,9 +247,7 @@ class FastEngine(OneRunEngine):
         """The hook that builds layer `at`'s rule from its output gradient; `kept`: a one-item list, emptied then."""
         def build(g):
             g = g.movedim(batch_dim, 0) if batch_dim else g
-            a, *saved = kept.pop()  # the layer's input, and what else its rule's `recorded` kept
-            factors[at] = rule(module, a, g, self.methods, tuple(name for name, _ in own),
-                               **({"saved": tuple(saved)} if saved else {}))
+            factors[at] = rule.from_recorded(module, kept.pop(), g, self.methods, tuple(name for name, _ in own))
         return build
 
     def __call__(self, x: torch.Tensor, y: torch.Tensor) -> PerSampleGrads:

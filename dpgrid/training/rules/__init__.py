@@ -76,6 +76,12 @@ class LayerRule:
         rule the input alone."""
         return (inputs[0].detach(),)
 
+    @classmethod
+    def from_recorded(cls, module, recorded: tuple, g, choice, params):
+        """The rule of one batch from what `recorded` kept of its forward call: the input as `a`, the rest as `saved`."""
+        a, *saved = recorded
+        return cls(module, a, g, choice, params, **({"saved": tuple(saved)} if saved else {}))
+
     @staticmethod
     def unsupported(module) -> str:
         """Why this module of the rule's type is not served ('' when it is): a configuration the rule does not

@@ -62,12 +62,13 @@ def sources(spec, config: dict, seed: int, device, phase: Phase = None) -> tuple
 
 
 def train_together(spec, data, runs: list, progress: bool = False, per_sample_methods: MethodChoice = None, phase: Phase = None,
-                   engine: EngineChoice = None, checkpoint: dict = None) -> list:
+                   engine: EngineChoice = None, checkpoint: dict = None, padded: bool = None) -> list:
     """The results of `runs` ((configuration, seed) pairs), all trained by one loop: one run alone, or several as
     one stacked model (the same numbers as alone, within float rounding: dpgrid.training.stacked).
     `per_sample_methods`: the grid's choice of each layer's per-sample form (train.per_sample_method, measured once
     per layer shape); `data` the phase's training data; `engine`: the engine the grid's first batch proved
-    (choose_engine; None: the compiled one, unproved, for a test's runs)."""
+    (choose_engine; None: the compiled one, unproved, for a test's runs); `padded`: pad the batches as a CUDA graph
+    needs them, on any device (None: on CUDA where a graph serves; dpgrid.testing.check_padded)."""
     device = data.x_train.device
     models = [initial_model(spec, seed, device, checkpoint) for _, seed in runs]
     samplers, noise_sources = zip(*(sources(spec, config, seed, device, phase) for config, seed in runs))
@@ -92,7 +93,7 @@ def train_together(spec, data, runs: list, progress: bool = False, per_sample_me
     # a selection's lines say nothing that grows with the candidates drawn: no progress line without a terminal
     ticking = progress and not procedure.releases_best_only
     results = train_runs(models, engine, strategy, data, steps, spec.plan.sample_rate, spec.train.eval_every,
-                         list(samplers), spec.train.sampling, progress, ticking, watcher)
+                         list(samplers), spec.train.sampling, progress, ticking, watcher, spec.train.cuda_graphs, padded)
     if watcher is not None:
         results[0].watcher = watcher
     return keeping_weights(spec, results, models)

@@ -1,14 +1,19 @@
 """Checks a plugin's own tests call: that a strategy which says `stacks = True` gives every run, trained in a stacked
-group, the numbers it gets trained alone.
+group, the numbers it gets trained alone; that one which says `captures = True` gets them on batches padded as a CUDA
+graph needs them.
 
-    from dpgrid.testing import check_stacked
+    from dpgrid.testing import check_padded, check_stacked
 
     def test_my_strategy_stacks():
         check_stacked("my_strategy", "hydra.searchpath=[pkg://my_plugins.conf]")
 
+    def test_my_strategy_pads():
+        check_padded("my_strategy", "hydra.searchpath=[pkg://my_plugins.conf]")
+
 The grid is small (digits, k = 2, 2 seeds, 12 steps, validated every 3) and trains in float64, where stacking changes
 nothing but float rounding far below what a step written for one run would get wrong (a statistic pooled over the
-group's runs, a clip or learning rate read as one number, a padded row counted).
+group's runs, a clip or learning rate read as one number, a padded row counted), or what a step that counts the rows it
+is handed would get wrong on a padded batch.
 """
 
 import math
@@ -20,31 +25,64 @@ def check_stacked(strategy: str, *overrides: str, rtol: float = 1e-9) -> int:
     """Train `strategy`'s small grid (`overrides`: Hydra overrides, its search path among them) one run at a time and
     as one stacked group; AssertionError naming the run, the validation and the value that differ. Returns how many
     values were compared."""
-    from dpgrid.config.compose import compose
-    from dpgrid.config import check_loaded, compile
-    from dpgrid.data import load
     from dpgrid.runner import train_together
 
-    spec = compile(compose([f"strategy={strategy}", "dataset=digits", "train.float64=true", "train.epochs=1",
-                            "train.eval_every=3", "train.seeds=2", "grid.k=2", *overrides]))
+    spec, data = small_grid(strategy, overrides)
     if not spec.strategy_cls.stacks:
         raise DpgridError(f"strategy={strategy}: {spec.strategy_cls.__name__} does not say `stacks = True`; nothing "
                           "to check")
-    data = load(spec.dataset, spec.data_root, "cpu").in_float64()
-    check_loaded(spec, data.n_train)
     runs = [(c, s) for c in spec.plan.configurations for s in range(spec.plan.seeds)]
     alone = [train_together(spec, data, [run])[0] for run in runs]
-    stacked = train_together(spec, data, runs)
+    return same_numbers(runs, alone, train_together(spec, data, runs), "alone", "stacked", rtol)
+
+
+def check_padded(strategy: str, *overrides: str, rtol: float = 1e-9) -> int:
+    """Train `strategy`'s small grid on its batches as drawn and padded as a CUDA graph needs them (each Poisson batch
+    to its capacity, dpgrid.training.graphs: here on the CPU), one run at a time and, where it stacks, as one stacked
+    group; AssertionError naming the run, the validation and the value that differ. What `captures = True` asks of a
+    strategy's step beyond reading no number on the host: a padded row (norm inf, mask 0) changes nothing. Returns how
+    many values were compared."""
+    from dpgrid.runner import train_together
+
+    spec, data = small_grid(strategy, overrides)
+    if not spec.strategy_cls.captures:
+        raise DpgridError(f"strategy={strategy}: {spec.strategy_cls.__name__} does not say `captures = True`; nothing "
+                          "to check")
+    runs = [(c, s) for c in spec.plan.configurations for s in range(spec.plan.seeds)]
+    drawn = [train_together(spec, data, [run], padded=False)[0] for run in runs]
+    padded = [train_together(spec, data, [run], padded=True)[0] for run in runs]
+    compared = same_numbers(runs, drawn, padded, "as drawn", "padded", rtol)
+    if spec.strategy_cls.stacks:
+        compared += same_numbers(runs, drawn, train_together(spec, data, runs, padded=True), "alone as drawn",
+                                 "stacked and padded", rtol)
+    return compared
+
+
+def small_grid(strategy: str, overrides: tuple) -> tuple:
+    """(spec, data) of the checks' small grid: digits, k = 2, 2 seeds, one epoch validated every 3 steps, float64."""
+    from dpgrid.config.compose import compose
+    from dpgrid.config import check_loaded, compile
+    from dpgrid.data import load
+
+    spec = compile(compose([f"strategy={strategy}", "dataset=digits", "train.float64=true", "train.epochs=1",
+                            "train.eval_every=3", "train.seeds=2", "grid.k=2", *overrides]))
+    data = load(spec.dataset, spec.data_root, "cpu").in_float64()
+    check_loaded(spec, data.n_train)
+    return spec, data
+
+
+def same_numbers(runs: list, first: list, second: list, how_first: str, how_second: str, rtol: float) -> int:
+    """How many curve values of two trainings of `runs` were compared; AssertionError at the first that differs."""
     compared = 0
-    for (config, seed), a, b in zip(runs, alone, stacked):
+    for (config, seed), a, b in zip(runs, first, second):
         where = f"{config['config_id']} seed {seed}"
         assert (a.steps, a.diverged, len(a.curve)) == (b.steps, b.diverged, len(b.curve)), \
-            f"{where}: alone {a.steps} steps (diverged {a.diverged}), stacked {b.steps} (diverged {b.diverged})"
+            f"{where}: {how_first} {a.steps} steps (diverged {a.diverged}), {how_second} {b.steps} (diverged {b.diverged})"
         for ca, cb in zip(a.curve, b.curve):
             for key in ca:
                 same = ca[key] == cb.get(key) or math.isclose(ca[key], cb.get(key, math.nan), rel_tol=rtol,
                                                               abs_tol=1e-12) or (ca[key] != ca[key] and cb[key] != cb[key])
-                assert same, f"{where}, step {ca['step']}: {key} is {ca[key]!r} alone, {cb.get(key)!r} stacked"
+                assert same, f"{where}, step {ca['step']}: {key} is {ca[key]!r} {how_first}, {cb.get(key)!r} {how_second}"
                 compared += 1
     return compared
 

@@ -73,6 +73,15 @@ def dp_sgd_strategies() -> list:
         dpgrid.compose([f"strategy={name}", *searchpath()]).strategy).accounting == "composition"]
 
 
+def strategy_class(name: str):
+    return strategies.resolve(dpgrid.compose([f"strategy={name}", *searchpath()]).strategy)
+
+
+def nonprivate_strategies() -> list:
+    """The config group's non-private baselines: with --cuda-graphs, the non-private step captured as dpgrid takes it."""
+    return [name for name in sorted(options("strategy")) if not strategy_class(name).private]
+
+
 def plugin_options(group: str) -> list:
     folder = os.environ.get("DPGRID_BENCH_SEARCHPATH", "")
     path = folder[len("file://"):] if folder.startswith("file://") else None
@@ -126,10 +135,12 @@ ALLOCATOR = ("glibc defaults (--default-malloc)" if os.environ.get("DPGRID_BENCH
 METHODS = MethodChoice(os.environ.get("DPGRID_BENCH_PER_SAMPLE_METHOD", "auto"))  # one choice for every step, as a grid
 
 
-def strategy_step(model_name, strategy, engine_name):
+def strategy_step(model_name, strategy, engine_name, graph: bool = False):
     """The strategy's step exactly as `dpgrid run` builds it: the compiled grid of this strategy on the model's
     dataset (its protocol's momentum, its plan's multipliers), a configuration in the middle of its grid, the
-    layers' per-sample forms chosen by measurement (or --per-sample-method)."""
+    layers' per-sample forms chosen by measurement (or --per-sample-method). `graph` (CUDA): as `dpgrid run` takes it
+    there, the batch padded to its capacity (B = 512 is one) and the step replayed as a CUDA graph
+    (dpgrid.training.graphs; the first two steps launch it, then capture it)."""
     model = MODELS[model_name][0]().to(DEVICE)
     x, y, task = batch(model_name)
     spec = dpgrid.compile(dpgrid.compose([f"dataset={MODELS[model_name][4]}", f"strategy={strategy}",
@@ -138,7 +149,19 @@ def strategy_step(model_name, strategy, engine_name):
     s = build_strategy(spec, model.parameters(), configs[len(configs) // 2],
                        torch.Generator(device=DEVICE).manual_seed(0))
     engine = make_engine(model, task, engine_name, METHODS)
-    return lambda: s.step(engine(x, y))
+    if not graph:
+        return lambda: s.step(engine(x, y))
+    import itertools
+
+    from dpgrid.data import Data
+    from dpgrid.training.graphs import Steps, how_steps_run
+
+    padded, captured, why = how_steps_run(DEVICE, engine, s, "poisson", None, True)
+    if not captured:
+        raise SystemExit(f"--cuda-graphs: {strategy}'s step on {model_name} is not captured: {why}")
+    steps = Steps(engine, s, Data(x, y, x[:1], y[:1], task), [itertools.repeat(torch.arange(BATCH))], padded, captured)
+    count = itertools.count(1)
+    return lambda: steps(next(count))
 
 
 N_TRAIN = {"cnn": 60000, "autoencoder": 60000, "bag_of_words": 120000, "transformer": 120000, "vit": 60000}
@@ -245,7 +268,12 @@ def make_step(model_name, method, engine_name):
         return RIVALS[method][0](model_name)
     if method in SECURE_MODES:
         return sampled_step(model_name, method, engine_name)
+    if method.endswith(GRAPHED):
+        return strategy_step(model_name, method.removesuffix(GRAPHED), engine_name, graph=True)
     return strategy_step(model_name, method, engine_name)
+
+
+GRAPHED = "+graph"  # --cuda-graphs: a strategy's step replayed as a CUDA graph, as `dpgrid run` takes it on CUDA
 
 
 def peak_rss_mb() -> float:
@@ -325,8 +353,10 @@ def grid_job(model_name, mode, setting="auto"):
     from dpgrid.training.stacked import group_size
 
     dataset, k, steps, n = GRIDS[model_name]
+    graphs = os.environ.get("DPGRID_BENCH_CUDA_GRAPHS", "false")  # --cuda-graphs (the memory subprocesses read it)
     spec = dpgrid.compile(dpgrid.compose([f"dataset={dataset}", "strategy=online", f"grid.k={k}", "train.seeds=5",
-                                          f"train.eval_every={steps}", f"train.device={DEVICE}"]), n)
+                                          f"train.eval_every={steps}", f"train.device={DEVICE}",
+                                          f"train.cuda_graphs={graphs}"]), n)
     if model_name == "mlp":  # the real digits
         data = load(spec.dataset, spec.data_root, DEVICE)
     else:
@@ -470,6 +500,8 @@ def main():
     if "--device" in sys.argv:  # before anything is built; the memory subprocesses read it from the environment
         os.environ["DPGRID_BENCH_DEVICE"] = sys.argv[sys.argv.index("--device") + 1]
         globals()["DEVICE"] = torch.device(os.environ["DPGRID_BENCH_DEVICE"])
+    if "--cuda-graphs" in sys.argv:
+        os.environ["DPGRID_BENCH_CUDA_GRAPHS"] = "true"
     if "--per-sample-method" in sys.argv:  # the memory subprocesses build their steps from the environment too
         os.environ["DPGRID_BENCH_PER_SAMPLE_METHOD"] = sys.argv[sys.argv.index("--per-sample-method") + 1]
         METHODS.setting = os.environ["DPGRID_BENCH_PER_SAMPLE_METHOD"]
@@ -496,6 +528,9 @@ def main():
     parser.add_argument("--parallel-runs", default="auto", help="--grid: train.parallel_runs of the stacked mode")
     parser.add_argument("--device", default="cpu", help="cpu or cuda[:N]: where the steps and grids run (CUDA timings "
                         "synchronised, peak memory the device's)")
+    parser.add_argument("--cuda-graphs", action="store_true", help="with --device cuda: also time each strategy that "
+                        "says `captures = True`, and the non-private baseline, replayed as a CUDA graph (<strategy>+graph), as dpgrid run "
+                        "takes them there; with --grid: train.cuda_graphs=true for the grids (false without it)")
     parser.add_argument("--default-malloc", action="store_true",
                         help="leave glibc's malloc at its defaults (dpgrid run keeps freed memory for reuse)")
     parser.add_argument("--per-sample-method", default="auto", choices=["auto", *PER_SAMPLE_METHODS],
@@ -520,7 +555,8 @@ def main():
         return
     if args.grid:
         machine = {"cpu": cpu_name(), "device": device_name(), "cores": os.cpu_count(),
-                   "torch_threads": torch.get_num_threads(), "torch": torch.__version__, "allocator": ALLOCATOR}
+                   "torch_threads": torch.get_num_threads(), "torch": torch.__version__, "allocator": ALLOCATOR,
+                   "cuda_graphs": args.cuda_graphs}
         rows = bench_grids(args.models, args.repeats, not args.no_memory, args.parallel_runs)
         if args.json:
             print(json.dumps({"machine": machine, "grid": rows}, indent=2))
@@ -551,6 +587,11 @@ def main():
               "nonprivate": [], "results": [], "opacus": []}
     for model_name in args.models:
         methods = ["nonprivate", *args.strategies] + (list(SECURE_MODES) if args.secure else [])
+        if args.cuda_graphs:
+            if DEVICE.type != "cuda":
+                raise SystemExit("--cuda-graphs needs --device cuda: a CPU step is never captured")
+            methods += [f"{name}{GRAPHED}" for name in [*args.strategies, *nonprivate_strategies()]
+                        if strategy_class(name).captures]
         steps = {m: make_step(model_name, m, args.engine) for m in methods}
         warm(steps.values(), args.warmup)
         start = time.perf_counter()

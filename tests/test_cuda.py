@@ -162,3 +162,86 @@ def test_the_engines_prove_themselves_on_cuda(model):
         warnings.simplefilter("error")
         chosen = choose_engine(net.to(device), "classification", x.to(device), y.to(device), "auto", True, "auto")
     assert chosen.name == "fast" and chosen.stacks, chosen.said
+
+
+def test_a_graph_replays_the_noise_an_uncaptured_step_draws():
+    """Graph-safe generators: a run's CUDA generator registered with a graph gives, replay after replay and between
+    uncaptured draws, the very numbers the same seed gives uncaptured (the noise a seeded run publishes is its own)."""
+    shape = (1000,)
+    plain = torch.Generator(device="cuda").manual_seed(7)
+    expected = [torch.randn(shape, generator=plain, device="cuda") for _ in range(5)]
+
+    graphed = torch.Generator(device="cuda").manual_seed(7)
+    out = torch.empty(shape, device="cuda")
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        first = torch.randn(shape, generator=graphed, device="cuda")  # uncaptured, as a capacity's first step
+        graph = torch.cuda.CUDAGraph()
+        graph.register_generator_state(graphed)
+        with torch.cuda.graph(graph, stream=side):
+            torch.randn(shape, generator=graphed, out=out)
+    torch.cuda.current_stream().wait_stream(side)
+    drawn = [first]
+    for _ in range(2):
+        graph.replay()
+        drawn.append(out.clone())
+    drawn.append(torch.randn(shape, generator=graphed, device="cuda"))  # uncaptured again, between replays
+    graph.replay()
+    drawn.append(out.clone())
+    for step, (a, b) in enumerate(zip(expected, drawn)):
+        assert torch.equal(a, b), f"draw {step + 1} differs"
+
+
+@pytest.mark.parametrize("strategy", ["online", "fixed_quantile", "fixed_threshold", "nodp"])
+@pytest.mark.parametrize("group", [False, True], ids=["one run", "stacked group"])
+def test_cuda_graphs_change_no_number_a_seeded_run_gives(strategy, group, monkeypatch):
+    """train.cuda_graphs=true (captured and replayed) and false (launched) train the same runs to the same curves on
+    the same device, in float64, one run and a stacked group; the captured runs did replay graphs (a capacity met twice
+    is captured once), and their steps ask nothing of the host."""
+    from dpgrid.data import load
+    from dpgrid.runner import train_together
+    from dpgrid.testing import same_numbers
+    from dpgrid.training import graphs
+
+    captures = []
+    capture = graphs.Steps.capture
+    monkeypatch.setattr(graphs.Steps, "capture", lambda self, rows, mask: captures.append(rows.shape[1]) or
+                        capture(self, rows, mask))
+    curves = {}
+    for setting in (False, True):
+        spec = spec_of(strategy, **{"train.float64": True, "train.epochs": 3, "train.cuda_graphs": setting})
+        data = load(spec.dataset, spec.data_root, "cuda").in_float64()
+        runs = [(c, s) for c in spec.plan.configurations for s in range(spec.plan.seeds)]
+        curves[setting] = (train_together(spec, data, runs) if group else
+                           [train_together(spec, data, [run])[0] for run in runs])
+    assert same_numbers(runs, curves[False], curves[True], "launched", "captured", 1e-9) > 20
+    assert captures, "no step was captured"
+    if group:  # one loop: each capacity captured once, then replayed
+        assert len(set(captures)) == len(captures), captures
+
+
+def test_captured_steps_ask_nothing_of_the_host():
+    """Once each capacity met is captured, a replayed step neither waits for the device nor launches a kernel by kernel
+    (torch's sync debug mode turns a wait into an error)."""
+    from dpgrid.data import load
+    from dpgrid.runner import build_strategy, initial_model, sources
+    from dpgrid.training.graphs import Steps, how_steps_run
+    from dpgrid.training.persample import make_engine
+    from dpgrid.training.train import batches
+
+    spec = spec_of("online")
+    data = load(spec.dataset, spec.data_root, "cuda")
+    config = spec.plan.configurations[0]
+    model = initial_model(spec, 0, "cuda")
+    sampler, noise = sources(spec, config, 0, "cuda")
+    strategy = build_strategy(spec, model.parameters(), config, noise)
+    engine = make_engine(model, data.task, spec.train.engine)
+    pad, captured, why = how_steps_run("cuda", engine, strategy, "poisson", None, True)
+    assert pad and captured and why == "", why
+    fixed = [torch.arange(spec.train.batch_size)] * 8  # one capacity: launched, captured, then replayed
+    steps = Steps(engine, strategy, data, [iter(fixed)], pad, captured)
+    steps(1)
+    steps(2)
+    assert len(steps.graphs) == 1
+    without_a_host_wait(lambda: steps(3))

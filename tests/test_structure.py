@@ -408,17 +408,23 @@ def test_no_strategy_branches_on_whether_it_is_stacked():
 
 
 def test_one_training_loop():
-    """Every run, alone or stacked, is trained by one loop (dpgrid.training.train.train_runs): it is the only
-    function in dpgrid that takes a strategy's step. The stacked engine's norms and sums are the layer rules' (the
-    fast engine's) with a leading run dimension, not maths of its own."""
-    steps = []
+    """Every run, alone or stacked, is trained by one loop (dpgrid.training.train.train_runs), and its steps are taken
+    in one place (dpgrid.training.graphs.Steps: launched, or captured as a CUDA graph): no other function in dpgrid
+    takes a strategy's step or makes the steps. The stacked engine's norms and sums are the layer rules' (the fast
+    engine's) with a leading run dimension, not maths of its own."""
+    steps, makers = [], []
     for path in sorted(PACKAGE.rglob("*.py")):
         for node in ast.walk(ast.parse(path.read_text())):
-            if isinstance(node, ast.FunctionDef) and any(
-                    isinstance(c, ast.Call) and isinstance(c.func, ast.Attribute) and c.func.attr == "step"
-                    and isinstance(c.func.value, ast.Name) and c.func.value.id == "strategy" for c in ast.walk(node)):
+            if not isinstance(node, ast.FunctionDef):
+                continue
+            calls = [c for c in ast.walk(node) if isinstance(c, ast.Call)]
+            if any(isinstance(c.func, ast.Attribute) and c.func.attr == "step" and
+                   ast.unparse(c.func.value) in ("strategy", "self.strategy") for c in calls):
                 steps.append(f"{path.relative_to(ROOT)}:{node.name}")
-    assert steps == ["dpgrid/training/train.py:train_runs"], steps
+            if any(ast.unparse(c.func) == "Steps" for c in calls):
+                makers.append(f"{path.relative_to(ROOT)}:{node.name}")
+    assert steps == [f"dpgrid/training/graphs.py:{name}" for name in ("__call__", "launch", "capture")], steps
+    assert makers == ["dpgrid/training/train.py:train_runs"], makers
     tree = ast.parse((PACKAGE / "training" / "stacked.py").read_text())
     engine = next(n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == "StackedEngine")
     called = {ast.unparse(c.func) for c in ast.walk(engine) if isinstance(c, ast.Call)}

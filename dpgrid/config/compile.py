@@ -38,6 +38,7 @@ class Training:
     secure_rng: bool
     threads: str = "auto"  # torch threads: auto (chosen when the grid runs, dpgrid.training.threads) or a number
     parallel_runs: str = "auto"  # runs trained stacked: auto (dpgrid.training.stacked.group_size) or a number
+    cuda_graphs: bool = True  # on CUDA, each step replayed as a CUDA graph where that serves (dpgrid.training.graphs)
     save_models: str = "released"  # released | all | none (dpgrid.results.models)
     per_sample_method: str = "auto"  # each layer's per-sample form where a rule offers several: auto (measured) or one
     engine_setting: str = "auto"  # train.engine as set: auto | fast (the first batch's proof refuses, not falls back) | func
@@ -131,6 +132,7 @@ def compile(cfg, n_train: int = None, plan: bool = True, before_plan=None) -> Gr
                        sampling=str(cfg.train.sampling), device=str(cfg.train.device), engine=str(cfg.train.engine),
                        float64=bool(cfg.train.float64), secure_rng=bool(cfg.privacy.secure_rng),
                        threads=str(cfg.train.threads), parallel_runs=str(cfg.train.parallel_runs),
+                       cuda_graphs=bool(cfg.train.cuda_graphs),
                        save_models=str(cfg.train.save_models), per_sample_method=str(cfg.train.per_sample_method),
                        engine_setting=str(cfg.train.engine), steps=None if steps is None else int(steps)),
         dataset=dataset, model=target_of(own_keys(read_only(cfg.model)), "model"), start=start,

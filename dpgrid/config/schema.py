@@ -48,6 +48,7 @@ class TrainConfig:
     float64: bool = False
     threads: str = "auto"
     parallel_runs: str = "auto"
+    cuda_graphs: bool = True
     save_models: str = "released"
     trainable: list[str] = field(default_factory=lambda: ["*"])
 

@@ -79,6 +79,8 @@ class Strategy:
     full_batch = False  # True: every step uses the whole training set (train.batch_size must be N)
     stacks = False    # True: `step` also serves G runs stacked (see above); a group then trains as one model
     gradient_query = None  # the key of noise.queries that is the gradient's multiplier (None: noise_multiplier)
+    captures = False  # True: on CUDA its step may be replayed as a CUDA graph (dpgrid.training.graphs): it reads no
+    # number on the host, keeps its state in tensors made by the first step, and counts a padded batch through the mask
 
     @classmethod
     def check_options(cls, options) -> None:

@@ -22,6 +22,7 @@ class FixedQuantile(Strategy):
     label = "Fixed Quantile"
     adapts = ("clip",)
     stacks = True
+    captures = True
     gradient_query = "noise_multiplier_grad"
 
     @classmethod

@@ -11,6 +11,7 @@ class FixedThreshold(Strategy):
 
     label = "Fixed Threshold"
     stacks = True
+    captures = True
 
     def step(self, grads) -> None:
         clipped_sum = grads.weighted_sum(self.clip_weights(grads.norms))

@@ -15,6 +15,7 @@ class NoDP(Strategy):
     label = "NoDP"
     private = False
     stacks = True
+    captures = True
 
     def step(self, grads) -> None:
         self.descend(grads.weighted_sum(grads.mean_weights()), self.lr)

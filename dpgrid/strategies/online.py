@@ -29,6 +29,7 @@ class Online(Strategy):
     label = "Online"
     adapts = ("clip", "lr")
     stacks = True
+    captures = True
     gradient_query = "noise_multiplier_g"
 
     @classmethod

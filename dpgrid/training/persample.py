@@ -43,7 +43,7 @@ class PerSampleGrads:
 
     def __init__(self, size: int, norms_fn: Callable, sum_fn: Callable, group_norms_fn: Callable = None,
                  group_sum_fn: Callable = None, device=None, mask=None):
-        self.size, self.device, self.mask = size, device, mask  # mask (G, b): stacked runs' padded batches
+        self.size, self.device, self.mask = size, device, mask  # mask (b,) or (G, b): 0 for a padded row
         self._norms_fn, self._sum_fn, self._norms = norms_fn, sum_fn, None
         self._group_norms_fn, self._group_sum_fn, self._group_norms = group_norms_fn, group_sum_fn, None
 
@@ -70,16 +70,17 @@ class PerSampleGrads:
         return self.weighted_sums(weights)[0]
 
     def in_batch(self) -> torch.Tensor:
-        """1 for each sample of the batch: (b,); for stacked runs' padded batches, their mask (G, b)."""
+        """1 for each sample of the batch: (b,); for a padded batch its mask, (b,) or a stacked group's (G, b)."""
         if self.mask is not None:
             return self.mask
         return torch.ones(self.size, device=self.device)
 
     def mean_weights(self) -> torch.Tensor:
-        """1 / b for each of the batch's b samples (the realised size: for the non-private baseline only); stacked,
-        1 / b_r for run r's b_r samples and 0 for padding (computed in float64, then rounded once)."""
+        """1 / b for each of the batch's b samples (the realised size: for the non-private baseline only); padded (a
+        stacked group's batches, or a batch padded for a CUDA graph), 1 / b_r for run r's b_r samples and 0 for
+        padding (computed in float64, then rounded once)."""
         if self.mask is not None:
-            counts = self.mask.double().sum(1, keepdim=True).clamp_min(1)
+            counts = self.mask.double().sum(-1, keepdim=True).clamp_min(1)
             return (self.mask.double() / counts).to(torch.get_default_dtype())
         return torch.full((self.size,), 1.0 / max(self.size, 1), device=self.device)
 
@@ -250,21 +251,30 @@ class FastEngine(OneRunEngine):
             factors[at] = rule.from_recorded(module, kept.pop(), g, self.methods, tuple(name for name, _ in own))
         return build
 
-    def __call__(self, x: torch.Tensor, y: torch.Tensor) -> PerSampleGrads:
+    def padded(self, data, rows: torch.Tensor, mask: torch.Tensor) -> PerSampleGrads:
+        """The run's batch padded to a fixed length (dpgrid.training.graphs): `rows` (1, capacity) training-set
+        indices and `mask` (1, capacity), 0 for a padded row, both on the data's device."""
+        return self(data.x_train[rows[0]], data.y_train[rows[0]], mask[0])
+
+    def __call__(self, x: torch.Tensor, y: torch.Tensor, mask: torch.Tensor = None) -> PerSampleGrads:
+        """`mask` (b,): 0 for a padded row, which gets a zero loss weight and an infinite norm (in no weighted sum and
+        in no count, as a stacked group's padding)."""
         if len(x) == 0:
             return empty_batch(self.params, x.device, len(self.layers))
         while True:
             try:
-                return self._gradients(x, y)
+                return self._gradients(x, y, mask)
             except InPlaceChange as change:  # the layer keeps its own copy from now on, and the batch is done again
                 self._copies.add(self.layers[change.args[0]])
 
-    def _gradients(self, x: torch.Tensor, y: torch.Tensor) -> PerSampleGrads:
+    def _gradients(self, x: torch.Tensor, y: torch.Tensor, mask: torch.Tensor = None) -> PerSampleGrads:
         self._record, self._batch = {}, len(x)
         try:
             losses = per_sample_losses(self.model(x), y, self.task)
         finally:
             record, self._record = self._record, None
+        if mask is not None:
+            losses = losses * mask.to(losses.dtype)
         # One backward to each layer's output (G_i of every sample, no weight gradients); each layer's rule is built
         # as soon as its G arrives, and the layer's input is let go then, not after the whole backward (a rule that
         # keeps less than its input and G, a normalisation's, frees them while the backward goes on).
@@ -290,8 +300,11 @@ class FastEngine(OneRunEngine):
             if factors[at] is None:
                 factors[at] = Unused(m, self._own[at], len(x), x.device)
 
+        padding = None if mask is None else (mask == 0)
+
         def norms():
-            return torch.sqrt(sum(f.sq_norms() for f in factors))
+            norms = torch.sqrt(sum(f.sq_norms() for f in factors))
+            return norms if padding is None else norms.masked_fill(padding, float("inf"))
 
         def weighted_sum(w):
             sums = [None] * len(self.params)
@@ -302,7 +315,8 @@ class FastEngine(OneRunEngine):
             return sums
 
         def group_norms():  # the engine's groups are its layers
-            return torch.sqrt(torch.stack([f.sq_norms() for f in factors], 1))
+            norms = torch.sqrt(torch.stack([f.sq_norms() for f in factors], 1))
+            return norms if padding is None else norms.masked_fill(padding[:, None], float("inf"))
 
         def group_sum(w):
             sums = [None] * len(self.params)
@@ -311,7 +325,7 @@ class FastEngine(OneRunEngine):
                     sums[at] = total[0]
             return sums
 
-        return PerSampleGrads(len(x), norms, weighted_sum, group_norms, group_sum, x.device)
+        return PerSampleGrads(len(x), norms, weighted_sum, group_norms, group_sum, x.device, mask)
 
 
 class Unused:

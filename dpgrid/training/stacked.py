@@ -24,6 +24,7 @@ import torch
 from torch import nn
 
 from dpgrid.privacy.randomness import to_device
+from dpgrid.training.graphs import padded_rows
 from dpgrid.training.persample import PerSampleGrads, check_model, per_sample_losses
 from dpgrid.training.rules import MethodChoice, rule_for, why_unserved
 
@@ -177,6 +178,11 @@ class StackedEngine:
         """The G runs' batches (`indices`: one index tensor per run), padded to the largest."""
         return self(*padded_batch(data, indices))
 
+    def padded(self, data, rows: torch.Tensor, mask: torch.Tensor) -> PerSampleGrads:
+        """The G runs' batches padded to a fixed length (dpgrid.training.graphs): `rows` (G, capacity) training-set
+        indices and `mask` (G, capacity), both on the data's device."""
+        return self(data.x_train[rows], data.y_train[rows], mask)
+
     def __call__(self, x: torch.Tensor, y: torch.Tensor, mask: torch.Tensor) -> PerSampleGrads:
         """x (G, b, ...), y (G, b, ...), mask (G, b): 1 for a run's sampled rows, 0 for padding."""
         from dpgrid.training.persample import InPlaceChange
@@ -213,11 +219,6 @@ class StackedEngine:
 
 def padded_batch(data, indices: list) -> tuple:
     """(x, y, mask) of G runs' batches (index tensors of their own sizes), padded to the largest."""
-    b = max(1, max(len(i) for i in indices))
-    rows = torch.zeros((len(indices), b), dtype=torch.long)
-    mask = torch.zeros((len(indices), b), dtype=data.x_train.dtype)
-    for run, idx in enumerate(indices):
-        rows[run, :len(idx)] = idx
-        mask[run, :len(idx)] = 1
+    rows, mask = padded_rows(indices, max(1, max(len(i) for i in indices)), data.x_train.dtype)
     rows, mask = to_device(rows, data.x_train.device), to_device(mask, data.x_train.device)
     return data.x_train[rows], data.y_train[rows], mask

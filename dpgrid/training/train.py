@@ -17,6 +17,7 @@ from tqdm.auto import tqdm
 
 from dpgrid.data import tasks
 from dpgrid.privacy.randomness import permutation, poisson_batch
+from dpgrid.training.graphs import Steps, how_steps_run
 
 
 @dataclass
@@ -71,29 +72,27 @@ def evaluate(model, x, y, task: str, batch_size: int = 512) -> tuple:
 
 def train_runs(models: list, engine, strategy, data, steps: int, sample_rate: float, eval_every: int,
                sample_generators: list, sampling: str = "poisson", progress: bool = True, ticking: bool = False,
-               watcher=None) -> list:
+               watcher=None, cuda_graphs: bool = True, padded: bool = None) -> list:
     """The training loop of every run: G runs, each on its own batches from its own generator, one step for all
     (G = 1, or a stacked group, dpgrid.training.stacked; `engine.gradients` takes one batch per run). At most `steps`
     steps; a strategy that sets `finished` (its budget would be exceeded) ends the runs before the step it refused.
     Each run is validated every `eval_every` steps and after the last step it took; a diverged run is finished and
     left out of validation (stacked, its slice goes on computing, nothing crosses between runs, until the group
-    ends). Each run's seconds are its share of the group's time."""
+    ends). Each run's seconds are its share of the group's time. On CUDA the steps are padded and replayed as CUDA
+    graphs where that serves (`cuda_graphs`, dpgrid.training.graphs); `padded` forces padding on or off."""
     results = [RunResult() for _ in models]
     start = time.perf_counter()
     samplers = [batches(data.n_train, sample_rate, strategy.batch_size, sampling, g) for g in sample_generators]
+    pad, captured, _ = how_steps_run(data.x_train.device, engine, strategy, sampling, watcher, cuda_graphs, padded)
+    take_step = Steps(engine, strategy, data, samplers, pad, captured, watcher)
     training = list(range(len(models)))
     bar = tqdm(range(1, steps + 1), desc="steps" if len(models) == 1 else f"steps ({len(models)} runs together)",
                leave=False, disable=None if progress else True)
     said = Ticker(ticking and not sys.stderr.isatty(), steps, len(models))  # no terminal: a line every few seconds
     for step in bar:
         said(step)
-        grads = engine.gradients(data, [next(s) for s in samplers])
         strategy.progress.step = step
-        if watcher is not None:
-            watcher.before_step(step, strategy)
-        strategy.step(grads)
-        if watcher is not None:
-            watcher.after_step(step, strategy)
+        take_step(step)
         if strategy.finished:
             break
         for run in training:

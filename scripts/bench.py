@@ -11,6 +11,7 @@ subprocess (ru_maxrss above the set-up).
     python scripts/bench.py [--steps 7] [--models cnn autoencoder bag_of_words transformer vit] [--json]
     python scripts/bench.py --secure --no-opacus --strategies fixed_threshold   # the cost of secure mode
     python scripts/bench.py --grid [--models mlp bag_of_words cnn] [--parallel-runs auto] [--json]  # whole grids
+    python scripts/bench.py --grid --side-by-side 2 [--models mlp cnn]  # two grids' processes at once on one device
     PYTHONPATH=examples python scripts/bench.py --searchpath file://$PWD/examples/dpgrid_example/conf \
         --strategies fixed_threshold per_layer --no-opacus       # a plugin's strategies, from its config folder
 
@@ -411,6 +412,53 @@ def bench_grids(models: list, repeats: int, memory: bool, setting: str = "auto")
     return rows
 
 
+def started_grids(model_name: str, jobs: int, setting: str, threads: int) -> list:
+    """`jobs` fresh processes, each with its grid_job of `model_name` set up (data loaded, model built) and waiting
+    for a line on its stdin to start; torch uses `threads` threads in each (train.threads=auto shares the cores among
+    a launcher's parallel jobs)."""
+    code = (f"import sys, time; sys.path.insert(0, {os.path.dirname(os.path.abspath(__file__))!r}); import bench; "
+            f"bench.torch.set_num_threads({threads}); job = bench.grid_job({model_name!r}, 'parallel', {setting!r}); "
+            "print('ready', flush=True); sys.stdin.readline(); start = time.time(); job(); bench.synchronize(); "
+            "print(start, time.time(), flush=True)")
+    processes = [subprocess.Popen([sys.executable, "-W", "ignore", "-c", code], stdin=subprocess.PIPE,
+                                  stdout=subprocess.PIPE, text=True) for _ in range(jobs)]
+    for process in processes:
+        if process.stdout.readline().strip() != "ready":
+            raise SystemExit(f"--side-by-side: a {model_name} grid process failed to set up")
+    return processes
+
+
+def timed_grids(processes: list) -> tuple:
+    """(first start, last end) of the set-up grid processes, each told to start at once."""
+    for process in processes:
+        process.stdin.write("go\n")
+        process.stdin.flush()
+    spans = [tuple(map(float, process.communicate()[0].split()[-2:])) for process in processes]
+    if any(process.returncode for process in processes):
+        raise SystemExit("--side-by-side: a grid process failed")
+    return min(s for s, _ in spans), max(e for _, e in spans)
+
+
+def bench_side_by_side(models: list, jobs: int, repeats: int, setting: str = "auto") -> list:
+    """{"model", "grids", "one_after_another_s", "side_by_side_s", "speedup"} per model: `jobs` copies of the model's
+    --grid grid (as `dpgrid run` groups it, train.parallel_runs=`setting`), each in its own process as a launcher's
+    sweep runs them: one after another (all the cores each) against side by side (the cores shared among them), set-up
+    excluded, medians of `repeats` rounds, the two modes alternating."""
+    cores = torch.get_num_threads()
+    rows = []
+    for model_name in models:
+        apart, together = [], []
+        for _ in range(repeats):
+            apart.append(sum(end - start for start, end in (timed_grids(started_grids(model_name, 1, setting, cores))
+                                                            for _ in range(jobs))))
+            start, end = timed_grids(started_grids(model_name, jobs, setting, max(1, cores // jobs)))
+            together.append(end - start)
+        one_after_another, side_by_side = statistics.median(apart), statistics.median(together)
+        rows.append({"model": model_name, "grids": jobs, "one_after_another_s": one_after_another,
+                     "side_by_side_s": side_by_side, "speedup": one_after_another / side_by_side})
+    return rows
+
+
 RECORD = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "benchmarks", "steps.json")
 DRIFT = 0.10  # a ratio that moved by more than this (relative) against the record is flagged
 
@@ -526,6 +574,8 @@ def main():
                         "(train.parallel_runs=auto) instead of single steps; --models from " + ", ".join(GRIDS))
     parser.add_argument("--repeats", type=int, default=3, help="--grid: passes per mode (median reported)")
     parser.add_argument("--parallel-runs", default="auto", help="--grid: train.parallel_runs of the stacked mode")
+    parser.add_argument("--side-by-side", type=int, metavar="N", help="--grid: N copies of each grid in N processes, "
+                        "one after another against side by side on this device (a launcher's parallel jobs)")
     parser.add_argument("--device", default="cpu", help="cpu or cuda[:N]: where the steps and grids run (CUDA timings "
                         "synchronised, peak memory the device's)")
     parser.add_argument("--cuda-graphs", action="store_true", help="with --device cuda: also time each strategy that "
@@ -557,6 +607,17 @@ def main():
         machine = {"cpu": cpu_name(), "device": device_name(), "cores": os.cpu_count(),
                    "torch_threads": torch.get_num_threads(), "torch": torch.__version__, "allocator": ALLOCATOR,
                    "cuda_graphs": args.cuda_graphs}
+        if args.side_by_side:
+            rows = bench_side_by_side(args.models, args.side_by_side, args.repeats, args.parallel_runs)
+            if args.json:
+                print(json.dumps({"machine": machine, "side_by_side": rows}, indent=2))
+                return
+            print(f"machine: {machine}")
+            print(f"{'model':<13} {'grids':>6} {'one after another s':>20} {'side by side s':>15} {'speedup':>8}")
+            for r in rows:
+                print(f"{r['model']:<13} {r['grids']:>6} {r['one_after_another_s']:>20.2f} {r['side_by_side_s']:>15.2f} "
+                      f"{r['speedup']:>8.2f}")
+            return
         rows = bench_grids(args.models, args.repeats, not args.no_memory, args.parallel_runs)
         if args.json:
             print(json.dumps({"machine": machine, "grid": rows}, indent=2))

@@ -144,11 +144,13 @@ class Rebinding:
 
     def __init__(self):
         self.clip, self.prev, self.velocity, self.name = torch.tensor(1.0), [torch.zeros(3)], [torch.zeros(2)], "x"
+        self.moments = {"m": torch.zeros(2)}
 
     def step(self):
         self.clip = self.clip * 2
         self.prev = [self.prev[0] + 1]
         self.velocity[0].add_(1)
+        self.moments = {"m": self.moments["m"] - 1}
 
 
 def test_state_a_step_rebinds_is_copied_back_to_where_the_graph_reads_it():
@@ -157,15 +159,17 @@ def test_state_a_step_rebinds_is_copied_back_to_where_the_graph_reads_it():
     strategy = Rebinding()
     strategy.step()
     binding = StateBinding(strategy)
-    held = strategy.clip, strategy.prev, strategy.prev[0], strategy.velocity
+    held = strategy.clip, strategy.prev, strategy.prev[0], strategy.velocity, strategy.moments, strategy.moments["m"]
     for expected in (4.0, 8.0, 16.0):
         strategy.step()
         binding.restore()
-        assert all(a is b for a, b in zip((strategy.clip, strategy.prev, strategy.prev[0], strategy.velocity), held))
+        assert all(a is b for a, b in zip((strategy.clip, strategy.prev, strategy.prev[0], strategy.velocity,
+                                           strategy.moments, strategy.moments["m"]), held))
         assert float(strategy.clip) == expected
     assert strategy.prev[0].tolist() == [4.0] * 3 and strategy.velocity[0].tolist() == [4.0] * 2
+    assert strategy.moments["m"].tolist() == [-4.0] * 2
     strategy.prev = [torch.zeros(3), torch.zeros(3)]
-    with pytest.raises(RuntimeError, match="changed length"):
+    with pytest.raises(RuntimeError, match="changed its shape"):
         binding.restore()
     strategy = Rebinding()
     strategy.step()

@@ -83,9 +83,9 @@ def how_steps_run(device, engine, strategy, sampling: str, watcher, cuda_graphs:
 
 
 class StateBinding:
-    """A strategy's state tensors (its attributes that are tensors, or lists or tuples of them) kept at the addresses
-    they had after the first step: after each step a tensor a strategy rebound is copied into the one held, and held
-    again. Copies are exact: the numbers are those of the step."""
+    """A strategy's state tensors (its attributes that are tensors, or lists, tuples or dicts of them) kept at the
+    addresses they had after the first step: after each step a tensor a strategy rebound is copied into the one held,
+    and held again. Copies are exact: the numbers are those of the step."""
 
     def __init__(self, strategy):
         self.strategy = strategy
@@ -107,19 +107,22 @@ class StateBinding:
             if torch.is_tensor(held):
                 held.copy_(now)
             else:
-                if len(now) != len(held):
-                    raise RuntimeError(f"{type(self.strategy).__name__}.{name} changed length from {len(held)} to "
-                                       f"{len(now)} between steps: its step cannot be captured (captures = False)")
-                for h, n in zip(held, now):
-                    if n is not h:
-                        h.copy_(n)
+                keys = list(held) if isinstance(held, dict) else range(len(held))
+                if not is_state(now) or (list(now) if isinstance(now, dict) else range(len(now))) != keys:
+                    raise RuntimeError(f"{type(self.strategy).__name__}.{name} changed its shape between steps: its "
+                                       "step cannot be captured (captures = False)")
+                for key in keys:
+                    if now[key] is not held[key]:
+                        held[key].copy_(now[key])
             setattr(self.strategy, name, held)
 
 
 def is_state(value) -> bool:
+    """A tensor, or a non-empty list, tuple or dict of tensors."""
     if torch.is_tensor(value):
         return True
-    return isinstance(value, (list, tuple)) and len(value) > 0 and all(torch.is_tensor(v) for v in value)
+    items = list(value.values()) if isinstance(value, dict) else value if isinstance(value, (list, tuple)) else []
+    return len(items) > 0 and all(torch.is_tensor(v) for v in items)
 
 
 @dataclass

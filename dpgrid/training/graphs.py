@@ -41,7 +41,7 @@ MAX_GRAPHS = 16  # capacities captured per group at most; a rarer one (a tail of
 
 def quantum(batch_size: int) -> int:
     """The padding step for an expected batch size B: the power of two at or above sqrt(B), at least 8. The realised
-    size's standard deviation is at most sqrt(B), so about 8 capacities cover +-4 deviations, and a padded batch is
+    size's standard deviation is at most sqrt(B), so at most 9 capacities cover +-4 deviations, and a padded batch is
     on average sqrt(B) / 2 rows longer: 3 % at B = 256."""
     return max(8, 1 << math.ceil(math.log2(math.sqrt(max(1, batch_size)))))
 

@@ -44,8 +44,10 @@ def check_padded(strategy: str, *overrides: str, rtol: float = 1e-9) -> int:
     many values were compared."""
     from dpgrid.runner import train_together
 
+    from dpgrid.training.graphs import says_captures
+
     spec, data = small_grid(strategy, overrides)
-    if not spec.strategy_cls.captures:
+    if not says_captures(spec.strategy_cls):
         raise DpgridError(f"strategy={strategy}: {spec.strategy_cls.__name__} does not say `captures = True`; nothing "
                           "to check")
     runs = [(c, s) for c in spec.plan.configurations for s in range(spec.plan.seeds)]

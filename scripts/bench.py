@@ -40,6 +40,7 @@ from dpgrid.config.checks import PER_SAMPLE_METHODS
 from dpgrid.config.groups import options
 from dpgrid.models import autoencoder, bag_of_words, cnn
 from dpgrid.models.transformers import transformer, vit
+from dpgrid.training.graphs import says_captures
 from dpgrid.training.rules import MethodChoice
 from dpgrid.training.persample import make_engine, per_sample_losses
 from dpgrid.runner import build_strategy
@@ -652,7 +653,7 @@ def main():
             if DEVICE.type != "cuda":
                 raise SystemExit("--cuda-graphs needs --device cuda: a CPU step is never captured")
             methods += [f"{name}{GRAPHED}" for name in [*args.strategies, *nonprivate_strategies()]
-                        if strategy_class(name).captures]
+                        if says_captures(strategy_class(name))]
         steps = {m: make_step(model_name, m, args.engine) for m in methods}
         warm(steps.values(), args.warmup)
         start = time.perf_counter()

@@ -193,7 +193,7 @@ def test_a_graph_replays_the_noise_an_uncaptured_step_draws():
         assert torch.equal(a, b), f"draw {step + 1} differs"
 
 
-@pytest.mark.parametrize("strategy", ["online", "fixed_quantile", "fixed_threshold", "nodp"])
+@pytest.mark.parametrize("strategy", ["online", "fixed_quantile", "fixed_threshold", "adamwosm", "dpadam", "nodp"])
 @pytest.mark.parametrize("group", [False, True], ids=["one run", "stacked group"])
 def test_cuda_graphs_change_no_number_a_seeded_run_gives(strategy, group, monkeypatch):
     """train.cuda_graphs=true (captured and replayed) and false (launched) train the same runs to the same curves on

@@ -17,7 +17,7 @@ from dpgrid.training.stacked import StackedEngine, StackedModel
 
 from .conftest import fast_layer_runs
 
-CAPTURING = ["online", "fixed_threshold", "fixed_quantile", "nodp"]
+CAPTURING = ["online", "fixed_threshold", "fixed_quantile", "adamwosm", "dpadam", "nodp"]
 
 
 @pytest.mark.parametrize("batch_size", [1, 64, 256, 1000, 4096])
@@ -113,7 +113,7 @@ def test_check_padded_catches_a_step_that_counts_padded_rows(tmp_path, monkeypat
 
 def test_nothing_is_padded_or_captured_where_a_graph_cannot_serve():
     """On a CPU the steps are launched as before (capture costs nothing there); on CUDA a strategy that does not say
-    `captures = True`, shuffled batches, a watched run, an engine without padded batches or noise drawn on the CPU
+    `captures = True` (a subclass that writes its own step does not inherit it), shuffled batches, a watched run, an engine without padded batches or noise drawn on the CPU
     (secure mode) is not padded either, each for its one-line reason; train.cuda_graphs=false pads (the same numbers)
     but does not capture."""
     model = mlp()
@@ -130,7 +130,13 @@ def test_nothing_is_padded_or_captured_where_a_graph_cannot_serve():
     class Plain(FixedThreshold):
         captures = False
 
+    class Scheduled(FixedThreshold):  # reads t on the host: a graph would replay the first t it saw
+        def step(self, grads):
+            self.clip = self.clip * (1 - self.progress.step / 100)
+            super().step(grads)
+
     for why, args in [("Plain does not say `captures = True`", (strategy(Plain), "poisson", None)),
+                      ("Scheduled does not say `captures = True`", (strategy(Scheduled), "poisson", None)),
                       ("train.sampling is not poisson", (strategy(), "shuffle", None)),
                       ("an observed run's step is watched", (strategy(), "poisson", object())),
                       ("privacy.secure_rng draws it on the CPU", (strategy(), "poisson", None))]:

@@ -123,6 +123,17 @@ def test_per_layer_clipping_stacks_as_it_trains_alone():
         sys.path.remove(str(EXAMPLES))
 
 
+def test_per_layer_clipping_gets_its_numbers_on_padded_batches(monkeypatch):
+    """The example says `captures = True`: a padded row's group norms are inf, so its per-layer weights are 0, and
+    padded batches train to the curves of the batches as drawn, checked with the helper a plugin's own test calls."""
+    from dpgrid.testing import check_padded
+
+    from .plugin import EXAMPLES, SEARCHPATH
+
+    monkeypatch.syspath_prepend(str(EXAMPLES))
+    assert check_padded("per_layer", SEARCHPATH) > 100
+
+
 def test_check_stacked_catches_a_step_that_pools_the_runs(tmp_path, monkeypatch):
     """A plugin's stacked step that reads one clip for every run (the first run's) is not what its runs get alone:
     the helper names the first value that differs."""

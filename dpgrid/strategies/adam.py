@@ -18,6 +18,7 @@ class AdamMoments(Strategy):
 
     uses_momentum = False  # beta1 is its momentum
     stacks = True
+    captures = True  # the step count lives on the device, as beta1^t (and beta2^t)
     second_moment = False
 
     @classmethod
@@ -31,7 +32,10 @@ class AdamMoments(Strategy):
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
         self.beta1, self.xi = float(self.options["beta1"]), float(self.options["xi"])
-        self.t = 0
+        # beta1^t and beta2^t after t steps, in float64 on the device: the bias corrections 1 - beta^t without a step
+        # count on the host, which a CUDA graph would replay frozen
+        self.beta1_power = torch.ones((), dtype=torch.float64, device=self.params[0].device)
+        self.beta2_power = torch.ones((), dtype=torch.float64, device=self.params[0].device)
         self.m = [torch.zeros_like(p) for p in self.params]
         self.v = [torch.zeros_like(p) for p in self.params] if self.second_moment else [None] * len(self.params)
 
@@ -39,11 +43,18 @@ class AdamMoments(Strategy):
     def step(self, grads) -> None:
         clipped_sum = grads.weighted_sum(self.clip_weights(grads.norms))
         g_tilde = self.noisy_mean(clipped_sum, self.noise.noise_multiplier * self.clip)
-        self.t += 1
+        self.beta1_power.mul_(self.beta1)
+        if self.second_moment:
+            self.beta2_power.mul_(self.beta2)
         for p, m, v, g in zip(self.params, self.m, self.v, g_tilde):
             m.mul_(self.beta1).add_(g, alpha=1 - self.beta1)
             self.move(p, m, v, g)
 
     def move(self, p, m, v, g) -> None:
-        """Move parameter p by its moments m (and v: updated here where `second_moment`) after the t-th gradient g."""
+        """Move parameter p by its moments m (and v: updated here where `second_moment`) after the t-th gradient g
+        (self.beta1_power is beta1^t then)."""
         raise NotImplementedError
+
+    def scaled_lr(self, like, bias_correction):
+        """-lr / (1 - beta1^t) shaped for `like` (a tensor: no host sync, and a CUDA graph replays it right)."""
+        return self.per_run(self.lr, like) / -bias_correction

@@ -28,7 +28,7 @@ class AdamWOSM(AdamMoments):
     def linear_step(self):
         """m_t = (1 - beta1) v_t with v_t = beta1 v_{t-1} + g_tilde: the step moves by -ESS (1 - beta1) / (1 -
         beta1^t) v_t."""
-        return self.beta1, float(self.lr) * (1 - self.beta1) / (1 - self.beta1 ** (self.t + 1))
+        return self.beta1, float(self.lr) * (1 - self.beta1) / (1 - float(self.beta1_power) * self.beta1)
 
     def move(self, p, m, v, g) -> None:
-        p.addcmul_(m, self.per_run(self.lr, p), value=-1 / (1 - self.beta1 ** self.t))  # theta -= ESS m_hat
+        p.addcmul_(m, self.scaled_lr(p, 1 - self.beta1_power))  # theta -= ESS m_hat

@@ -80,7 +80,8 @@ class Strategy:
     stacks = False    # True: `step` also serves G runs stacked (see above); a group then trains as one model
     gradient_query = None  # the key of noise.queries that is the gradient's multiplier (None: noise_multiplier)
     captures = False  # True: on CUDA its step may be replayed as a CUDA graph (dpgrid.training.graphs): it reads no
-    # number on the host, keeps its state in tensors made by the first step, and counts a padded batch through the mask
+    # number on the host, keeps its state in tensors made by the first step, and counts a padded batch through the mask;
+    # a subclass that writes its own `step` says it again (it is not inherited past a new step)
 
     @classmethod
     def check_options(cls, options) -> None:

@@ -71,7 +71,7 @@ def how_steps_run(device, engine, strategy, sampling: str, watcher, cuda_graphs:
     pads on the CPU); None: padded on CUDA where capture could serve, whether or not train.cuda_graphs is on."""
     sources = strategy.generator if strategy.stacked else [strategy.generator]
     why = ("" if torch.device(device).type == "cuda" else "not on CUDA") or \
-        ("" if getattr(strategy, "captures", False) else f"{type(strategy).__name__} does not say `captures = True`") or \
+        ("" if says_captures(type(strategy)) else f"{type(strategy).__name__} does not say `captures = True`") or \
         ("" if sampling == "poisson" else "train.sampling is not poisson") or \
         ("" if watcher is None else "an observed run's step is watched between its gradients and its update") or \
         ("" if callable(getattr(engine, "padded", None)) else f"the {type(engine).__name__} takes no padded batch") or \
@@ -80,6 +80,17 @@ def how_steps_run(device, engine, strategy, sampling: str, watcher, cuda_graphs:
     pad = not why if padded is None else padded
     captured = pad and not why and cuda_graphs
     return pad, captured, why or ("" if cuda_graphs else "train.cuda_graphs=false")
+
+
+def says_captures(cls) -> bool:
+    """Whether a strategy class says `captures = True` of the step it takes: a subclass that writes its own `step`
+    (reading a schedule's t on the host, say) says it again, in its own body; it does not inherit it."""
+    for klass in cls.__mro__:
+        if "captures" in vars(klass):
+            return bool(vars(klass)["captures"])
+        if "step" in vars(klass):
+            return False
+    return False
 
 
 class StateBinding:

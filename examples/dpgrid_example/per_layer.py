@@ -21,6 +21,7 @@ from dpgrid.strategies import Strategy
 class PerLayerClipping(Strategy):
     label = "Per-layer clipping"
     stacks = True  # one step for one run and for G stacked runs (tests: dpgrid.testing.check_stacked)
+    captures = True  # on CUDA, replayed as a CUDA graph: no host read, a padded row has norm inf (check_padded)
 
     @torch.no_grad()
     def step(self, grads) -> None:

@@ -226,3 +226,59 @@ def _noise():
     from dpgrid.strategies.base import Noise
 
     return Noise(noise_multiplier=1.0)
+
+
+def test_a_capacity_is_launched_first_captured_second_and_replayed_after(monkeypatch):
+    """The schedule of a captured loop, its CUDA calls stubbed (the capture itself is tests/test_cuda.py's): a
+    capacity's first step is launched (it measures the per-sample forms and makes the lazy state), its second captured
+    and replayed, later ones replayed with the batch copied into the graph's buffers; beyond MAX_GRAPHS capacities the
+    rest are launched."""
+    import contextlib
+
+    from dpgrid.training import graphs
+
+    class Stream:
+        def wait_stream(self, other):
+            pass
+
+    monkeypatch.setattr(graphs.torch.cuda, "Stream", lambda device=None: Stream())
+    monkeypatch.setattr(graphs.torch.cuda, "current_stream", lambda device=None: Stream())
+    monkeypatch.setattr(graphs.torch.cuda, "stream", lambda stream: contextlib.nullcontext())
+    monkeypatch.setattr(graphs.torch.Tensor, "pin_memory", lambda self: self)
+    said = []
+
+    class Graph:
+        def __init__(self, size):
+            self.size = size
+
+        def replay(self):
+            said.append(("replay", self.size))
+
+    def capture(rows, mask):
+        said.append(("capture", rows.shape[1]))
+        return graphs.Captured(Graph(rows.shape[1]), rows.clone(), mask.clone())
+
+    class Data:
+        x_train = torch.zeros(400, 2)
+
+    sizes = [30, 31, 29, 50, 32, 49, 70]  # capacities (quantum 8 at B = 32): 32, 32, 32, 56, 32, 56, 72
+    strategy = type("S", (), {"batch_size": 32})()
+    steps = graphs.Steps(None, strategy, Data, [iter([torch.arange(n) for n in sizes])], padded=True, captured=True)
+    monkeypatch.setattr(steps, "launch", lambda rows, mask: said.append(("launch", rows.shape[1])))
+    monkeypatch.setattr(steps, "capture", capture)
+    for step in range(1, len(sizes) + 1):
+        steps(step)
+    assert said == [("launch", 32), ("capture", 32), ("replay", 32), ("replay", 32), ("launch", 56), ("replay", 32),
+                    ("capture", 56), ("replay", 56), ("launch", 72)]
+    assert steps.graphs[32].rows[0, :32].tolist() == list(range(32))  # the last batch of that capacity, copied in
+    assert steps.graphs[32].mask[0].sum() == 32
+
+    said.clear()
+    monkeypatch.setattr(graphs, "MAX_GRAPHS", 1)
+    steps = graphs.Steps(None, strategy, Data, [iter([torch.arange(n) for n in [30, 30, 50, 50, 50]])], padded=True,
+                         captured=True)
+    monkeypatch.setattr(steps, "launch", lambda rows, mask: said.append(("launch", rows.shape[1])))
+    monkeypatch.setattr(steps, "capture", capture)
+    for step in range(1, 6):
+        steps(step)
+    assert said == [("launch", 32), ("capture", 32), ("replay", 32), ("launch", 56), ("launch", 56), ("launch", 56)]

@@ -43,7 +43,6 @@ def check_padded(strategy: str, *overrides: str, rtol: float = 1e-9) -> int:
     strategy's step beyond reading no number on the host: a padded row (norm inf, mask 0) changes nothing. Returns how
     many values were compared."""
     from dpgrid.runner import train_together
-
     from dpgrid.training.graphs import says_captures
 
     spec, data = small_grid(strategy, overrides)

@@ -71,8 +71,7 @@ def dp_sgd_strategies() -> list:
     """The DP-SGD strategies of the config group (and of --searchpath's folder): those accounted by composition
     (the noise schedules train logistic regression full-batch)."""
     names = sorted({*options("strategy"), *plugin_options("strategy")})
-    return [name for name in names if strategies.resolve(
-        dpgrid.compose([f"strategy={name}", *searchpath()]).strategy).accounting == "composition"]
+    return [name for name in names if strategy_class(name).accounting == "composition"]
 
 
 def strategy_class(name: str):

@@ -35,7 +35,7 @@ class AdamMoments(Strategy):
         # beta1^t and beta2^t after t steps, in float64 on the device: the bias corrections 1 - beta^t without a step
         # count on the host, which a CUDA graph would replay frozen
         self.beta1_power = torch.ones((), dtype=torch.float64, device=self.params[0].device)
-        self.beta2_power = torch.ones((), dtype=torch.float64, device=self.params[0].device)
+        self.beta2_power = self.beta1_power.clone() if self.second_moment else None
         self.m = [torch.zeros_like(p) for p in self.params]
         self.v = [torch.zeros_like(p) for p in self.params] if self.second_moment else [None] * len(self.params)
 
@@ -55,6 +55,6 @@ class AdamMoments(Strategy):
         (self.beta1_power is beta1^t then)."""
         raise NotImplementedError
 
-    def scaled_lr(self, like, bias_correction):
+    def scaled_lr(self, like):
         """-lr / (1 - beta1^t) shaped for `like` (a tensor: no host sync, and a CUDA graph replays it right)."""
-        return self.per_run(self.lr, like) / -bias_correction
+        return self.per_run(self.lr, like) / (self.beta1_power - 1)

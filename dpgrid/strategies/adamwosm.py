@@ -31,4 +31,4 @@ class AdamWOSM(AdamMoments):
         return self.beta1, float(self.lr) * (1 - self.beta1) / (1 - float(self.beta1_power) * self.beta1)
 
     def move(self, p, m, v, g) -> None:
-        p.addcmul_(m, self.scaled_lr(p, 1 - self.beta1_power))  # theta -= ESS m_hat
+        p.addcmul_(m, self.scaled_lr(p))  # theta -= ESS m_hat

@@ -33,10 +33,9 @@ class DPAdam(AdamMoments):
         return None  # each coordinate's step is divided by its own sqrt(v_hat): not one (mu, a) for all
 
     def move(self, p, m, v, g) -> None:
-        first, second = 1 - self.beta1_power, 1 - self.beta2_power
         v.mul_(self.beta2).addcmul_(g, g, value=1 - self.beta2)
-        step = m.div(v.div(second).sqrt_().add_(self.xi))  # m / (sqrt(v_hat) + xi)
-        p.addcmul_(step, self.scaled_lr(p, first))
+        step = m.div(v.div(1 - self.beta2_power).sqrt_().add_(self.xi))  # m / (sqrt(v_hat) + xi)
+        p.addcmul_(step, self.scaled_lr(p))
 
     def effective_step_size(self) -> list:
         """alpha / (sqrt(v_hat) + xi) per coordinate (Theorem 3's quantity)."""

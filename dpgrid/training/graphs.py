@@ -69,17 +69,21 @@ def how_steps_run(device, engine, strategy, sampling: str, watcher, cuda_graphs:
     """(padded, captured, why not captured or ''): whether the grid's batches are padded to capacities, and whether
     each capacity's step is replayed as a CUDA graph. `padded`: force padding on or off (dpgrid.testing.check_padded
     pads on the CPU); None: padded on CUDA where capture could serve, whether or not train.cuda_graphs is on."""
-    sources = strategy.generator if strategy.stacked else [strategy.generator]
     why = ("" if torch.device(device).type == "cuda" else "not on CUDA") or \
         ("" if says_captures(type(strategy)) else f"{type(strategy).__name__} does not say `captures = True`") or \
         ("" if sampling == "poisson" else "train.sampling is not poisson") or \
         ("" if watcher is None else "an observed run's step is watched between its gradients and its update") or \
         ("" if callable(getattr(engine, "padded", None)) else f"the {type(engine).__name__} takes no padded batch") or \
-        ("" if all(isinstance(s, torch.Generator) and s.device.type == "cuda" for s in sources)
+        ("" if all(isinstance(s, torch.Generator) and s.device.type == "cuda" for s in noise_sources(strategy))
          else "the noise is not drawn from the runs' CUDA generators (privacy.secure_rng draws it on the CPU)")
     pad = not why if padded is None else padded
     captured = pad and not why and cuda_graphs
     return pad, captured, why or ("" if cuda_graphs else "train.cuda_graphs=false")
+
+
+def noise_sources(strategy) -> list:
+    """The noise source of each of the strategy's runs (one, or a stacked group's G)."""
+    return list(strategy.generator) if strategy.stacked else [strategy.generator]
 
 
 def says_captures(cls) -> bool:
@@ -106,10 +110,11 @@ class StateBinding:
         """Copy every rebound state tensor into the one held (`capturing`: copies the graph replays)."""
         for name, now in list(vars(self.strategy).items()):
             if name not in self.held:
-                if is_state(now) and capturing:  # it would live in the graph's memory, which other graphs reuse
-                    raise RuntimeError(f"{type(self.strategy).__name__}.{name} first appeared in a captured step: "
-                                       "state a step makes later than the first cannot be captured (captures = False)")
                 if is_state(now):  # state first made in this step: held from now on
+                    if capturing:  # it would live in the graph's memory, which other graphs reuse
+                        raise RuntimeError(f"{type(self.strategy).__name__}.{name} first appeared in a captured step: "
+                                           "state a step makes later than the first cannot be captured "
+                                           "(captures = False)")
                     self.held[name] = now
                 continue
             held = self.held[name]
@@ -200,7 +205,7 @@ class Steps:
         device = self.data.x_train.device
         graph = torch.cuda.CUDAGraph()
         captured = Captured(graph, rows.to(device), mask.to(device))
-        for source in (self.strategy.generator if self.strategy.stacked else [self.strategy.generator]):
+        for source in noise_sources(self.strategy):
             graph.register_generator_state(source)  # its offsets advance on each replay as they would uncaptured
         try:
             with torch.cuda.graph(graph, pool=self.pool, stream=self.stream):

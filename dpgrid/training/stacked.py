@@ -176,7 +176,9 @@ class StackedEngine:
 
     def gradients(self, data, indices: list) -> PerSampleGrads:
         """The G runs' batches (`indices`: one index tensor per run), padded to the largest."""
-        return self(*padded_batch(data, indices))
+        rows, mask = padded_rows(indices, max(1, max(len(i) for i in indices)), data.x_train.dtype)
+        device = data.x_train.device
+        return self.padded(data, to_device(rows, device), to_device(mask, device))
 
     def padded(self, data, rows: torch.Tensor, mask: torch.Tensor) -> PerSampleGrads:
         """The G runs' batches padded to a fixed length (dpgrid.training.graphs): `rows` (G, capacity) training-set
@@ -216,9 +218,3 @@ class StackedEngine:
 
         return PerSampleGrads(b, norms, weighted_sums, group_norms, group_sums, device=x.device, mask=mask)
 
-
-def padded_batch(data, indices: list) -> tuple:
-    """(x, y, mask) of G runs' batches (index tensors of their own sizes), padded to the largest."""
-    rows, mask = padded_rows(indices, max(1, max(len(i) for i in indices)), data.x_train.dtype)
-    rows, mask = to_device(rows, data.x_train.device), to_device(mask, data.x_train.device)
-    return data.x_train[rows], data.y_train[rows], mask

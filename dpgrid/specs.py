@@ -36,7 +36,7 @@ def dataset_spec(node) -> DatasetSpec:
                        stacked_seconds_per_step=number("stacked_seconds_per_step", float))
 
 
-MODEL_KEYS = ("init", "init_covered_by", "lora")  # dpgrid's keys in every model config (conf/config.yaml): not the callable's arguments
+MODEL_KEYS = ("init", "init_covered_by", "init_disjoint", "lora")  # dpgrid's keys in every model config (conf/config.yaml): not the callable's arguments
 
 
 def own_keys(model_cfg):
@@ -58,6 +58,7 @@ class Start:
     init: Optional[str] = None         # a .safetensors checkpoint's path, as given
     init_sha256: Optional[str] = None  # its checksum: the grid's identity, so a changed file is another grid
     init_provenance: object = None     # what covers it (dpgrid.privacy.provenance.Provenance): its file's statement, or declared
+    init_disjoint: bool = False        # the user's word that this grid's data shares no example with the checkpoint's
     lora_rank: int = 0                 # 0: no adapters
     lora_alpha: float = 1.0
     lora_targets: tuple = ()           # module-name globs of the Linear layers that get adapters
@@ -79,7 +80,9 @@ class Start:
             found["init"] = {"path": self.init, "sha256": self.init_sha256,
                              "covered": provenance.words() if provenance is not None else
                              "public by assumption: epsilon covers what training on the private data changed",
-                             **({"provenance": provenance.to_dict()} if provenance is not None else {})}
+                             **({"provenance": provenance.to_dict()} if provenance is not None else {}),
+                             **({"disjoint": "declared by the user (model.init_disjoint=true): this grid's data "
+                                             "shares no example with the checkpoint's"} if self.init_disjoint else {})}
         if self.lora_rank:
             found["lora"] = {"rank": self.lora_rank, "alpha": self.lora_alpha, "targets": list(self.lora_targets),
                              "merged": True}

@@ -37,9 +37,9 @@ PRIVATE = ["dataset=mnist", "model=image_mlp", "train.epochs=2", "strategy=fixed
 
 def arms(checkpoint: Path) -> list:
     """(name, overrides) of each way of training."""
-    init = f"model.init={checkpoint}"
-    return [("scratch", []), ("full fine-tuning", [init]), ("last layer", [init, 'train.trainable=["3.*"]']),
-            ("LoRA r=8", [init, "model.lora.rank=8", 'model.lora.targets=["1"]'])]
+    init = [f"model.init={checkpoint}", "model.init_disjoint=true"]  # FashionMNIST shares no example with MNIST
+    return [("scratch", []), ("full fine-tuning", init), ("last layer", [*init, 'train.trainable=["3.*"]']),
+            ("LoRA r=8", [*init, "model.lora.rank=8", 'model.lora.targets=["1"]'])]
 
 
 def pretrain(root: str, out: Path) -> Path:

@@ -122,6 +122,8 @@ def test_a_merged_adapter_computes_what_the_adapter_did():
     ({"model.lora.rank": 40, "model.lora.targets": '["0"]'}, r"^model.lora.rank=40 is above the dimensions of 0 "
                                                              r"\(64 -> 32\)"),
     ({"model.init_covered_by": "private"}, r"^model.init_covered_by must be null"),
+    ({"model.init_disjoint": True}, r"^model.init_disjoint=true but model.init is null"),
+    ({"model.init_disjoint": "yes"}, r"^model.init_disjoint must be true or false"),
 ])
 def test_bad_fine_tuning_input_is_one_line(overrides, message):
     with pytest.raises(DpgridError, match=message) as refusal:
@@ -167,8 +169,11 @@ def test_public_pretraining_then_private_fine_tuning_on_real_data(tmp_path, shar
                         ("lora", {"model.lora.rank": 4, "model.lora.targets": '["1"]'})):
         cfg = load_cfg("mnist", "fixed_threshold", **{"model": "image_mlp", "data.root": str(root), "grid.k": 2,
                                                       "train.seeds": 1, "train.epochs": 1, "privacy.epsilon": 3,
-                                                      "model.init": init, **extra})
-        train(compile(cfg), tmp_path / name, progress=False)
+                                                      "model.init": init, "model.init_disjoint": True, **extra})
+        spec = compile(cfg)
+        train(spec, tmp_path / name, progress=False)
         statement = json.loads((tmp_path / name / "model" / "model.json").read_text())
         assert statement["start"]["init"]["path"] == init and statement["privacy"]["epsilon_target"] == 3
+        # FashionMNIST is not MNIST, in the user's word: the checkpoint's (infinite) epsilon is stated apart
+        assert statement["covered_by"]["epsilon"] == spec.plan.epsilon_with_seeds and not statement["checkpoint"]["same_data"]
         assert statement["score"]["value"] > 30, statement["score"]  # ten classes: chance is 10 %

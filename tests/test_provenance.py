@@ -66,12 +66,23 @@ def test_fine_tuning_a_release_on_its_own_data_is_covered_by_both(released, tmp_
     assert checkpoint_provenance(str(out / "model" / "seed0.safetensors"), None).epsilon == pytest.approx(total)
 
 
-def test_other_data_names_each_dataset_and_a_declaration_never_overrides_a_file(released, tmp_path):
+def test_other_data_is_composed_unless_the_user_declares_it_disjoint(released, tmp_path):
+    """Nothing public tells whether two datasets share examples (a digest of the training files would, and is not
+    released): a private checkpoint's epsilon is composed with the grid's unless model.init_disjoint=true, and then
+    each dataset is named with its own."""
     first, first_out = released
     public = tmp_path / "public.safetensors"
     save_file(load_file(str(first_out / "model" / "seed0.safetensors")), str(public))  # the same weights, no statement
-    spec = compile(load_cfg("digits", "fixed_threshold", **SMALL, **{
-        "model.init": str(public), "model.init_covered_by": "{epsilon: 1.5, delta: 1e-6, dataset: clinic}"}))
+    declared = {"model.init": str(public), "model.init_covered_by": "{epsilon: 1.5, delta: 1e-6, dataset: clinic}"}
+    undeclared = compile(load_cfg("digits", "fixed_threshold", **SMALL, **declared))
+    train(undeclared, tmp_path / "composed", progress=False)
+    statement = json.loads((tmp_path / "composed" / "model" / "model.json").read_text())
+    part = statement["checkpoint"]
+    assert part["same_data"] and "clinic" in part["why"] and "model.init_disjoint=true" in part["why"]
+    assert statement["covered_by"]["epsilon"] == pytest.approx(undeclared.plan.epsilon_with_seeds + 1.5)  # basic
+    assert statement["covered_by"]["delta"] == pytest.approx(undeclared.plan.delta + 1e-6)
+    spec = compile(load_cfg("digits", "fixed_threshold", **SMALL, **declared, **{"model.init_disjoint": True}))
+    assert spec.config_hash != undeclared.config_hash  # what the release states is part of the grid's identity
     out = tmp_path / "other"
     train(spec, out, progress=False)
     statement = json.loads((out / "model" / "model.json").read_text())
@@ -79,7 +90,8 @@ def test_other_data_names_each_dataset_and_a_declaration_never_overrides_a_file(
     assert not part["same_data"] and part["checkpoint"]["dataset"] == "clinic" and part["checkpoint"]["epsilon"] == 1.5
     assert statement["covered_by"]["epsilon"] == pytest.approx(spec.plan.epsilon_with_seeds)  # digits' examples
     assert part["composed"]["epsilon"] == pytest.approx(spec.plan.epsilon_with_seeds + 1.5)  # anyone in both
-    assert "clinic" in statement["why"]
+    assert "clinic" in statement["why"] and "declared disjoint" in statement["why"]
+    assert statement["start"]["init"]["disjoint"].startswith("declared by the user")
     with pytest.raises(DpgridError, match="carries dpgrid's own statement") as refused:
         compile(load_cfg("digits", "fixed_threshold", **SMALL, **{
             "model.init": str(first_out / "model" / "seed0.safetensors"), "model.init_covered_by": "public"}))

@@ -19,6 +19,7 @@ import numpy as np
 import torch
 
 from dpgrid.data import Data
+from dpgrid.privacy.randomness import seeded_coins
 from dpgrid.training.observer import RunObserver, Watcher
 from dpgrid.training.persample import PerSampleGrads
 
@@ -120,7 +121,7 @@ class GradientCanaries(Watcher):
     def gradients(self, data, indices: list) -> PerSampleGrads:
         self.batch_sizes.append(len(indices[0]))
         base = self.inner.gradients(data, indices)
-        joins = torch.rand(self.audit.canaries, generator=self.sampling) < self.audit.sample_rate
+        joins = seeded_coins(self.audit.canaries, self.audit.sample_rate, self.sampling)
         rows = (joins.to(self.included.device) & self.included).nonzero().squeeze(1)
         self.joined.append(rows.cpu().numpy())
         return joined(base, rows, self.coordinates)

@@ -128,12 +128,16 @@ def start_of(read: Reader):
                     "dataset: NAME} (what covers a checkpoint trained privately elsewhere)", declared)
     if declared is not None and init is None:
         raise DpgridError("model.init_covered_by is set but model.init is null: it declares a checkpoint's privacy")
+    disjoint = read.flag("model.init_disjoint") if read.has("model.init_disjoint") else False
+    if disjoint and init is None:
+        raise DpgridError("model.init_disjoint=true but model.init is null: it declares that this grid's data shares no "
+                          "example with a checkpoint's")
     provenance = None
     if init is not None:
         from dpgrid.privacy.provenance import checkpoint_provenance
 
         provenance = checkpoint_provenance(init, declared)
-    return Start(init=init, init_sha256=digest, init_provenance=provenance, lora_rank=rank,
+    return Start(init=init, init_sha256=digest, init_provenance=provenance, init_disjoint=disjoint, lora_rank=rank,
                  lora_alpha=float(read.get("model.lora.alpha")) if rank else 1.0,
                  lora_targets=tuple(str(t) for t in targets), trainable=tuple(str(p) for p in trainable))
 

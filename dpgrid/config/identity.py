@@ -21,6 +21,7 @@ NOT_HASHED = ("train.device", "train.engine", "train.per_sample_method", "train.
               "dataset.stacked_seconds_per_step")  # the last a time estimate only
 # settings added after grids were recorded, hashed only when set away from these defaults: older grids keep their hash
 HASHED_WHEN_SET = {"train.float64": False, "train.steps": None, "train.trainable": ["*"], "model.init": None, "model.init_covered_by": None,
+                   "model.init_disjoint": False,
                    "model.lora": {"rank": 0, "alpha": 8.0, "targets": []},
                    "privacy.selection_accountant": "rdp", "privacy.stopping_rounds": None,
                    "privacy.tuning_rate": 0.1, "privacy.tuning_search": "random_stopping", "privacy.tuning_split": "shared",

@@ -9,7 +9,35 @@ A method that only changes the maths (a stated noise multiplier, another account
 fits, and overrides `calibrate` alone.
 """
 
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
+
+
+@dataclass(frozen=True)
+class Adjacency:
+    """The neighbouring datasets an epsilon is for, and how the accountant's figures come to cover them.
+
+    dpgrid states one relation everywhere, zero-out (Kairouz et al. 2021; Ponomareva et al. 2023, "How to DP-fy ML",
+    section 5.1): D' is D with one training example replaced by a null example that contributes nothing to any sum or
+    count. N is then the same in D and D', so N, B = qN and T are public, as dpgrid treats them. Under Poisson
+    sampling at rate q the null example changes nothing a step computes: M(D') is distributed as M(D without the
+    example) at the same q, so the pair (D, D') is exactly an add-or-remove pair, both ways, and the subsampled
+    Gaussian's add-or-remove accounting (Opacus's RDP, dp-accounting's ADD_OR_REMOVE_ONE) is exactly its privacy under
+    zero-out. (Replace-one with N public would cost far more: it is two such changes in one step.)"""
+    name: str          # the relation stated
+    words: str         # what model.json, `dpgrid plan`, `dpgrid model`, the tables' captions and the docs say
+    public: str        # what the relation leaves public
+    accounted_as: str  # the relation the accountant's figures are computed under, and why they cover `name`
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+ZERO_OUT_WORDS = ("zero-out: one training example replaced by a null example that contributes nothing to any sum or "
+                  "count (N public)")
+ZERO_OUT_PUBLIC = "N, B, q and T, the dataset's name and its test set"
+ZERO_OUT = Adjacency("zero-out", ZERO_OUT_WORDS, ZERO_OUT_PUBLIC,
+                     "add or remove one example at the same sampling rate q: with a null example a Poisson-sampled step "
+                     "computes what it would without the example, so the two relations' privacy curves are one")
 
 
 class AccountingMethod:
@@ -25,7 +53,7 @@ class AccountingMethod:
     # what its epsilon covers and what it does not, in the one wording model.json, selection.json, `dpgrid plan`,
     # `dpgrid model`, the tables' captions and the README use
     covers = ""
-    adjacency = "add or remove one training example"  # the neighbouring datasets its analysis is for
+    adjacency = ZERO_OUT  # the neighbouring datasets its epsilon is for (an Adjacency: the one relation dpgrid states)
     accounts_seeds = False  # True: its epsilon always composes a configuration's seeds (privacy.account_seeds or not)
     procedure = "dpgrid.results.procedure.Procedure"  # what a grid trains and releases under it (composition's)
     # hooks of earlier releases, refused where a plugin still defines them (dpgrid.plugins.check_hooks)

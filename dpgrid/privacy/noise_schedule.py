@@ -13,7 +13,7 @@ import math
 from dataclasses import dataclass
 
 from dpgrid import DpgridError
-from dpgrid.privacy.method import AccountingMethod
+from dpgrid.privacy.method import ZERO_OUT_PUBLIC, ZERO_OUT_WORDS, AccountingMethod, Adjacency
 
 ORACLE = "full batch; not private (oracle)"  # how plans, rows and tables mark the data-dependent schedule
 CONVERSIONS = ("zcdp", "rdp")
@@ -72,7 +72,11 @@ class NoiseSchedule(AccountingMethod):
 
     name = "noise_schedule"
     accountants = CONVERSIONS
-    adjacency = "replace one training example"  # the mean gradient's sensitivity 2L/N is under replacement
+    # The mean gradient's sensitivity is 2L/N under replacement and L/N under zero-out: the schedule is accounted for
+    # the larger, so its epsilon holds under zero-out too (a rho four times too large: conservative, as the paper).
+    adjacency = Adjacency("zero-out", ZERO_OUT_WORDS, ZERO_OUT_PUBLIC,
+                          "replace one example (the mean gradient's sensitivity 2L/N, as the PUR paper accounts it), "
+                          "which bounds zero-out's L/N: its epsilon holds under zero-out a fortiori")
     covers = ("each run's output (its trained model, learning curve and score) by that run's own epsilon (plan.json's "
               "schedule); the grid's runs together, and the best constant chosen in hindsight, cost more")
     procedure = "dpgrid.results.schedule.NoiseScheduleProcedure"

@@ -1,9 +1,12 @@
 """What covers a checkpoint (model.init): its privacy travels with it.
 
-dpgrid's own release carries its statement in its metadata (what covers it, on which data, and the Poisson-subsampled
-Gaussian steps that spent it). A grid fine-tuned from it is a second mechanism on that data, so its release is covered
-by both together (`release_cover`: composed by the accountant where both record their steps, else by basic
-composition, epsilons and deltas added); on other data each dataset is named with its own epsilon, and their
+dpgrid's own release carries its statement in its metadata (what covers it, the dataset's config name, and the
+Poisson-subsampled Gaussian steps that spent it). A grid fine-tuned from it is a second mechanism, and dpgrid cannot
+tell from anything public whether its data shares examples with the checkpoint's (a digest of the training files
+would tell, but releasing one is itself a disclosure: it differs between any two neighbouring datasets). So the two
+are composed unless the user declares them disjoint (`model.init_disjoint=true`): a checkpoint's epsilon is never
+dropped without the user's word (`release_cover`: composed by the accountant where both record their steps, else by
+basic composition, epsilons and deltas added). Declared disjoint, each dataset is named with its own epsilon, and their
 composition covers anyone in both. A file without such a statement is public by assumption, and every statement says
 so; `model.init_covered_by` declares a checkpoint's privacy where its file does not carry it ({epsilon, delta,
 dataset}), or declares a file public, which is refused where the file's own statement says otherwise: metadata is
@@ -20,16 +23,15 @@ from dpgrid import DpgridError
 
 @dataclass(frozen=True)
 class Provenance:
-    """What covers a checkpoint's weights: `private` (epsilon and delta on `dataset`, whose files' fingerprint is
-    `data_files`, JSON text; `events`: the (sample rate, noise multiplier, steps) its epsilon composes, where its
-    statement records them; epsilon = inf for a model trained on its data without differential privacy) or not;
-    `source`: where that is known from."""
+    """What covers a checkpoint's weights: `private` (epsilon and delta on `dataset`, a dataset's config name;
+    `events`: the (sample rate, noise multiplier, steps) its epsilon composes, where its statement records them;
+    epsilon = inf for a model trained on its data without differential privacy) or not; `source`: where that is
+    known from. A statement of an earlier release may hold a fingerprint of its training files: it is never read."""
     private: bool
     source: str
     epsilon: float = None
     delta: float = None
     dataset: str = None
-    data_files: str = None
     events: tuple = None
     accountant: str = None
 
@@ -37,8 +39,7 @@ class Provenance:
         found = {"private": self.private, "source": self.source}
         if self.private:
             found.update(epsilon=None if math.isinf(self.epsilon) else self.epsilon, delta=self.delta,
-                         dataset=self.dataset, data_files=json.loads(self.data_files) if self.data_files else None,
-                         events=[list(e) for e in self.events] if self.events else None, accountant=self.accountant)
+                         dataset=self.dataset, events=[list(e) for e in self.events] if self.events else None, accountant=self.accountant)
         return found
 
     def words(self) -> str:
@@ -66,7 +67,6 @@ def checkpoint_provenance(path: str, declared) -> Provenance:
         return Provenance(True, "the statement in its metadata, written when dpgrid released it",
                           epsilon=float(covered["epsilon"]) if covered else math.inf,
                           delta=float(covered["delta"]) if covered else 0.0, dataset=str(statement.get("dataset")),
-                          data_files=json.dumps(statement.get("data_files"), sort_keys=True),
                           events=tuple(tuple(e) for e in events) if events else None,
                           accountant=privacy.get("accountant"))
     if declared is None:
@@ -97,34 +97,54 @@ def file_statement(path: str):
     return statement
 
 
-def release_cover(covered: dict, events, accountant: str, provenance: Provenance, dataset: str, data_files) -> tuple:
-    """(what covers a release of a grid that started from a checkpoint, the checkpoint's part in words and figures):
-    `covered` the grid's own {epsilon, delta}, `events` its own steps, `data_files` its data's fingerprint. The same
-    data (the same files): both mechanisms compose, by the accountant where both record their steps, else epsilons
-    and deltas added; other data: the grid's own epsilon for its data, the checkpoint's for its own, and their
-    composition for anyone in both."""
+@dataclass(frozen=True)
+class ReleaseCover:
+    """What covers a grid's release: `covered` ({epsilon, delta}, or None where no epsilon does), the Poisson-subsampled
+    Gaussian steps whose composition it is (`events`, or None), and, where the grid started from a private checkpoint,
+    `checkpoint`: that part in words and figures (model.json's `checkpoint`)."""
+    covered: dict = None
+    events: list = None
+    checkpoint: dict = None
+
+
+def release_cover(spec) -> ReleaseCover:
+    """What covers the release of the compiled grid `spec`: its own epsilon with seeds, composed with a private
+    checkpoint's unless the user declared the two datasets disjoint (model.init_disjoint), by the accountant where
+    both record their steps, else epsilons and deltas added. Declared disjoint: the grid's own epsilon for its data,
+    the checkpoint's for its own, and their composition for anyone in both."""
+    plan, start = spec.plan, spec.start
+    private = plan.private and plan.epsilon_spent is not None
+    covered = {"epsilon": plan.epsilon_with_seeds, "delta": plan.delta} if private else None
+    events = plan.method.released_steps(plan) if private else None
+    provenance = start.init_provenance
     if provenance is None or not provenance.private or covered is None:
-        return covered, None
-    if provenance.data_files is not None:  # the same files, byte for byte
-        same = json.loads(provenance.data_files) == json.loads(json.dumps(data_files, sort_keys=True))
-    else:  # declared by a dataset's name
-        same = provenance.dataset == dataset
+        return ReleaseCover(covered, events)
     if math.isinf(provenance.epsilon):
         total, how = None, "none: the checkpoint was trained on its data without differential privacy"
-    elif events and provenance.events and accountant in ("rdp", "pld"):
+    elif events and provenance.events and plan.accountant in ("rdp", "pld"):
         from dpgrid.privacy.accountants import composed_epsilon
 
-        total = {"epsilon": composed_epsilon([*provenance.events, *events], covered["delta"], accountant),
+        total = {"epsilon": composed_epsilon([*provenance.events, *events], covered["delta"], plan.accountant),
                  "delta": covered["delta"]}
-        how = f"the {accountant} accountant over both grids' steps"
+        how = f"the {plan.accountant} accountant over both grids' steps"
     else:
         total = {"epsilon": covered["epsilon"] + provenance.epsilon, "delta": covered["delta"] + provenance.delta}
         how = "basic composition (the epsilons and the deltas add)"
-    part = {"checkpoint": provenance.to_dict(), "same_data": same, "composed": total, "composed_by": how,
-            "this_grid": covered}
-    if same:
-        return total, part
-    return covered, part
+    composed = not start.init_disjoint
+    if not composed:
+        basis = "declared disjoint by the user (model.init_disjoint=true)"
+    elif provenance.dataset == plan.dataset:
+        basis = f"the checkpoint was trained on {plan.dataset} too"
+    else:
+        basis = (f"the checkpoint was trained on {provenance.dataset}, this grid on {plan.dataset}: nothing public "
+                 "tells whether they share examples (model.init_disjoint=true declares they do not)")
+    part = {"checkpoint": provenance.to_dict(), "same_data": composed, "why": basis, "composed": total,
+            "composed_by": how, "this_grid": covered}
+    if not composed:
+        return ReleaseCover(covered, None, part)
+    chained = [*[list(e) for e in provenance.events], *events] if (
+        total is not None and events and provenance.events and how.startswith("the ")) else None
+    return ReleaseCover(total, chained, part)
 
 
 def checksum(source) -> str:

@@ -12,6 +12,7 @@ from __future__ import annotations
 import hashlib
 import math
 import os
+from fractions import Fraction
 
 import numpy as np
 
@@ -76,10 +77,62 @@ class SecureRandom:
 
 def poisson_batch(n: int, sample_rate: float, source) -> torch.Tensor:
     """Indices of a Poisson sample (on the CPU, so that sampling is identical on every device and
-    never synchronises a GPU) from a seeded torch.Generator or a SecureRandom."""
+    never synchronises a GPU) from a seeded torch.Generator or a SecureRandom; each example is in with probability
+    exactly `sample_rate`, the rate the accountant is given."""
     if isinstance(source, SecureRandom):
         return source.poisson_indices(n, sample_rate)
-    return torch.nonzero(torch.rand(n, generator=source) < sample_rate).squeeze(1)
+    return torch.nonzero(seeded_coins(n, sample_rate, source)).squeeze(1)
+
+
+FLOAT32_BITS = 24  # torch.rand's float32 uniforms are the multiples of 2^-24 in [0, 1)
+
+
+def seeded_coins(n: int, rate: float, generator: torch.Generator) -> torch.Tensor:
+    """n independent coins, each True with probability exactly `rate`, from a seeded generator.
+
+    A float32 uniform U = k 2^-24 decides the coin on k's side of rate 2^24 = t + f (t whole, 0 <= f < 1): k < t is in,
+    k > t out; only the tie k = t (probability 2^-24) is decided by more bits (`resolve_ties`), so
+    P(in) = t 2^-24 + 2^-24 f = rate exactly. (U < rate alone would realise ceil(rate 2^24) 2^-24, rate + 2.5e-8 at
+    MNIST's rate.) A tie draws from the same generator, so runs drawn before and after this exactness differ only
+    from a step with a tie on."""
+    u = torch.rand(n, generator=generator)
+    return coins_from_uniform(u, FLOAT32_BITS, rate, generator, scale=2.0 ** -FLOAT32_BITS)
+
+
+def coins_from_uniform(k: torch.Tensor, bits: int, rate: float, generator, scale: float = 1.0) -> torch.Tensor:
+    """Coins with probability exactly `rate` from `k`, uniform on {0, ..., 2^bits - 1} times `scale` (a power of two:
+    the uniforms as drawn, compared without rounding), ties broken by `resolve_ties`."""
+    if rate >= 1.0:
+        return torch.ones(k.shape, dtype=torch.bool)
+    if rate <= 0.0:
+        return torch.zeros(k.shape, dtype=torch.bool)
+    scaled = Fraction(rate) * 2 ** bits  # exact: a float is a dyadic rational
+    whole = math.floor(scaled)
+    edge = torch.tensor(whole * scale, dtype=k.dtype)  # exact: a whole number below 2^bits, times a power of two
+    chosen = k < edge
+    rest = scaled - whole
+    if rest:
+        ties = torch.nonzero(k == edge).squeeze(1)
+        if len(ties):
+            chosen[ties] = resolve_ties(len(ties), rest, generator)
+    return chosen
+
+
+CHUNK_BITS = 62  # torch.randint(0, 2^62) is exactly uniform: 2^64 is a multiple of its range
+
+
+def resolve_ties(count: int, fraction: Fraction, generator) -> torch.Tensor:
+    """`count` coins each True with probability exactly `fraction` (a dyadic rational in (0, 1), a/2^m): an m-bit
+    uniform integer r, drawn in 62-bit chunks from a seeded generator or a SecureRandom, is below a."""
+    m = fraction.denominator.bit_length() - 1  # the denominator is 2^m: a float's fraction is dyadic
+    chunks = -(-m // CHUNK_BITS)
+    if isinstance(generator, SecureRandom):
+        draws = (generator.uint64(count * chunks) >> np.uint64(64 - CHUNK_BITS)).reshape(count, chunks).tolist()
+    else:
+        draws = torch.randint(0, 2 ** CHUNK_BITS, (count, chunks), generator=generator, dtype=torch.int64).tolist()
+    threshold = fraction.numerator << (chunks * CHUNK_BITS - m)
+    return torch.tensor([sum(int(d) << (CHUNK_BITS * (chunks - 1 - i)) for i, d in enumerate(row)) < threshold
+                         for row in draws], dtype=torch.bool)
 
 
 def permutation(n: int, source) -> torch.Tensor:

@@ -44,9 +44,17 @@ def budget_note(grids: pd.DataFrame) -> str:
         method = ACCOUNTING.get(name)
         covers = method.covers if method is not None and method.covers else f"what its method {name} states"
         notes.append(f"ε per selection ({name.replace('_', ' ')}): ε covers {covers}")
-    if not notes:
-        return BUDGET_WORDS["per_grid"]
-    return ("Budgets side by side: " if len(notes) > 1 else "") + "; ".join(notes)
+    said = ("Budgets side by side: " if len(notes) > 1 else "") + "; ".join(notes) if notes else BUDGET_WORDS["per_grid"]
+    return said + adjacency_note(private)
+
+
+def adjacency_note(private: pd.DataFrame) -> str:
+    """The neighbouring datasets the private grids' epsilons are for, in their accounting methods' own words."""
+    from dpgrid.privacy.method import AccountingMethod
+
+    names = set(private.selection.dropna().astype(str)) if "selection" in private else set()
+    words = sorted({(ACCOUNTING.get(name) or AccountingMethod).adjacency.words for name in names or {""}})
+    return f"; neighbouring datasets: {' / '.join(words)}" if len(private) else ""
 
 
 # --- formatting -------------------------------------------------------------------------------------

@@ -21,7 +21,7 @@ def print_plan(spec, compare: bool, start: float) -> None:
     procedure = procedure_of(plan.method)  # what the grid's procedure says of itself
     print(f"  accounted by {plan.method.name}" + (f" (privacy.selection={plan.selection})"
                                                  if plan.selection != plan.method.name else "")
-          + (f"; neighbouring datasets: {plan.method.adjacency}" if plan.private else ""))
+          + (f"; neighbouring datasets: {plan.method.adjacency.words}" if plan.private else ""))
     print_expected_time(spec, procedure.expected_runs(plan, len(spec.to_train) * spec.train.seeds))
     print("\n".join(procedure.describe(plan)))  # the budget, the noise, the configurations
     if plan.epsilon_spent is not None and not plan.noise_per_run:  # one noise for the grid: its alternatives
@@ -153,18 +153,25 @@ def print_release(model, run_dir, seed: int) -> None:
         print(f"  trained: N = {training['n_train']:,}, B = {training['batch_size']:g} expected, q = "
               f"{training['sample_rate']:.4g}, T = {training['steps']:,} steps, {training['epochs']:g} "
               f"epoch{'s' if training['epochs'] != 1 else ''}"
-              + (f"; neighbouring datasets: {privacy['adjacency']}" if privacy.get("adjacency") else ""))
+              + (f"; neighbouring datasets: {adjacency_words(privacy['adjacency'])}" if privacy.get("adjacency") else ""))
     if record.get("chosen_by"):
         print(f"  chosen: {record['chosen_by']}")
     print(f"randomness: {record['randomness']}")
     print(f"load: dpgrid.load_model({run_dir!r}, seed={seed})  # {type(model).__name__}, eval mode")
 
 
+def adjacency_words(adjacency) -> str:
+    """A statement's neighbouring relation in words (an earlier dpgrid's statement holds the words alone)."""
+    return adjacency.get("words", "") if isinstance(adjacency, dict) else str(adjacency)
+
+
 def start_line(start) -> str:
     """What a fine-tuning grid's runs start from and train, in one line (dpgrid plan, the plan header)."""
     provenance = start.init_provenance
     parts = [f"from {start.init} (sha256 {start.init_sha256[:12]}, {provenance.words() if provenance is not None else 'public'}"
-             + ("; on the same data the release is covered by both grids together" if provenance is not None
+             + (("; declared disjoint from this grid's data (model.init_disjoint=true): each epsilon covers its own"
+                 if start.init_disjoint else "; the release is covered by both grids together "
+                 "(model.init_disjoint=true declares the two datasets disjoint)") if provenance is not None
                 and provenance.private else "") + ")" if start.init else "from the model's random start"]
     if start.lora_rank:
         parts.append(f"LoRA rank {start.lora_rank}, alpha {start.lora_alpha:g} on {', '.join(start.lora_targets)} "

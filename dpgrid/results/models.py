@@ -10,7 +10,8 @@ from pathlib import Path
 
 from dpgrid import DpgridError
 from dpgrid.results.files import write_atomic
-from dpgrid.results.statement import MODEL, STATEMENT, release_problem, repair_hint
+from dpgrid.results.statement import (FINGERPRINTED, MODEL, STATEMENT, holds_fingerprint, release_problem, repair_hint,
+                                      seal_of, without_fingerprint)
 
 
 def released_folder(run_dir) -> Path:
@@ -43,6 +44,23 @@ def verified_release(run_dir) -> dict:
     if problem:
         raise DpgridError(f"{problem}; {repair_hint(record)}")
     return record
+
+
+def fingerprint_warning(run_dir, record: dict) -> str:
+    """One line where a release an earlier dpgrid made holds a fingerprint of its training data ('' otherwise)."""
+    if not holds_fingerprint(record):
+        return ""
+    return (f"{Path(run_dir) / MODEL}: {FINGERPRINTED}; `dpgrid model {run_dir} --out FILE` writes a copy without it, "
+            "and dpgrid.load_model's statement leaves it out")
+
+
+def publishable(record: dict) -> dict:
+    """The statement without a training-data fingerprint an earlier dpgrid wrote into it, sealed again (its selection
+    digest kept); the statement itself where it holds none."""
+    if not holds_fingerprint(record):
+        return record
+    kept = without_fingerprint({k: v for k, v in record.items() if k != "seal"})
+    return {**kept, "seal": {**seal_of(kept), "selection_json": (record.get("seal") or {}).get("selection_json")}}
 
 
 def export_target(path, run_dir) -> Path:
@@ -78,7 +96,7 @@ def export(run_dir, seed: int, path) -> Path:
                           f"{', '.join(str(e['seed']) for e in record['models'])}")
     tensors = load((Path(run_dir) / MODEL / entry["file"]).read_bytes())
     with directory_setting("--out FILE"):
-        write_atomic(target, save(tensors, metadata={"dpgrid": json.dumps({**record, "seed": seed})}))
+        write_atomic(target, save(tensors, metadata={"dpgrid": json.dumps({**publishable(record), "seed": seed})}))
     return Path(path)
 
 
@@ -116,7 +134,12 @@ def load_model(run_dir, seed: int = None, device="cpu", *, searchpath=None, trus
         raise DpgridError(f"{folder / entry['file']} does not fit the model model.json names "
                           f"({record['model'].get('_target_')}): {reason}") from None
     model.eval()
-    model.statement = record
+    warning = fingerprint_warning(run_dir, record)
+    if warning:
+        import warnings
+
+        warnings.warn(warning, stacklevel=2)
+    model.statement = publishable(record)
     return model
 
 

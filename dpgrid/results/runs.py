@@ -208,12 +208,17 @@ def summarize(runs: pd.DataFrame, axes: list, task: str) -> pd.DataFrame:
 
 
 def plan_record(spec, data_files: dict) -> dict:
-    """plan.json's content: the plan, the config's hash, the data's fingerprint and this command's settings."""
+    """plan.json's content: the plan, the config's hash, the data's fingerprint (private: it refuses other data on a
+    resume, and no release carries it) and this command's settings; a grid fine-tuned from a private checkpoint also
+    what covers its release (`release_covered_by`: both composed, unless declared disjoint)."""
+    from dpgrid.privacy.provenance import release_cover
+
     only = list(spec.only) if spec.only is not None else None  # the configurations this command trains
     start = spec.start.to_dict()  # a fine-tuning grid's start: its checkpoint (path, checksum), adapters, what trains
+    cover = release_cover(spec).covered if spec.start.init else None
     return {**spec.plan.to_dict(), "config_hash": spec.config_hash, "data_files": data_files, "grid_only": only,
             "parallel_runs": spec.train.parallel_runs, "device": spec.train.device, "eval_every": spec.train.eval_every,
-            **({"start": start} if start else {})}
+            **({"start": start} if start else {}), **({"release_covered_by": cover} if spec.start.init else {})}
 
 
 def write_header(out: Path, spec, record: dict) -> None:

@@ -31,27 +31,21 @@ CHOSEN_BY = ("the released configuration is the one with the best score, and the
 
 def statement(spec, plan_record: dict, configuration: dict, chosen_by: str) -> dict:
     """What a release is covered by, in the plan's own figures, with how it was trained and chosen; `plan_record`: the
-    plan.json this command wrote (the release binds the grid's part of it)."""
+    plan.json this command wrote (the release binds the grid's part of it, less the data's fingerprint: nothing
+    released is computed from the training data but through the noised training)."""
     from dpgrid.privacy.provenance import release_cover
 
     plan, method = spec.plan, spec.plan.method
     private = plan.private and plan.epsilon_spent is not None
-    covered = {"epsilon": plan.epsilon_with_seeds, "delta": plan.delta} if private else None
-    events = method.released_steps(plan) if private else None
+    cover = release_cover(spec)
+    covered, events, checkpoint = cover.covered, cover.events, cover.checkpoint
     provenance = spec.start.init_provenance
-    covered, checkpoint = release_cover(covered, events, plan.accountant, provenance, plan.dataset,
-                                        plan_record.get("data_files"))
     if checkpoint is not None:
-        chosen_by += (f"; it was fine-tuned from a private checkpoint ({checkpoint['checkpoint']['source']}), "
-                      + (f"trained on the same data: both grids together are what covers it, by "
+        chosen_by += (f"; it was fine-tuned from a private checkpoint ({checkpoint['checkpoint']['source']}): "
+                      + (f"{checkpoint['why']}, so both grids together are what covers it, by "
                          f"{checkpoint['composed_by']}" if checkpoint["same_data"] else
-                         f"trained on other data ({provenance.dataset}): this epsilon covers {plan.dataset}'s examples, "
-                         f"the checkpoint's covers {provenance.dataset}'s, their composition anyone in both"))
-        if checkpoint["same_data"] and events and provenance.events and covered is not None and \
-                checkpoint["composed_by"].startswith("the "):
-            events = [*[list(e) for e in provenance.events], *events]
-        else:
-            events = None
+                         f"{checkpoint['why']}: this epsilon covers {plan.dataset}'s examples, the checkpoint's "
+                         f"covers {provenance.dataset}'s, their composition anyone in both"))
     randomness = SECURE if spec.train.secure_rng else SEEDED if plan.private else SEEDED_NON_PRIVATE
     return {
         "covered_by": covered,
@@ -66,7 +60,7 @@ def statement(spec, plan_record: dict, configuration: dict, chosen_by: str) -> d
                     "accountant": plan.accountant, "budget": plan.budget, "selection": plan.selection,
                     "method": method.name,
                     "analysis": plan.to_dict()["selection_accountant"], "seeds_accounted": plan.account_seeds,
-                    "seeds": plan.seeds, "sampling": plan.sampling, "adjacency": method.adjacency,
+                    "seeds": plan.seeds, "sampling": plan.sampling, "adjacency": method.adjacency.to_dict(),
                     "weak_delta": bool(plan.delta >= 1 / plan.n_train)} if plan.private else None,
         "randomness": randomness,
         "training": {"n_train": plan.n_train, "batch_size": plan.batch_size, "sample_rate": plan.sample_rate,
@@ -74,7 +68,6 @@ def statement(spec, plan_record: dict, configuration: dict, chosen_by: str) -> d
                      "eval_every": spec.train.eval_every, "protocol": spec.protocol, "momentum": spec.train.momentum},
         "chosen_by": CHOSEN_BY,
         "strategy": plan.strategy, "dataset": plan.dataset, "n_train": plan.n_train,
-        "data_files": plan_record.get("data_files"),
         "inputs": {"normalize": spec.dataset.normalize,
                    **({"mean": spec.dataset.mean, "std": spec.dataset.std}
                       if spec.dataset.normalize == "standardize" else {})},
@@ -110,8 +103,34 @@ def split(spec) -> dict:
 
 
 def grid_plan(plan_record: dict) -> dict:
-    """plan.json's figures of the grid (not those one command of it sets), as JSON reads them back."""
-    return json.loads(json.dumps({k: v for k, v in plan_record.items() if k not in PER_COMMAND}))
+    """plan.json's figures of the grid (not those one command of it sets), as JSON reads them back, without the data's
+    fingerprint (private: plan.json keeps it to refuse other data on a resume)."""
+    return without_fingerprint(json.loads(json.dumps({k: v for k, v in plan_record.items() if k not in PER_COMMAND})))
+
+
+FINGERPRINT = "data_files"  # plan.json's, and the statements of earlier dpgrid releases: each training file's SHA-256
+
+
+def without_fingerprint(value):
+    """`value` (JSON data) with every FINGERPRINT key removed, at any depth."""
+    if isinstance(value, dict):
+        return {k: without_fingerprint(v) for k, v in value.items() if k != FINGERPRINT}
+    if isinstance(value, list):
+        return [without_fingerprint(v) for v in value]
+    return value
+
+
+def holds_fingerprint(value) -> bool:
+    """Whether JSON data hold a non-empty FINGERPRINT anywhere (a release an earlier dpgrid made)."""
+    if isinstance(value, dict):
+        return bool(value.get(FINGERPRINT)) or any(holds_fingerprint(v) for v in value.values())
+    if isinstance(value, list):
+        return any(holds_fingerprint(v) for v in value)
+    return False
+
+
+FINGERPRINTED = ("its metadata holds a fingerprint of the training data (each training file's SHA-256, written by an "
+                 "earlier dpgrid), which no epsilon covers: do not publish it as it is")
 
 
 def sealed(record: dict, selection: bytes = None) -> dict:
@@ -167,13 +186,15 @@ def release_problem(run_dir, plan: dict = None) -> tuple:
             plan = read_json(run_dir / "plan.json", "")
         except DpgridError:
             plan = {}
-    plan = grid_plan(plan)
-    if plan != record["plan"]:
+    plan, released = grid_plan(plan), without_fingerprint(record["plan"])
+    # the keys the release was sealed with: a later dpgrid may record more in plan.json
+    if any(key not in plan or plan[key] != value for key, value in released.items()):
         return record, (f"{folder} is not the release of the grid in {run_dir}: its statement was sealed with "
                         "another plan.json (a model/ from another grid, or plan.json was edited)")
     covered = record["covered_by"]
-    if covered is not None and (covered.get("epsilon") != plan.get("epsilon_with_seeds")
-                                or covered.get("delta") != plan.get("delta")):
+    planned = plan.get("release_covered_by") or {"epsilon": plan.get("epsilon_with_seeds"), "delta": plan.get("delta")}
+    if covered is not None and (covered.get("epsilon") != planned.get("epsilon")
+                                or covered.get("delta") != planned.get("delta")):
         return record, f"{path} states an epsilon or delta its plan does not"
     for entry in entries:
         file = folder / entry["file"]

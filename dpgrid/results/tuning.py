@@ -53,18 +53,20 @@ def tuning_set(out, spec, n_train: int):
 
 
 def drawn_tuning_set(spec, n_train: int, rate: float):
-    """A fresh draw of X1: each example with probability q1 (53 random bits each), seeded from the grid's names or
-    from the operating system's secure generator."""
+    """A fresh draw of X1: each example with probability exactly q1 (53 random bits each, more on a tie), seeded from
+    the grid's names or from the operating system's secure generator."""
+    import numpy as np
     import torch
 
-    from dpgrid.privacy.randomness import SecureRandom, derive_seed
+    from dpgrid.privacy.randomness import SecureRandom, coins_from_uniform, derive_seed
 
     if spec.train.secure_rng:
-        bits = torch.tensor([int(x) >> 11 for x in SecureRandom().uint64(n_train)], dtype=torch.float64)
+        source = SecureRandom()
+        bits = torch.from_numpy((source.uint64(n_train) >> np.uint64(11)).astype(np.int64))
     else:
         source = torch.Generator().manual_seed(derive_seed(*seed_names(spec), "tuning_set"))
-        bits = torch.randint(0, 2 ** 53, (n_train,), generator=source, dtype=torch.int64).to(torch.float64)
-    return bits / 2 ** 53 < rate
+        bits = torch.randint(0, 2 ** 53, (n_train,), generator=source, dtype=torch.int64)
+    return coins_from_uniform(bits, 53, rate, source)  # each example in with probability exactly q1
 
 
 def tuning_summary(runs, search: str, axes: list, task: str):

@@ -128,9 +128,10 @@ def test_no_released_file_holds_a_training_files_digest_or_size(neighbours):
         assert statement["privacy"]["adjacency"]["name"] == "zero-out"
 
 
-def test_a_release_with_an_earlier_dpgrids_fingerprint_loads_says_so_and_exports_without_it(neighbours, tmp_path):
-    """An earlier dpgrid wrote each training file's SHA-256 into model.json, its plan and each weights file: such a
-    release still loads, a warning says in one line not to publish it as it is, and the export drops it, sealed anew."""
+@pytest.fixture
+def earlier_release(neighbours, tmp_path):
+    """A release as an earlier dpgrid wrote it: each training file's SHA-256 in model.json, its plan and each weights
+    file's metadata, sealed."""
     import shutil
 
     from safetensors.torch import load, save
@@ -141,8 +142,6 @@ def test_a_release_with_an_earlier_dpgrids_fingerprint_loads_says_so_and_exports
     path = out / "model" / "model.json"
     record = json.loads(path.read_text())
     record.update(data_files=plan["data_files"], plan={**record["plan"], "data_files": plan["data_files"]})
-    record["seal"] = seal_of(record, (out / "selection.json").read_bytes() if (out / "selection.json").exists() else None)
-    path.write_text(json.dumps(record))
     for entry in record["models"]:  # the weights' metadata held it too; the statement records their new checksums
         weights = out / "model" / entry["file"]
         old = {**metadata(weights), "data_files": plan["data_files"]}
@@ -151,6 +150,11 @@ def test_a_release_with_an_earlier_dpgrids_fingerprint_loads_says_so_and_exports
         entry["sha256"] = hashlib.sha256(content).hexdigest()
     record["seal"] = seal_of(record)
     path.write_text(json.dumps(record))
+    return out, record
+
+
+def test_a_release_with_an_earlier_dpgrids_fingerprint_loads_says_so_and_exports_without_it(earlier_release, tmp_path):
+    out, record = earlier_release
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         model = load_model(out)
@@ -165,3 +169,17 @@ def test_a_release_with_an_earlier_dpgrids_fingerprint_loads_says_so_and_exports
     from dpgrid.privacy.provenance import checkpoint_provenance
 
     assert checkpoint_provenance(str(exported), None).epsilon == pytest.approx(record["covered_by"]["epsilon"])
+
+
+@pytest.mark.slow
+def test_dpgrid_model_says_in_one_line_that_an_earlier_release_must_not_be_published_as_it_is(earlier_release,
+                                                                                                tmp_path):
+    from .command import dpgrid
+
+    out, _ = earlier_release
+    shown = dpgrid("model", out)
+    assert shown.returncode == 0, shown.stderr
+    lines = [line for line in shown.stderr.splitlines() if "fingerprint of the training data" in line]
+    assert len(lines) == 1 and "do not publish it as it is" in lines[0] and "--out" in lines[0]
+    copy = dpgrid("model", out, "--out", tmp_path / "copy.safetensors")
+    assert copy.returncode == 0 and "data_files" not in json.dumps(metadata(tmp_path / "copy.safetensors"))

@@ -94,6 +94,11 @@ def test_a_pur_grid_spends_its_budget_under_both_conversions(tmp_path):
     assert run.epsilon_rdp < run.epsilon_zcdp == run.epsilon_spent
     curve = result.curves
     assert curve.step.max() == run.steps and curve.epsilon.is_monotonic_increasing and curve.epsilon.max() <= 2
+    # its scores are evaluated on the private training data and its features standardised with it (the paper's
+    # protocol): the release claims no epsilon, and says why, whatever epsilon the runs spent
+    statement = dpgrid.load_model(tmp_path / "pur").statement
+    assert statement["covered_by"] is None and "evaluated on the private training data" in statement["why"]
+    assert statement["privacy"]["epsilon_spent"] <= 2  # what the mechanism spent, stated beside it
 
 
 def test_the_logistic_datasets():

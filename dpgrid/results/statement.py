@@ -47,6 +47,11 @@ def statement(spec, plan_record: dict, configuration: dict, chosen_by: str) -> d
                          f"{checkpoint['why']}: this epsilon covers {plan.dataset}'s examples, the checkpoint's "
                          f"covers {provenance.dataset}'s, their composition anyone in both"))
     randomness = SECURE if spec.train.secure_rng else SEEDED if plan.private else SEEDED_NON_PRIVATE
+    from dpgrid.data import tasks
+
+    disclosure = tasks.get(spec.dataset.task).disclosure  # what of the private data the task's own figures show
+    if private and disclosure:
+        covered, events, chosen_by = None, None, f"no epsilon covers this model or its scores: the task's figures are {disclosure}"
     return {
         "covered_by": covered,
         "why": chosen_by if private else ("non-private: no clipping, no noise, no epsilon" if not plan.private else
@@ -188,7 +193,7 @@ def release_problem(run_dir, plan: dict = None) -> tuple:
             plan = {}
     plan, released = grid_plan(plan), without_fingerprint(record["plan"])
     # the keys the release was sealed with: a later dpgrid may record more in plan.json
-    if any(key not in plan or plan[key] != value for key, value in released.items()):
+    if {key: plan[key] for key in released if key in plan} != released:  # JSON's one NaN equals itself
         return record, (f"{folder} is not the release of the grid in {run_dir}: its statement was sealed with "
                         "another plan.json (a model/ from another grid, or plan.json was edited)")
     covered = record["covered_by"]

@@ -23,6 +23,8 @@ from dpgrid.models.finetuning import read_checkpoint
 from dpgrid.models import default_dtype, starting_model
 from dpgrid.training.rules import MethodChoice
 from dpgrid.training.persample import make_engine, trainable
+from dpgrid.training.apart import check_sizes
+from dpgrid.training.graphs import capacity
 from dpgrid.training.proof import EngineChoice, choose_engine
 from dpgrid.results.procedure import Phase, procedure_of, seed_names
 from dpgrid.privacy.randomness import SecureRandom, derive_seed
@@ -304,7 +306,12 @@ def proved_engine(spec, data, checkpoint: dict = None) -> EngineChoice:
     could_stack = (spec.observer is None and spec.train.parallel_runs != "1"
                    and not why_not_stacked(model, spec.strategy_cls))
     setting = "func" if spec.train.engine == "func" else spec.train.engine_setting
-    choice = choose_engine(model, data.task, data.x_test, data.y_test, setting, could_stack, spec.train.parallel_runs)
+    plan = spec.plan
+    padded = data.x_train.device.type == "cuda"  # where a batch may be padded to its capacity (dpgrid.training.graphs)
+    sizes = check_sizes(plan.batch_size, plan.sample_rate, plan.n_train,
+                        (lambda size: capacity(size, plan.batch_size)) if padded else None)
+    choice = choose_engine(model, data.task, data.x_test, data.y_test, setting, could_stack, spec.train.parallel_runs,
+                           sizes)
     log(choice.said)
     return choice
 

@@ -246,20 +246,30 @@ RIVALS = {"opacus": (opacus_step, tuple(MODELS)), "opacus_ghost": (opacus_ghost_
           "func": (fallback_step, ("transformer", "vit"))}
 
 
-def proof_seconds(model_name, repeats: int = 3) -> float:
-    """What a grid of this model pays before it trains (dpgrid.training.proof): the layout found on two batch sizes
-    and the fast engine compared with the exact per-sample gradients in float64, best of `repeats` after one."""
+def proof_seconds(model_name, repeats: int = 3) -> dict:
+    """What a grid of this model pays before it trains, best of `repeats` after one: the train-mode check that it keeps
+    samples apart at both ends of its Poisson batch sizes (dpgrid.training.apart, at B = BATCH of its dataset's N), and
+    the proof (dpgrid.training.proof: the layout found on two batch sizes from the largest, and the fast engine compared
+    with per-sample autograd through the same train-mode forward, in float64)."""
+    from dpgrid.training.apart import check_sizes, mixing
     from dpgrid.training.proof import prove
 
     model = MODELS[model_name][0]().to(DEVICE)
     x, y, task = batch(model_name)
-    best = float("inf")
-    for _ in range(repeats + 1):
-        start = time.perf_counter()
-        prove(model, task, x[:64], y[:64], stacked_too=False)
-        synchronize()
-        best = min(best, time.perf_counter() - start)
-    return best
+    sizes = check_sizes(BATCH, BATCH / N_TRAIN[model_name], N_TRAIN[model_name])
+    timed = {"apart": lambda: mixing(model, x[:64], sizes),
+             "proof": lambda: prove(model, task, x[:64], y[:64], stacked_too=False, size=max(sizes))}
+    found = {"sizes": list(sizes)}
+    for name, work in timed.items():
+        best = float("inf")
+        for _ in range(repeats + 1):
+            start = time.perf_counter()
+            work()
+            synchronize()
+            best = min(best, time.perf_counter() - start)
+        found[f"{name}_seconds"] = best
+    found["seconds"] = found["apart_seconds"] + found["proof_seconds"]
+    return found
 
 
 def make_step(model_name, method, engine_name):
@@ -683,7 +693,7 @@ def main():
                 report["results"].append({"model": model_name, "strategy": m, **{k: v for k, v in row.items() if k != "model"},
                                           "target_ratio": target,
                                           "met": None if target is None else row["ratio_to_nonprivate"] <= target})
-    report["proof"] = [{"model": m, "seconds": proof_seconds(m)} for m in args.models]
+    report["proof"] = [{"model": m, **proof_seconds(m)} for m in args.models]
     report["per_sample_methods"] = METHODS.describe()
     if args.record:
         report.update(commit=commit(), command="python scripts/bench.py " + " ".join(sys.argv[1:]),
@@ -704,7 +714,9 @@ def main():
         print(f"{r['model']:<13} {name:<16} {r['seconds']:>8.4f} {r['ratio_to_nonprivate']:>6.2f} {target:>7} "
               f"{r.get('peak_mb', float('nan')):>8.0f}")
     for r in report["proof"]:
-        print(f"{r['model']}: the first batch's proof (dpgrid.training.proof) {r['seconds']:.3f} s, once per grid")
+        print(f"{r['model']}: before a grid trains, {r['seconds']:.3f} s once: samples kept apart at batch sizes "
+              f"{' and '.join(str(n) for n in r['sizes'])} (dpgrid.training.apart) {r['apart_seconds']:.3f} s, the proof "
+              f"at {max(r['sizes'])} (dpgrid.training.proof) {r['proof_seconds']:.3f} s")
     if any(r["target_ratio"] for r in report["results"]):
         print("target: the largest ratio to non-private a strategy's step should keep on a 2-core CPU (! not met)")
     for model_name in args.models:

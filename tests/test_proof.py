@@ -107,6 +107,123 @@ class RawViT(nn.Module):
         return self.head(self.norm(x)[:, 0])
 
 
+# Models that behave differently where training runs them (train mode, batches of about B) than where the proof used
+# to look (eval mode, 8 examples): each as a user bringing their own model would write it.
+
+class BatchCenter(nn.Module):
+    """h - h.mean(0) in training (its running mean updated from the batch), h - running_mean in eval."""
+
+    def __init__(self, width, track=True):
+        super().__init__()
+        self.track = track
+        self.register_buffer("running_mean", torch.zeros(width))
+
+    def forward(self, h):
+        if not self.training:
+            return h - self.running_mean
+        mean = h.mean(0)
+        if self.track:
+            with torch.no_grad():
+                self.running_mean.mul_(0.9).add_(0.1 * mean)
+        return h - mean
+
+
+class Centered(nn.Module):
+    """A digits MLP with BatchCenter between its layers; `track`: whether it keeps a running mean."""
+
+    def __init__(self, track=True):
+        super().__init__()
+        self.fc, self.center, self.head = nn.Linear(64, 32), BatchCenter(32, track), nn.Linear(32, 10)
+
+    def forward(self, x):
+        return self.head(torch.relu(self.center(self.fc(x))))
+
+
+class MixedAbove(nn.Module):
+    """Mixes the samples above a batch size only: the same in train and eval mode."""
+
+    def __init__(self, size=16):
+        super().__init__()
+        self.size, self.fc, self.head = size, nn.Linear(64, 32), nn.Linear(32, 10)
+
+    def forward(self, x):
+        h = self.fc(x)
+        if x.shape[0] > self.size:
+            h = h - h.mean(0)
+        return self.head(torch.relu(h))
+
+
+class TrainReuse(nn.Module):
+    """A weight also used through F.linear, in training only."""
+
+    def __init__(self):
+        super().__init__()
+        self.fc, self.head = nn.Linear(64, 64), nn.Linear(64, 10)
+
+    def forward(self, x):
+        h = self.fc(x)
+        if self.training:
+            h = h + 0.5 * F.linear(torch.tanh(h), self.fc.weight)
+        return self.head(torch.tanh(h))
+
+
+class BigFused(TrainReuse):
+    """The same weight reuse above a batch size only, in either mode."""
+
+    def forward(self, x):
+        h = self.fc(x)
+        if x.shape[0] > 16:
+            h = h + 0.5 * F.linear(torch.tanh(h), self.fc.weight)
+        return self.head(torch.tanh(h))
+
+
+class TrainPosition(nn.Module):
+    """A position embedding added in training only (wpe(arange(T)), no batch)."""
+
+    def __init__(self, vocabulary=11, width=6):
+        super().__init__()
+        self.wte, self.wpe, self.head = nn.Embedding(vocabulary, width), nn.Embedding(T, width), nn.Linear(width, 3)
+
+    def forward(self, idx):
+        x = self.wte(idx)
+        if self.training:
+            x = x + self.wpe(torch.arange(idx.shape[1], device=idx.device))
+        return self.head(torch.tanh(x)).mean(1)
+
+
+class TrainToken(nn.Module):
+    """emb(zeros(1)) in training only: one learnt vector added to every sample."""
+
+    def __init__(self, width=6):
+        super().__init__()
+        self.fc, self.bias, self.head = nn.Linear(4, width), nn.Embedding(1, width), nn.Linear(width, 3)
+
+    def forward(self, x):
+        h = self.fc(x)
+        if self.training:
+            h = h + self.bias(torch.zeros(1, dtype=torch.long, device=x.device))
+        return self.head(torch.tanh(h))
+
+
+class FunctionalBatchNorm(nn.Module):
+    """F.batch_norm(..., training=True) inside the forward: batch statistics without a BatchNorm module."""
+
+    def __init__(self):
+        super().__init__()
+        self.fc, self.head = nn.Linear(4, 8), nn.Linear(8, 3)
+
+    def forward(self, x):
+        h = F.batch_norm(self.fc(x), None, None, training=True)
+        return self.head(torch.tanh(h))
+
+
+class Dropped(nn.Sequential):
+    """Dropout between Linear layers: random in training, and keeps the samples apart."""
+
+    def __init__(self):
+        super().__init__(nn.Linear(4, 16), nn.ReLU(), nn.Dropout(0.3), nn.Linear(16, 3))
+
+
 def images(n):
     return torch.rand(n, 1, 14, 14)
 
@@ -289,3 +406,153 @@ def test_the_built_in_models_prove_themselves_far_inside_the_tolerance(name):
     assert not disagreement and error < 1e-10 < RTOL, (name, error)
     assert all(found.batch_dim == 0 and not found.copies for found in layout.layers)
     assert math.isfinite(error)
+
+
+# --- the proof covers what training runs: train mode, the batch size, samples kept apart -----------------------------
+
+DIGITS = (lambda n: torch.randn(n, 64), lambda n: torch.randint(0, 10, (n,)))
+TRAINING_SIZES = (2, 71)  # B = 32 of N = 1437: B -+ 7 standard deviations (dpgrid.training.apart.check_sizes)
+
+
+@pytest.mark.parametrize("setting", ["auto", "fast", "func"])
+@pytest.mark.parametrize("model, where", [
+    (Centered, r"BatchCenter 'center' updates its buffer 'running_mean' from the batch in training"),
+    (lambda: Centered(track=False), r"changes the others' outputs in training: BatchCenter 'center' mixes them"),
+    (MixedAbove, r"batch of 71 changes the others' outputs in training: MixedAbove 'the model' mixes them in its own "
+                 r"forward"),
+])
+def test_a_model_that_mixes_samples_where_training_runs_it_is_refused_naming_the_module(model, where, setting):
+    """Whatever the engine: torch.func cannot keep apart what the model mixes."""
+    x, y = DIGITS[0](40), DIGITS[1](40)
+    with pytest.raises(DpgridError, match=r"^model: .*" + where) as refused:
+        choose_engine(model(), "classification", x, y, setting, False, "auto", TRAINING_SIZES)
+    assert "\n" not in str(refused.value) and "torch.func" in str(refused.value)
+
+
+def test_functional_batch_norm_is_refused_in_one_line_not_a_traceback():
+    x, y = torch.randn(40, 4), torch.randint(0, 3, (40,))
+    with pytest.raises(DpgridError, match=r"FunctionalBatchNorm 'the model' mixes them in its own forward") as refused:
+        choose_engine(FunctionalBatchNorm(), "classification", x, y, "auto", False, "auto", TRAINING_SIZES)
+    assert "\n" not in str(refused.value)
+
+
+def test_mixing_is_caught_however_little_one_example_moves_the_others():
+    """At B = 4096 one example moves the batch mean by 1/4096 of itself: the comparison is exact, in float64."""
+    from dpgrid.training.apart import mixing
+
+    found = mixing(MixedAbove(), torch.randn(50, 64), (4096,))
+    assert "MixedAbove 'the model' mixes them" in found
+
+
+@pytest.mark.parametrize("model", [TrainReuse, BigFused])
+def test_a_weight_reused_in_training_or_above_a_batch_size_steps_aside_or_is_refused(model):
+    x, y = DIGITS[0](40), DIGITS[1](40)
+    with pytest.warns(UserWarning, match=r"steps aside: Linear 'fc'.*outside its own call"):
+        assert choose_engine(model(), "classification", x, y, "auto", False, "auto", TRAINING_SIZES).name == "func"
+    with pytest.raises(DpgridError, match=r"^train.engine=fast: Linear 'fc'.*outside its own call") as refused:
+        choose_engine(model(), "classification", x, y, "fast", False, "auto", TRAINING_SIZES)
+    assert "\n" not in str(refused.value)
+
+
+def test_a_shared_output_the_fast_engine_cannot_broadcast_steps_aside_in_one_line():
+    """emb(zeros(1)) added in training: an output every sample shares, of shape (1, d), which the engine's per-sample
+    view (b, 1, d) would broadcast against (b, d) into (b, b, d): caught by the proof in train mode, never a traceback
+    halfway through a grid."""
+    x, y = torch.randn(40, 4), torch.randint(0, 3, (40,))
+    with pytest.warns(UserWarning, match=r"steps aside: the fast engine fails on this model .*Linear is called with "
+                                         r"input \(71, 71, 6\)"):
+        assert choose_engine(TrainToken(), "classification", x, y, "auto", False, "auto", TRAINING_SIZES).name == "func"
+    with pytest.raises(DpgridError, match=r"^train.engine=fast: the fast engine fails on this model") as refused:
+        choose_engine(TrainToken(), "classification", x, y, "fast", False, "auto", TRAINING_SIZES)
+    assert "\n" not in str(refused.value)
+
+
+@pytest.mark.parametrize("build, inputs, labels", [
+    (TrainPosition, lambda n: torch.randint(0, 11, (n, T)), lambda n: torch.randint(0, 3, (n,))),
+    (Dropped, lambda n: torch.randn(n, 4), lambda n: torch.randint(0, 3, (n,))),
+])
+def test_models_that_differ_in_training_are_proved_as_they_train(build, inputs, labels):
+    """Proved in train mode at the training size, a layer called in training only (without the batch) and dropout are
+    served exactly: each training step's norms and sums equal per-sample autograd through the same forward (the same
+    dropout masks)."""
+    from dpgrid.training.proof import in_batch, seeded
+
+    torch.manual_seed(0)
+    model = build().double()
+    x, y = inputs(40), labels(40)
+    x = x.double() if x.is_floating_point() else x
+    choice = choose_engine(model, "classification", x, y, "fast", False, "auto", TRAINING_SIZES)
+    assert choice.name == "fast" and "train mode" in choice.said
+    engine = FastEngine(model, "classification", layout=choice.layout)
+    model.train()
+    for size in (30, 33, 71):
+        xb, yb = x[torch.arange(size) % 40], y[torch.arange(size) % 40]
+        with seeded(size, "cpu"):
+            got = engine(xb, yb)
+        want = in_batch(model, "classification", xb, yb, torch.arange(size), seed=size)
+        close(got.norms, want.norms, f"{build.__name__}, {size} samples: norms")
+        weights = torch.clamp(0.5 * want.norms.median() / want.norms, max=1.0)
+        for a, b in zip(got.weighted_sum(weights), want.weighted_sum(weights)):
+            close(a, b, f"{build.__name__}, {size} samples: clipped sum")
+
+
+class SmallBatchExtra(nn.Module):
+    """Calls one more layer for batches below 40 only: a call pattern the proof at the largest size does not see."""
+
+    def __init__(self):
+        super().__init__()
+        self.fc, self.extra, self.head = nn.Linear(4, 8), nn.Linear(8, 8), nn.Linear(8, 3)
+
+    def forward(self, x):
+        h = torch.tanh(self.fc(x))
+        if x.shape[0] < 40:
+            h = torch.tanh(self.extra(h))
+        return self.head(h)
+
+
+def test_a_call_pattern_the_proof_did_not_see_stops_training_in_one_line():
+    x, y = torch.randn(40, 4), torch.randint(0, 3, (40,))
+    model = SmallBatchExtra()
+    choice = choose_engine(model, "classification", x, y, "fast", False, "auto", (71,))
+    engine = FastEngine(model, "classification", layout=choice.layout)
+    model.train()
+    engine(x[:20].repeat(4, 1), y[:20].repeat(4))  # 80 samples: as proved
+    with pytest.raises(DpgridError, match=r"^model: Linear is called, which the proof never saw called: the proof on "
+                                          r"the first batch did not see this call pattern") as stopped:
+        engine(x[:30], y[:30])
+    assert "\n" not in str(stopped.value)
+
+
+def test_torch_func_is_refused_before_training_where_it_cannot_differentiate_the_model():
+    """A model whose forward asks for a data-dependent shape (torch.nonzero), which vmap cannot batch, is refused by
+    torch.func at the first batch, in one line, never halfway through a grid."""
+
+    class Itemised(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.fc = nn.Linear(4, 3)
+
+        def forward(self, x):
+            return self.fc(x) + 0.0 * torch.nonzero(x).shape[0]
+
+    x, y = torch.randn(40, 4), torch.randint(0, 3, (40,))
+    with pytest.raises(DpgridError, match=r"^model: torch.func cannot differentiate it per sample") as refused:
+        choose_engine(Itemised(), "classification", x, y, "func", False, "auto", TRAINING_SIZES)
+    assert "\n" not in str(refused.value)
+
+
+def test_a_user_module_in_a_stacked_sequential_sees_one_runs_batch():
+    """Parameter-free modules not known to act per sample are applied run by run in a stacked group: they see the batch
+    size the train-mode checks saw, never G times more."""
+    from dpgrid.training.stacked import StackedModel
+
+    sizes = []
+
+    class Recorder(nn.Module):
+        def forward(self, h):
+            sizes.append(h.shape[0])
+            return h
+
+    models = [nn.Sequential(nn.Linear(4, 8), nn.ReLU(), Recorder(), nn.Linear(8, 3)) for _ in range(3)]
+    StackedModel(models).forward(torch.randn(3, 10, 4))
+    assert sizes == [10, 10, 10]

@@ -140,7 +140,8 @@ class FuncEngine(OneRunEngine):
             out = functional_call(model, dict(zip(names, params)), (x.unsqueeze(0),), strict=False)
             return per_sample_losses(out, y.unsqueeze(0), task)[0]
 
-        self._grads = vmap(grad(loss), in_dims=(None, 0, 0))
+        # each sample draws its own random numbers (dropout's masks), as in a batch forward
+        self._grads = vmap(grad(loss), in_dims=(None, 0, 0), randomness="different")
 
     def __call__(self, x: torch.Tensor, y: torch.Tensor) -> PerSampleGrads:
         if len(x) == 0:
@@ -177,17 +178,23 @@ class LayerLayout:
     """How one parametrised layer's call carries the samples: `batch_dim`, the dimension of its input and output that
     holds them (0 for most models, 1 for a sequence-first layout), or None where the call holds none (its output is
     shared by every sample); `copies`: the forward changes its input or output in place afterwards, so the engine keeps
-    its own copy."""
+    its own copy; `called`: the proof saw it called; `shapes`: its input's and output's shapes as the proof saw them,
+    the samples' dimension written -1 (None: not proved, e.g. a built-in model's default layout)."""
     batch_dim: object = 0
     copies: bool = False
+    called: bool = True
+    shapes: tuple = None
 
 
 @dataclass(frozen=True)
 class ModelLayout:
     """Each parametrised layer's LayerLayout, in model order, and why the fast engine cannot serve the model ('' when
-    it can)."""
+    it can); `proved`: found by dpgrid.training.proof.find_layout, which the training forwards are then held to;
+    `size`: the smaller batch size it ran at."""
     layers: tuple = ()
     problem: str = ""
+    proved: bool = False
+    size: int = 0
 
     def of(self, at: int) -> LayerLayout:
         return self.layers[at] if at < len(self.layers) else LayerLayout()
@@ -195,6 +202,23 @@ class ModelLayout:
 
 class InPlaceChange(Exception):
     """The forward changed a layer's input or output in place after the layer's call (its position among the layers)."""
+
+
+UNPROVED = ("the proof on the first batch did not see this call pattern (a forward that changes the layers it calls or "
+            "their shapes with the batch is not proved); train.engine=func trains it on the exact torch.func engine")
+
+
+def unproved_call(module, layout: LayerLayout, a: torch.Tensor, out: torch.Tensor, batch: int) -> str:
+    """Why a layer's call in a training forward is not the one the proof saw ('' when it is)."""
+    if not layout.called:
+        return f"{type(module).__name__} is called, which the proof never saw called"
+    dim = layout.batch_dim
+    shapes = tuple(tuple(-1 if k == dim else n for k, n in enumerate(t.shape)) for t in (a, out))
+    if dim is not None and any(t.dim() <= dim or t.shape[dim] != batch for t in (a, out)):
+        return f"{type(module).__name__} is called without the batch's {batch} samples at dimension {dim}"
+    if shapes != layout.shapes:
+        return f"{type(module).__name__} is called with input {tuple(a.shape)} and output {tuple(out.shape)}"
+    return ""
 
 
 class FastEngine(OneRunEngine):
@@ -212,6 +236,7 @@ class FastEngine(OneRunEngine):
             raise NotImplementedError(f"the fast engine cannot serve this model: {'; '.join(problems)}")
         layout = layout or ModelLayout()
         self._layout = {m: layout.of(at) for at, m in enumerate(self.layers)}
+        self._proved = layout.proved  # training forwards are held to the call pattern the proof saw
         self._copies = {m for m, found in self._layout.items() if found.copies}  # grows if an in-place change is seen
         position = {id(p): i for i, p in enumerate(self.params)}
         # each layer's parameters that train: their names (the rule's) and their places among the engine's
@@ -231,8 +256,14 @@ class FastEngine(OneRunEngine):
         if module in self._record:
             raise DpgridError(f"model: {type(module).__name__} is used twice in one forward (weight sharing), "
                               "which the fast engine cannot clip per sample; use train.engine=func")
-        batch_dim, copies = self._layout[module].batch_dim, module in self._copies
+        layout = self._layout[module]
+        batch_dim, copies = layout.batch_dim, module in self._copies
         a, out, replaced = inputs[0], output, None
+        if self._proved:
+            unproved = unproved_call(module, layout, a, out, self._batch) if torch.is_tensor(a) else \
+                f"{type(module).__name__} is called without a positional input tensor"
+            if unproved:
+                raise DpgridError(f"model: {unproved}: {UNPROVED}")
         if batch_dim is None:  # shared by every sample: each gets its own view, and its own gradient there
             a = a.unsqueeze(0).expand(self._batch, *a.shape)
             out = replaced = output.unsqueeze(0).expand(self._batch, *output.shape)

@@ -7,30 +7,44 @@ overwrites the output the rule's gradient belongs to; a layer called without the
 or on a sequence-first tensor puts something else where the samples were expected; a weight also used outside its
 layer (F.linear(x, layer.weight)) gets gradient the layer's rule never sees. So before a grid trains:
 
+Both run where training runs the model: in train mode (dropout on, its masks the same in every forward of a step of
+the proof: torch's generators are seeded alike before each), at the batch size training reaches (`size`: the largest a
+Poisson batch takes with overwhelming probability, a CUDA-padded batch's capacity), after dpgrid.training.apart has
+checked that the model keeps samples apart there and at the smallest such size:
+
 1. **Where the samples are** (`find_layout`): the model runs on two batch sizes b1 < b2 of public examples (the test
-   split), chosen so that neither equals any dimension of any parametrised layer's input or output; a layer whose
-   output has b1 rows at one dimension where it has b2 at the other, and is otherwise unchanged, carries the samples
-   there; a layer whose input and output do not change carries none (its output is shared by every sample: each sample
-   is handed its own view of it, and the rule reads each sample's gradient there). Anything else is named as the reason
-   the fast engine cannot serve the model. A layer whose input or output the forward then changes in place is marked to
-   keep a copy of it. Never a guess from one shape: a batch of exactly T samples cannot be mistaken for T positions.
-2. **The proof** (`prove`): on 4-8 public examples, in float64 copies of the model in eval mode (dropout off: the
-   same layers, wired the same, deterministic), the engine the grid will train with computes per-sample norms,
-   per-layer norms, and the clipped weighted sum (clip weights min(1, C / n_i) at the median norm) with a second row of
-   weights; the exact per-sample gradients give the same quantities: each example's own backward through the model
-   called on it alone, what the torch.func engine vectorises (`exact`; a loop over a few examples, without the second
-   of torch.func's first call). They must agree
-   to RTOL: 1e-6 relative, where float64 rounding of two summation orders stays below 1e-10 on every built-in model
+   split), b1 at least the training size, chosen so that neither equals any dimension of any parametrised layer's input
+   or output; a layer whose output has b1 rows at one dimension where it has b2 at the other, and is otherwise
+   unchanged, carries the samples there; a layer whose input and output do not change carries none (its output is
+   shared by every sample: each sample is handed its own view of it, and the rule reads each sample's gradient there).
+   Anything else is named as the reason the fast engine cannot serve the model. A layer whose input or output the
+   forward then changes in place is marked to keep a copy of it. Never a guess from one shape: a batch of exactly T
+   samples cannot be mistaken for T positions. Which layers are called, and their shapes but for the samples, are
+   the proved call pattern: a training forward that calls another layer, a layer again, or a layer with other shapes
+   stops the grid in one line (FastEngine), as an in-place change is caught and served.
+2. **The proof** (`prove`): on a batch of b1 public examples, in a float64 copy of the model in train mode, the engine
+   the grid will train with computes per-sample norms, per-layer norms, and the clipped weighted sum (clip weights
+   min(1, C / n_i) at the median norm) with a second row of weights, on PROOF_ROWS examples spread over the batch (the
+   others weighted 0); the exact per-sample gradients of those examples are each example's own loss backpropagated
+   through the same forward of the whole batch (same mode, same size, same dropout masks: what training computes,
+   which per-sample gradients are only because the samples were shown to stay apart). They must agree to RTOL: 1e-6
+   relative, where float64 rounding of two summation orders stays below 1e-10 on every built-in model
    (tests/test_proof.py measures it) and every wrong per-sample gradient found so far was off by 0.2 % or more.
 
 When they disagree, the first parametrised layer (in model order) whose per-layer norms differ is named, with why
 where it can be told (its parameters also receive gradient outside their layer's call; its rule differs from
 torch.func for this use). The runner then trains on torch.func (train.engine=auto) or refuses (train.engine=fast).
-The stacked engine (train.parallel_runs) is proved the same way, two runs of different initialisations, one padded.
+The stacked engine (train.parallel_runs) is proved against the one-run exact gradients in eval mode, two runs of
+different initialisations, one padded: it serves Sequential models only, whose parametrised layers are dpgrid's rules
+and whose parameter-free modules are either known to act on each sample alone (dropout, activations; applied to the
+group's samples at once) or applied run by run at the one-run batch size the train-mode checks above covered
+(dpgrid.training.stacked.PER_SAMPLE). torch.func, where it trains, is run once on the first batch in train mode, so
+that a model it cannot differentiate per sample is refused before anything trains.
 
 Only public examples are read, so the outcome (which engine trains) spends no privacy.
 """
 
+import contextlib
 import copy
 import itertools
 import math
@@ -66,8 +80,9 @@ def described(model: nn.Module, module: nn.Module) -> str:
     return f"{type(module).__name__} '{layer_names(model)[module]}'"
 
 
-def observe(model: nn.Module, layers: list, x: torch.Tensor) -> dict:
-    """{layer: [(input shape or None, output shape, whether its input or output changed in place later), per call]}."""
+def observe(model: nn.Module, layers: list, x: torch.Tensor, seed: int = 0) -> dict:
+    """{layer: [(input shape or None, output shape, whether its input or output changed in place later), per call]}
+    of one forward in the model's mode, its random draws seeded with `seed`."""
     calls = {m: [] for m in layers}
 
     def record(module, inputs, output):
@@ -76,7 +91,7 @@ def observe(model: nn.Module, layers: list, x: torch.Tensor) -> dict:
 
     handles = [m.register_forward_hook(record) for m in layers]
     try:
-        with torch.no_grad():
+        with torch.no_grad(), seeded(seed, x.device):
             model(x)
     finally:
         for handle in handles:
@@ -87,6 +102,16 @@ def observe(model: nn.Module, layers: list, x: torch.Tensor) -> dict:
                           (a is not None and a._version != a_version) or out._version != out_version)
                          for a, out, a_version, out_version in seen]
     return found
+
+
+@contextlib.contextmanager
+def seeded(seed: int, device):
+    """torch's generators (the CPU's, and `device`'s where it is CUDA) seeded with `seed` inside, restored after: two
+    forwards seeded alike draw the same dropout masks."""
+    devices = [device] if torch.device(device).type == "cuda" else []
+    with torch.random.fork_rng(devices=devices):
+        torch.manual_seed(seed)
+        yield
 
 
 def samples_at(shape_1, shape_2, b1: int, b2: int):
@@ -102,11 +127,12 @@ def samples_at(shape_1, shape_2, b1: int, b2: int):
     return "unknown"
 
 
-def find_layout(model: nn.Module, layers: list, x: torch.Tensor) -> ModelLayout:
-    """Where each of `layers` carries the samples (module docstring, step 1); `x`: public examples (at least 2)."""
+def find_layout(model: nn.Module, layers: list, x: torch.Tensor, size: int = 5) -> ModelLayout:
+    """Where each of `layers` carries the samples, and the call pattern proved (module docstring, step 1); `x`: public
+    examples (at least 2); `size`: the smallest batch size to run at (the training size)."""
     small = observe(model, layers, x[:2])
     dims = {d for calls in small.values() for a, out, _ in calls for shape in (a or (), out) for d in shape}
-    b1 = next(n for n in itertools.count(5) if n not in dims)
+    b1 = next(n for n in itertools.count(max(5, size)) if n not in dims)
     b2 = next(n for n in itertools.count(b1 + 1) if n not in dims)
     first = observe(model, layers, public_rows(x, b1))
     second = observe(model, layers, public_rows(x, b2))
@@ -118,7 +144,7 @@ def find_layout(model: nn.Module, layers: list, x: torch.Tensor) -> ModelLayout:
             return ModelLayout(problem=f"{what} is called {max(len(one), len(two))} times in one forward (its weights "
                                        "shared), which the fast engine would clip as separate layers")
         if not one and not two:  # never called: its gradient is zero, and the engine adds nothing for it
-            found.append(LayerLayout())
+            found.append(LayerLayout(called=False))
             continue
         if len(one) != len(two):
             return ModelLayout(problem=f"{what} is called for some batch sizes and not others")
@@ -129,8 +155,14 @@ def find_layout(model: nn.Module, layers: list, x: torch.Tensor) -> ModelLayout:
         if "unknown" in (at_input, at_output) or at_input != at_output:
             return ModelLayout(problem=f"{what}: its input is {a1} and output {out1} for {b1} samples, {a2} and "
                                        f"{out2} for {b2}: the engine cannot tell which numbers are whose")
-        found.append(LayerLayout(batch_dim=at_output, copies=changed1 or changed2))
-    return ModelLayout(tuple(found))
+        found.append(LayerLayout(batch_dim=at_output, copies=changed1 or changed2,
+                                 shapes=(without_samples(a1, at_input), without_samples(out1, at_output))))
+    return ModelLayout(tuple(found), proved=True, size=b1)
+
+
+def without_samples(shape: tuple, batch_dim) -> tuple:
+    """A shape with the dimension that holds the samples written -1 (any batch size)."""
+    return tuple(-1 if k == batch_dim else n for k, n in enumerate(shape))
 
 
 def public_rows(x: torch.Tensor, size: int) -> torch.Tensor:
@@ -152,10 +184,10 @@ def exact(model: nn.Module, task: str, x: torch.Tensor, y: torch.Tensor):
     return materialised([torch.stack(column) for column in zip(*rows)], parameter_groups(model), x.device)
 
 
-def reference_copy(model: nn.Module) -> nn.Module:
-    """A float64 copy of the model in eval mode, its parameters' requires_grad as they are."""
+def reference_copy(model: nn.Module, mode: str = "eval") -> nn.Module:
+    """A float64 copy of the model in `mode` (train or eval), its parameters' requires_grad as they are."""
     twin = copy.deepcopy(model).double()
-    twin.eval()
+    twin.train(mode == "train")
     return twin
 
 
@@ -163,28 +195,55 @@ def as_float64(x: torch.Tensor) -> torch.Tensor:
     return x.double() if x.is_floating_point() else x
 
 
-def prove(model: nn.Module, task: str, x: torch.Tensor, y: torch.Tensor, stacked_too: bool) -> tuple:
+PROOF_ROWS = 8  # the examples of the proof's batch whose exact per-sample gradients are computed
+
+
+def proof_rows(size: int) -> torch.Tensor:
+    """PROOF_ROWS examples spread over a batch of `size`, its first and last among them."""
+    return torch.unique(torch.linspace(0, size - 1, min(PROOF_ROWS, size)).round().long())
+
+
+def in_batch(model: nn.Module, task: str, x: torch.Tensor, y: torch.Tensor, rows: torch.Tensor, seed: int):
+    """The exact per-sample gradients of examples `rows`, as PerSampleGrads: each one's own loss backpropagated
+    through one forward of the whole batch, its random draws seeded with `seed` (module docstring, step 2)."""
+    from dpgrid.training.persample import materialised, parameter_groups, per_sample_losses, trainable
+
+    params = trainable(model)
+    with seeded(seed, x.device):
+        losses = per_sample_losses(model(x), y, task)
+    found = []
+    for at, i in enumerate(rows.tolist()):
+        grads = torch.autograd.grad(losses[i], params, retain_graph=at < len(rows) - 1, allow_unused=True)
+        found.append([torch.zeros_like(p) if g is None else g for p, g in zip(params, grads)])
+    return materialised([torch.stack(column) for column in zip(*found)], parameter_groups(model), x.device)
+
+
+def prove(model: nn.Module, task: str, x: torch.Tensor, y: torch.Tensor, stacked_too: bool, size: int = 8) -> tuple:
     """(layout, disagreement, stacked disagreement, largest relative difference): the fast engine on the model (and the
-    stacked engine where `stacked_too`) against torch.func on public examples `x`, `y` (module docstring); a
-    disagreement is '' or one line naming the first layer that differs and why."""
+    stacked engine where `stacked_too`) against per-sample autograd on public examples `x`, `y`, in train mode at
+    batch size `size` or the next that equals no dimension of the model (module docstring); a disagreement is '' or
+    one line naming the first layer that differs and why."""
     from dpgrid.training.persample import FastEngine, parametrised_layers
 
-    twin = reference_copy(model)
+    twin = reference_copy(model, "train")
     layers = parametrised_layers(twin)
     xs, ys = as_float64(x), y
-    layout = find_layout(twin, layers, xs)
+    layout = find_layout(twin, layers, xs, size)
     if layout.problem:
         return layout, layout.problem, "", math.nan
-    size = max(4, min(8, len(x)))
+    size = layout.size  # the training size, or the next that equals no dimension of the model
     xb, yb = public_rows(xs, size), public_rows(ys, size)
-    reference = exact(twin, task, xb, yb)
+    rows = proof_rows(size)
     try:
-        fast = FastEngine(twin, task, MethodChoice(PROOF_FORMS), layout)(xb, yb)
-        error, where = compare(fast, reference, len(layers))
+        reference = in_batch(twin, task, xb, yb, rows, seed=1)
+        engine = FastEngine(twin, task, MethodChoice(PROOF_FORMS), layout)
+        with seeded(1, xb.device):
+            fast = engine(xb, yb)
+        error, where = compare(fast, reference, len(layers), rows)
     except Exception as e:  # a rule or a model the engine cannot run: named, never trained on
         return layout, f"the fast engine fails on this model ({type(e).__name__}: {first_line(e)})", "", math.nan
-    disagreement = "" if error <= RTOL else why(twin, layers, where, task, xb, yb, layout, error)
-    stacked = prove_stacked(model, task, xb, yb) if stacked_too and not disagreement else ""
+    disagreement = "" if error <= RTOL else why(twin, layers, where, task, xb, yb, layout, error, rows)
+    stacked = prove_stacked(model, task, xb[:PROOF_ROWS], yb[:PROOF_ROWS]) if stacked_too and not disagreement else ""
     return layout, disagreement, stacked, error
 
 
@@ -193,19 +252,24 @@ def first_line(error: Exception) -> str:
     return text.splitlines()[0] if text else "no message"
 
 
-def compare(engine, reference, layers: int) -> tuple:
+def compare(engine, reference, layers: int, rows: torch.Tensor = None) -> tuple:
     """(the largest relative difference of norms, per-layer norms and two weighted sums, the first layer whose norms
-    differ or None)."""
-    norms, want = engine.norms.double(), reference.norms.double()
+    differ or None), of the examples `rows` of the engine's batch (all of them where None: the reference's are
+    those)."""
+    rows = torch.arange(len(reference.norms)) if rows is None else rows
+    picked = rows.to(engine.norms.device)
+    norms, want = engine.norms.double()[picked], reference.norms.double()
     scale = float(want.max()) or 1.0
     errors = [float(((norms - want).abs() / (want.abs() + 1e-12 * scale)).max())]
-    group, group_want = engine.group_norms.double(), reference.group_norms.double()
+    group, group_want = engine.group_norms.double()[picked], reference.group_norms.double()
     by_layer = ((group - group_want).abs() / (group_want.abs() + 1e-12 * scale)).amax(0)
     errors.append(float(by_layer.max()) if layers else 0.0)
     clip = want.median().clamp_min(1e-12)
     weights = torch.stack([torch.clamp(clip / want.clamp_min(1e-300), max=1.0),
                            torch.linspace(-1.0, 2.0, len(want), dtype=torch.float64, device=want.device)])
-    got_sums, want_sums = engine.weighted_sums(*weights), reference.weighted_sums(*weights)
+    spread = torch.zeros((2, engine.size), dtype=torch.float64, device=want.device)  # the other examples weigh 0
+    spread[:, picked] = weights
+    got_sums, want_sums = engine.weighted_sums(*spread), reference.weighted_sums(*weights)
     for w, got, expected in zip(weights, got_sums, want_sums):
         bound = float((w.abs() * want).sum()) or 1.0
         if len(got) != len(expected) or any(g is None for g in got):
@@ -216,22 +280,25 @@ def compare(engine, reference, layers: int) -> tuple:
     return max(errors), (int(bad[0]) if len(bad) else None)
 
 
-def why(model: nn.Module, layers: list, where, task: str, x, y, layout: ModelLayout, error: float) -> str:
-    """The line that names the first layer whose per-sample gradients differ from torch.func's, and why if known."""
+def why(model: nn.Module, layers: list, where, task: str, x, y, layout: ModelLayout, error: float, rows) -> str:
+    """The line that names the first layer whose per-sample gradients differ from per-sample autograd's, and why if
+    known."""
     from dpgrid.training.persample import per_sample_losses
 
     if where is None:
-        return (f"the fast engine's weighted sums differ from torch.func's by {error:.1e} (relative) while every "
-                "layer's norms agree")
+        return (f"the fast engine's weighted sums differ from per-sample autograd's by {error:.1e} (relative) while "
+                "every layer's norms agree")
     module = layers[where]
     what = described(model, module)
     own = [p for p in module.parameters(recurse=False) if p.requires_grad]
-    total = torch.autograd.grad(per_sample_losses(model(x), y, task).sum(), own, allow_unused=True)
+    with seeded(1, x.device):
+        total = torch.autograd.grad(per_sample_losses(model(x), y, task).sum(), own, allow_unused=True)
     rule = rule_for(module)
     from dpgrid.training.persample import FastEngine
 
     engine = FastEngine(model, task, MethodChoice(PROOF_FORMS), layout)
-    sums = engine(x, y).weighted_sum(torch.ones(len(x), dtype=torch.float64, device=x.device))
+    with seeded(1, x.device):
+        sums = engine(x, y).weighted_sum(torch.ones(len(x), dtype=torch.float64, device=x.device))
     position = {id(p): i for i, p in enumerate(p for p in model.parameters() if p.requires_grad)}
     outside = any(t is not None and not torch.allclose(sums[position[id(p)]].double(), t.double(), rtol=1e-6,
                                                          atol=1e-9 * float(t.abs().max() or 1))
@@ -239,8 +306,8 @@ def why(model: nn.Module, layers: list, where, task: str, x, y, layout: ModelLay
     reason = ("its parameters also receive gradient outside its own call (a weight used elsewhere in the forward, "
               "e.g. F.linear(x, layer.weight))" if outside else
               f"its rule ({rule.__name__ if rule else 'none'}) computes other per-sample gradients than "
-              "torch.func for the way the model calls it")
-    return f"{what}: per-sample gradient norms differ from torch.func's by {error:.1e} (relative): {reason}"
+              "per-sample autograd for the way the model calls it")
+    return f"{what}: per-sample gradient norms differ from per-sample autograd's by {error:.1e} (relative): {reason}"
 
 
 def prove_stacked(model: nn.Module, task: str, x, y) -> str:
@@ -283,28 +350,38 @@ def prove_stacked(model: nn.Module, task: str, x, y) -> str:
 
 
 def choose_engine(model: nn.Module, task: str, x: torch.Tensor, y: torch.Tensor, setting: str, could_stack: bool,
-                  parallel_runs: str) -> EngineChoice:
-    """The engine a grid trains with, proved on the public examples `x`, `y`: `setting` is train.engine (auto: the fast
-    engine where the proof holds, else torch.func with a warning; fast: the fast engine or a DpgridError naming the
-    layer; func: torch.func, the reference, unproved); `could_stack`: the grid's runs would train stacked
-    (train.parallel_runs, a Sequential model, a stacking strategy), so the stacked engine is proved too (where it is not
-    proved: one run at a time, with a warning, or a DpgridError where train.parallel_runs names a number)."""
+                  parallel_runs: str, sizes: tuple = (8,)) -> EngineChoice:
+    """The engine a grid trains with, proved on the public examples `x`, `y` at the batch sizes training takes
+    (`sizes`, dpgrid.training.apart.check_sizes; the proof runs at the largest). First, whatever the engine, the model
+    must keep samples apart there (dpgrid.training.apart: a DpgridError naming the module otherwise). `setting` is
+    train.engine (auto: the fast engine where the proof holds, else torch.func with a warning; fast: the fast engine or
+    a DpgridError naming the layer; func: torch.func, the reference, run once on the first batch); `could_stack`: the
+    grid's runs would train stacked (train.parallel_runs, a Sequential model, a stacking strategy), so the stacked
+    engine is proved too (where it is not proved: one run at a time, with a warning, or a DpgridError where
+    train.parallel_runs names a number)."""
     import warnings
 
     from dpgrid import DpgridError
+    from dpgrid.training.apart import mixing
 
+    mixed = mixing(model, x, sizes)
+    if mixed:
+        raise DpgridError(mixed)
+    apart = f"samples kept apart in train mode at batch sizes {' and '.join(str(n) for n in sizes)}"
     if setting == "func":
-        return EngineChoice("func", stacks=could_stack, said="per-sample engine: torch.func (train.engine=func), the "
-                                                              "reference")
-    layout, disagreement, stacked, error = prove(model, task, x, y, could_stack)
+        check_func(model, task, x, y)
+        return EngineChoice("func", stacks=could_stack, said=f"per-sample engine: torch.func (train.engine=func), the "
+                                                              f"reference; {apart}")
+    layout, disagreement, stacked, error = prove(model, task, x, y, could_stack, max(sizes))
     if disagreement:
         if setting == "fast":
             raise DpgridError(f"train.engine=fast: {disagreement}; train.engine=auto trains such a model on the exact "
                               "torch.func engine")
+        check_func(model, task, x, y, f"the fast engine failed its proof ({disagreement}), and ")
         warnings.warn(f"the fast engine steps aside: {disagreement}; training on the exact torch.func engine (slower, "
                       "more memory; train.engine=auto)")
         return EngineChoice("func", layout, stacks=False, said=f"per-sample engine: torch.func, the fast engine "
-                                                                f"failed its proof ({disagreement})")
+                                                                f"failed its proof ({disagreement}); {apart}")
     if stacked:
         if parallel_runs != "auto":
             raise DpgridError(f"train.parallel_runs={parallel_runs}: {stacked}; train.parallel_runs=1 trains one run "
@@ -312,5 +389,25 @@ def choose_engine(model: nn.Module, task: str, x: torch.Tensor, y: torch.Tensor,
         warnings.warn(f"runs train one at a time: {stacked} (train.parallel_runs=auto)")
     return EngineChoice("fast", layout, stacks=could_stack and not stacked, error=error,
                         said=f"per-sample engine: fast{', stacked' if could_stack and not stacked else ''}, proved "
-                             f"against torch.func on {max(4, min(8, len(x)))} test examples in float64 (largest "
-                             f"relative difference {error:.1e})")
+                             f"against per-sample autograd on a batch of {layout.size} test examples in train mode, "
+                             f"float64 (largest relative difference {error:.1e}); {apart}")
+
+
+def check_func(model: nn.Module, task: str, x: torch.Tensor, y: torch.Tensor, before: str = "") -> None:
+    """torch.func's engine run once on a few public examples in train mode, on a copy of the model: a DpgridError in
+    one line, before anything trains, where it cannot differentiate the model per sample."""
+    from dpgrid import DpgridError
+    from dpgrid.training.persample import FuncEngine
+
+    twin = copy.deepcopy(model)
+    twin.train()
+    rows = min(4, len(x))
+    try:
+        with seeded(0, x.device):
+            FuncEngine(twin, task)(x[:rows], y[:rows]).norms
+    except DpgridError:
+        raise
+    except Exception as e:
+        raise DpgridError(f"model: {before}torch.func cannot differentiate it per sample ({type(e).__name__}: "
+                          f"{first_line(e)}); a model trained privately needs per-sample gradients of each example's "
+                          "own loss") from None

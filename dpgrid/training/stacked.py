@@ -36,6 +36,29 @@ MAX_GROUP = 64    # auto's largest group: a group's runs are committed when it e
 CPU_STACK_WORK = 10_000_000
 
 
+# Parameter-free modules that compute each sample's output from that sample alone at any batch size, in either mode:
+# a stacked group applies them to its runs' samples at once, (G b, ...) rows. Any other parameter-free module (a
+# user's) is applied run by run, to the b rows of one run's batch: the size the train-mode checks saw it keep samples
+# apart at (dpgrid.training.apart), never a batch G times larger.
+PER_SAMPLE = (nn.Identity, nn.ReLU, nn.ReLU6, nn.LeakyReLU, nn.ELU, nn.SELU, nn.CELU, nn.GELU, nn.SiLU, nn.Mish,
+              nn.Tanh, nn.Sigmoid, nn.Softplus, nn.Hardtanh, nn.Hardsigmoid, nn.Hardswish, nn.Tanhshrink,
+              nn.Dropout, nn.Dropout1d, nn.Dropout2d, nn.Dropout3d, nn.AlphaDropout,
+              nn.MaxPool1d, nn.MaxPool2d, nn.MaxPool3d, nn.AvgPool1d, nn.AvgPool2d, nn.AvgPool3d,
+              nn.AdaptiveAvgPool1d, nn.AdaptiveAvgPool2d, nn.AdaptiveMaxPool1d, nn.AdaptiveMaxPool2d)
+
+
+def per_sample(layer: nn.Module) -> bool:
+    """Whether a parameter-free layer is known to act on each sample alone (PER_SAMPLE, or a Flatten or Unflatten that
+    leaves the samples' dimension as it is)."""
+    if type(layer) in PER_SAMPLE:
+        return True
+    if isinstance(layer, nn.Flatten):
+        return layer.start_dim >= 1  # a negative one depends on the input's rank: run by run
+    if isinstance(layer, nn.Unflatten):
+        return isinstance(layer.dim, int) and layer.dim >= 1
+    return False
+
+
 def owns_parameters(layer: nn.Module) -> bool:
     """A parametrised layer of a Sequential (a parameter-free one is applied to the runs' samples as one batch)."""
     return any(True for _ in layer.parameters())
@@ -132,6 +155,7 @@ class StackedModel:
         check_model(models[0])
         self.layers = list(models[0])
         self.copy_before = set()  # positions of parameter-free layers that change their input in place
+        self.per_sample = {at for at, layer in enumerate(self.layers) if per_sample(layer)}
         self.params = [torch.stack([p.detach() for p in ps]) for ps in zip(*(m.parameters() for m in models))]
         for run, model in enumerate(models):
             for p, stacked in zip(model.parameters(), self.params):
@@ -152,11 +176,14 @@ class StackedModel:
                 if not x.requires_grad:  # the first layer: its output starts the graph the backward walks
                     x.requires_grad_(True)
                 records.append((layer, names, inputs.detach(), x))
-            else:  # parameter-free and per sample: applied to the runs' samples as one batch
+            else:  # parameter-free: applied to the runs' samples as one batch where per sample, else run by run
                 given = x.clone() if at in self.copy_before else x
                 version = given._version
                 try:
-                    x = layer(given.flatten(0, 1)).unflatten(0, x.shape[:2])
+                    if at in self.per_sample:
+                        x = layer(given.flatten(0, 1)).unflatten(0, x.shape[:2])
+                    else:
+                        x = torch.stack([layer(given[run]) for run in range(len(given))])
                 except RuntimeError:  # autograd refuses an in-place change of the first layer's output (a leaf)
                     if at in self.copy_before:
                         raise

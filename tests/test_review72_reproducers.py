@@ -1,5 +1,6 @@
 """Reproducers of an independent privacy review of issue 72's fix. Each test asserts the property the fix claims;
-BOTH FAIL on the reviewed commit (59ba548), and pass once the finding is mended.
+BOTH FAIL on the reviewed commit (59ba548), and pass once the finding is mended: they are marked
+xfail(strict=True), so the suite stays green until a mend makes one pass, which then fails until its marker goes.
 
 1. An earlier release's export (`dpgrid model RUN_DIR --out FILE`, and `dpgrid.load_model`'s statement) leaves out
    `data_files` but keeps `models[].sha256`: the checksum of each weights file *as the earlier dpgrid wrote it*, whose
@@ -27,6 +28,7 @@ from .conftest import load_cfg
 from .test_release_public import earlier_release, metadata, neighbours, idx_dataset  # noqa: F401 (fixtures)
 
 
+@pytest.mark.xfail(strict=True, reason="review of issue 72: the export keeps the fingerprinted files' checksums")
 def test_an_earlier_releases_export_holds_no_checksum_computed_from_its_fingerprint(earlier_release, tmp_path):
     """FAILS on 59ba548: the exported statement's models[].sha256 is the checksum of the fingerprinted weights file."""
     from safetensors.torch import load, save
@@ -55,6 +57,7 @@ SMALL = {"strategy": "fixed_threshold", "model": "image_mlp", "model.hidden": 8,
 
 
 @pytest.mark.slow
+@pytest.mark.xfail(strict=True, reason="review of issue 72: a disjoint grid's weights drop its checkpoint's epsilon")
 def test_a_chain_of_fine_tunings_never_drops_the_first_checkpoints_spending_on_its_data(tmp_path):
     """FAILS on 59ba548: nodp on MNIST -> private on FashionMNIST, declared disjoint (true) -> private on MNIST again,
     no declaration: the last release states a finite epsilon for MNIST's examples, which a non-private model of them

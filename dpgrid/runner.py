@@ -347,7 +347,7 @@ def train_phase(spec, out: Path, data, phase: Phase, done: set, progress: bool, 
             if (config, seed) not in left:
                 continue
             if result.weights is not None:  # before the commit: a committed run's model is never missing
-                keep_weights(out, config["config_id"], seed, result.weights)
+                keep_weights(out, config["config_id"], seed, result.weights, spec.plan.dataset)
             if result.watcher is not None:  # an observer's (the audit's canaries): what it measured of this run
                 result.watcher.finish(out, config["config_id"], seed)
             append_curves(out / "curves.csv", [dict(config_id=config["config_id"], seed=seed, **c) for c in result.curve])

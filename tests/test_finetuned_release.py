@@ -84,5 +84,5 @@ def test_a_fine_tuned_release_loads_exports_and_resumes_on_the_same_data_and_on_
     stated = {"epsilon": plan["epsilon_with_seeds"], "delta": plan["delta"]}
     read_back(tmp_path / "other", stated, tmp_path, "other")
     statement = json.loads((tmp_path / "other" / "model" / "model.json").read_text())
-    assert not statement["checkpoint"]["same_data"] and statement["checkpoint"]["checkpoint"]["dataset"] == "mnist"
+    assert statement["checkpoint"]["declared_disjoint"] and statement["checkpoint"]["checkpoint"]["dataset"] == "mnist"
     assert run_dpgrid("run", *other).returncode == 0

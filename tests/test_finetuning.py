@@ -175,5 +175,5 @@ def test_public_pretraining_then_private_fine_tuning_on_real_data(tmp_path, shar
         statement = json.loads((tmp_path / name / "model" / "model.json").read_text())
         assert statement["start"]["init"]["path"] == init and statement["privacy"]["epsilon_target"] == 3
         # FashionMNIST is not MNIST, in the user's word: the checkpoint's (infinite) epsilon is stated apart
-        assert statement["covered_by"]["epsilon"] == spec.plan.epsilon_with_seeds and not statement["checkpoint"]["same_data"]
+        assert statement["covered_by"]["epsilon"] == spec.plan.epsilon_with_seeds and statement["checkpoint"]["declared_disjoint"]
         assert statement["score"]["value"] > 30, statement["score"]  # ten classes: chance is 10 %

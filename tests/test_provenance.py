@@ -57,7 +57,7 @@ def test_fine_tuning_a_release_on_its_own_data_is_covered_by_both(released, tmp_
     assert total > max(first.plan.epsilon_with_seeds, spec.plan.epsilon_with_seeds)  # both grids cost
     assert total == pytest.approx(by_hand, rel=0.01)  # two RDP accountants, their own orders
     assert total <= first.plan.epsilon_with_seeds + spec.plan.epsilon_with_seeds  # tighter than adding them
-    assert statement["checkpoint"]["same_data"] and "both grids together" in statement["why"]
+    assert not statement["checkpoint"]["declared_disjoint"] and "both grids together" in statement["why"]
     assert statement["events"] == [list(e) for e in events]  # what the next fine-tuning composes with
     again = load_file(str(out / "model" / "seed0.safetensors"))
     assert again  # the chain goes on: this file carries the composed statement
@@ -78,7 +78,7 @@ def test_other_data_is_composed_unless_the_user_declares_it_disjoint(released, t
     train(undeclared, tmp_path / "composed", progress=False)
     statement = json.loads((tmp_path / "composed" / "model" / "model.json").read_text())
     part = statement["checkpoint"]
-    assert part["same_data"] and "clinic" in part["why"] and "model.init_disjoint=true" in part["why"]
+    assert not part["declared_disjoint"] and "clinic" in part["why"] and "model.init_disjoint=true" in part["why"]
     assert statement["covered_by"]["epsilon"] == pytest.approx(undeclared.plan.epsilon_with_seeds + 1.5)  # basic
     assert statement["covered_by"]["delta"] == pytest.approx(undeclared.plan.delta + 1e-6)
     spec = compile(load_cfg("digits", "fixed_threshold", **SMALL, **declared, **{"model.init_disjoint": True}))
@@ -87,7 +87,7 @@ def test_other_data_is_composed_unless_the_user_declares_it_disjoint(released, t
     train(spec, out, progress=False)
     statement = json.loads((out / "model" / "model.json").read_text())
     part = statement["checkpoint"]
-    assert not part["same_data"] and part["checkpoint"]["dataset"] == "clinic" and part["checkpoint"]["epsilon"] == 1.5
+    assert part["declared_disjoint"] and part["checkpoint"]["dataset"] == "clinic" and part["checkpoint"]["epsilon"] == 1.5
     assert statement["covered_by"]["epsilon"] == pytest.approx(spec.plan.epsilon_with_seeds)  # digits' examples
     assert part["composed"]["epsilon"] == pytest.approx(spec.plan.epsilon_with_seeds + 1.5)  # anyone in both
     assert "clinic" in statement["why"] and "declared disjoint" in statement["why"]

@@ -271,7 +271,8 @@ def test_selection_json_holds_no_count_and_no_candidate_index():
                          "lr": [0.1] * 6, "clip": [1.0] * 6, "best_value": [50, 52, 70, 72, 60, 61], "diverged": False})
     _, out = summarize_selection(runs, plan, ["lr", "clip"], "classification")
     assert out["chosen"] == {"config_id": "lr1_clip1", "lr": 0.1, "clip": 1.0, "score": 71.0}
-    assert set(out) == {"selection", "stopping", "epsilon", "delta", "noise_multiplier", "accountant", "analysis", "covered", "chosen"}
+    assert set(out) == {"selection", "stopping", "epsilon", "delta", "noise_multiplier", "accountant", "analysis", "covered", "neighbouring",
+                        "chosen"}
     assert out["stopping"] == plan.record.stopping  # public: the rule and its parameters, fixed before any draw
 
 

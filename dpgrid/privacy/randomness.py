@@ -96,6 +96,9 @@ def seeded_coins(n: int, rate: float, generator: torch.Generator) -> torch.Tenso
     MNIST's rate.) A tie draws from the same generator, so runs drawn before and after this exactness differ only
     from a step with a tie on."""
     u = torch.rand(n, generator=generator)
+    if n and not bool((u * 2.0 ** FLOAT32_BITS).frac().eq(0).all()):  # the exactness rests on it: checked, not assumed
+        raise RuntimeError("torch.rand's float32 uniforms are not multiples of 2^-24 in this torch build, which the "
+                           "seeded Poisson sampler's exact rate rests on; please report it")
     return coins_from_uniform(u, FLOAT32_BITS, rate, generator, scale=2.0 ** -FLOAT32_BITS)
 
 

@@ -16,7 +16,7 @@ import pandas as pd
 
 from dpgrid.data import tasks
 from dpgrid.config.grid import AXIS_SYMBOL
-from dpgrid.reporting.cells import budget_note, fmt_epsilon, fmt_value, private_strategies
+from dpgrid.reporting.cells import adjacency_note, budget_note, fmt_epsilon, fmt_value, private_strategies
 from dpgrid.results.files import read_frame, write_atomic
 
 DODGE = 0.012  # the shift apart of points at one epsilon, as a fraction of the x axis's span
@@ -249,6 +249,9 @@ def curve_caption(grid_row, n_seeds: int, adapts: list, selection: bool, validat
     with_seeds = getattr(grid_row, "epsilon_with_seeds", None)
     if grid_row.private and with_seeds == with_seeds and with_seeds is not None:
         text += f" What this figure shows (a mean over seeds) is covered by ε = {fmt_epsilon(with_seeds)}."
+    if grid_row.private:
+        text += adjacency_note(pd.DataFrame([{"selection": getattr(grid_row, "selection", None)}])).replace(
+            "; neighbouring", " Neighbouring", 1) + "."
     return text
 
 

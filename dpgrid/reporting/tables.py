@@ -131,7 +131,8 @@ def settings_note(private: pd.DataFrame, varying: list) -> str:
                  + ", ".join(SETTING_NAMES.get(c, c) for c in varying if c != "budget") + " as the row says.")
     if "start" in private and private.start.astype(str).str.contains("(private", regex=False).any():
         text += (" A grid that starts from a private checkpoint (start: private) spends its own ε, shown here; its "
-                 "released model is covered by both grids together (model.json's covered_by and checkpoint).")
+                 "released model is covered by both grids together unless the data were declared disjoint (model.json's "
+                 "covered_by and checkpoint).")
     weak = private[private.weak_delta.fillna(False).astype(bool)]
     if len(weak):
         n = weak.n_train.dropna()

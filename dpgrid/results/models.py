@@ -56,10 +56,13 @@ def fingerprint_warning(run_dir, record: dict) -> str:
 
 def publishable(record: dict) -> dict:
     """The statement without a training-data fingerprint an earlier dpgrid wrote into it, sealed again (its selection
-    digest kept); the statement itself where it holds none."""
+    digest kept); the statement itself where it holds none. The released weights files' checksums go too: those files'
+    metadata held the fingerprint, so their checksums are a function of it (hashing candidate datasets' fingerprints
+    into the rest of the metadata would find the one trained on)."""
     if not holds_fingerprint(record):
         return record
     kept = without_fingerprint({k: v for k, v in record.items() if k != "seal"})
+    kept["models"] = [{k: v for k, v in entry.items() if k != "sha256"} for entry in kept.get("models", [])]
     return {**kept, "seal": {**seal_of(kept), "selection_json": (record.get("seal") or {}).get("selection_json")}}
 
 

@@ -35,14 +35,24 @@ def weights_file(out: Path, config_id: str, seed: int) -> Path:
     return Path(out) / WEIGHTS / f"{config_id}_seed{seed}.safetensors"
 
 
-def keep_weights(out: Path, config_id: str, seed: int, state: dict) -> None:
-    """A finished run's final weights (a state dict of tensors), written whole or not at all."""
+PRIVATE_WEIGHTS = ("a run's final weights, a private working file of its grid (weights/): not released, and no "
+                   "epsilon covers it alone; the grid's release (model/) is what its epsilon covers")
+
+
+def keep_weights(out: Path, config_id: str, seed: int, state: dict, dataset: str) -> None:
+    """A finished run's final weights (a state dict of tensors), written whole or not at all, with a statement that no
+    epsilon covers them: a model fine-tuned from such a file composes no epsilon on `dataset`'s examples (it is never
+    taken for public)."""
     from safetensors.torch import save
+
+    from dpgrid.privacy.provenance import account
 
     path = weights_file(out, config_id, seed)
     with environment(path.parent):
         path.parent.mkdir(exist_ok=True)
-    write_atomic(path, save({name: t.detach().to("cpu").contiguous() for name, t in state.items()}))
+    said = {"covered_by": None, "why": PRIVATE_WEIGHTS, "dataset": dataset, "accounts": [account(dataset, None, None)]}
+    write_atomic(path, save({name: t.detach().to("cpu").contiguous() for name, t in state.items()},
+                            metadata={"dpgrid": json.dumps(said)}))
 
 
 def final_weights(model) -> dict:
@@ -143,7 +153,7 @@ def write_release(out: Path, spec, runs, curves, plan_record: dict, configuratio
         content = save(tensors, metadata={"dpgrid": json.dumps({
             "covered_by": record["covered_by"], "why": record["why"], "configuration": configuration, "seed": j,
             # what a grid fine-tuned from this file composes with its own (dpgrid.models.finetuning.checkpoint_provenance)
-            "dataset": record["dataset"], "events": record["events"],
+            "dataset": record["dataset"], "events": record["events"], "accounts": record["accounts"],
             "privacy": {"accountant": (record.get("privacy") or {}).get("accountant")}})})
         name = f"seed{j}.safetensors"
         write_atomic(new / name, content)

@@ -95,7 +95,8 @@ def summarize_selection(runs, plan, axes: list, task: str):
     candidates were drawn or on any other candidate (Papernot & Steinke's theorems cover the best one alone)."""
     selection = {"selection": "random_stopping", "stopping": plan.record.stopping, "epsilon": plan.epsilon_spent,
                  "delta": plan.delta, "noise_multiplier": plan.noise_multiplier, "accountant": plan.accountant,
-                 "analysis": plan.record.selection_accountant or "rdp", "covered": plan.method.covers}
+                 "analysis": plan.record.selection_accountant or "rdp", "covered": plan.method.covers,
+                 "neighbouring": plan.method.adjacency.words}
     if runs is None or not len(runs):
         return pd.DataFrame(), {**selection, "chosen": None}
     summary = candidate_summary(runs, axes, task)

@@ -33,17 +33,17 @@ def statement(spec, plan_record: dict, configuration: dict, chosen_by: str) -> d
     """What a release is covered by, in the plan's own figures, with how it was trained and chosen; `plan_record`: the
     plan.json this command wrote (the release binds the grid's part of it, less the data's fingerprint: nothing
     released is computed from the training data but through the noised training)."""
-    from dpgrid.privacy.provenance import release_cover
+    from dpgrid.privacy.provenance import account, release_cover
 
     plan, method = spec.plan, spec.plan.method
     private = plan.private and plan.epsilon_spent is not None
     cover = release_cover(spec)
-    covered, events, checkpoint = cover.covered, cover.events, cover.checkpoint
+    covered, events, checkpoint, accounts = cover.covered, cover.events, cover.checkpoint, cover.accounts
     provenance = spec.start.init_provenance
     if checkpoint is not None:
         chosen_by += (f"; it was fine-tuned from a private checkpoint ({checkpoint['checkpoint']['source']}): "
                       + (f"{checkpoint['why']}, so both grids together are what covers it, by "
-                         f"{checkpoint['composed_by']}" if checkpoint["same_data"] else
+                         f"{checkpoint['composed_by']}" if not checkpoint["declared_disjoint"] else
                          f"{checkpoint['why']}: this epsilon covers {plan.dataset}'s examples, the checkpoint's "
                          f"covers {provenance.dataset}'s, their composition anyone in both"))
     randomness = SECURE if spec.train.secure_rng else SEEDED if plan.private else SEEDED_NON_PRIVATE
@@ -52,8 +52,11 @@ def statement(spec, plan_record: dict, configuration: dict, chosen_by: str) -> d
     disclosure = tasks.get(spec.dataset.task).disclosure  # what of the private data the task's own figures show
     if private and disclosure:
         covered, events, chosen_by = None, None, f"no epsilon covers this model or its scores: the task's figures are {disclosure}"
+    if covered is None:  # what a model fine-tuned from it composes with: no epsilon, on this grid's data
+        accounts = [account(plan.dataset, None, None)]
     return {
         "covered_by": covered,
+        "accounts": accounts,
         "why": chosen_by if private else ("non-private: no clipping, no noise, no epsilon" if not plan.private else
                                           f"no epsilon covers it: {plan.sampling}"),
         "events": events,
@@ -197,8 +200,9 @@ def release_problem(run_dir, plan: dict = None) -> tuple:
         return record, (f"{folder} is not the release of the grid in {run_dir}: its statement was sealed with "
                         "another plan.json (a model/ from another grid, or plan.json was edited)")
     covered = record["covered_by"]
-    planned = plan.get("release_covered_by") or {"epsilon": plan.get("epsilon_with_seeds"), "delta": plan.get("delta")}
-    if covered is not None and (covered.get("epsilon") != planned.get("epsilon")
+    planned = plan["release_covered_by"] if "release_covered_by" in plan else (
+        {"epsilon": plan.get("epsilon_with_seeds"), "delta": plan.get("delta")} if plan.get("private", True) else None)
+    if covered is not None and (planned is None or covered.get("epsilon") != planned.get("epsilon")
                                 or covered.get("delta") != planned.get("delta")):
         return record, f"{path} states an epsilon or delta its plan does not"
     for entry in entries:

@@ -98,7 +98,7 @@ def release_record(plan, summary, final) -> dict:
               "delta": plan.delta, "noise_multiplier": {"tuning": tuning["tuning"]["noise_multiplier"],
                                                         "final": tuning["final"]["noise_multiplier"]},
               "accountant": plan.accountant, "analysis": plan.record.selection_accountant, "covered": plan.method.covers,
-              "chosen": None, "final": None}
+              "neighbouring": plan.method.adjacency.words, "chosen": None, "final": None}
     if not len(summary) or not summary.best.any():
         return record
     row = summary[summary.best].iloc[0]

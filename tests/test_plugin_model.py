@@ -32,3 +32,43 @@ def test_a_model_that_mixes_samples_is_refused_before_training(tmp_path):
     r = dpgrid("run", "model=bn", f"hydra.searchpath=[file://{tmp_path / 'conf'}]", cwd=tmp_path)
     assert r.returncode == 2 and "mixes the samples of a batch" in r.stderr, r.stderr
     assert sorted(p.name for p in tmp_path.iterdir()) == ["conf"]  # nothing written
+
+
+CENTERED = '''
+import torch
+from torch import nn
+
+
+class Centered(nn.Module):
+    """h - h.mean(0) in training only, h - a fixed centre in eval: it passes any check made in eval mode."""
+
+    def __init__(self, features=64, hidden=32, classes=10):
+        super().__init__()
+        self.fc, self.head = nn.Linear(features, hidden), nn.Linear(hidden, classes)
+        self.register_buffer("centre", torch.zeros(hidden))
+
+    def forward(self, x):
+        h = self.fc(x)
+        h = h - h.mean(0) if self.training else h - self.centre
+        return self.head(torch.relu(h))
+'''
+
+
+@pytest.mark.parametrize("engine", ["auto", "fast", "func"])
+def test_a_users_model_that_mixes_samples_in_training_only_is_refused_naming_it(tmp_path, engine):
+    """A model plugin written as docs/extending.md shows, that centres its batch in training only: refused before
+    anything is written, naming the model, whatever train.engine says."""
+    package = tmp_path / "mine"
+    (package / "conf" / "model").mkdir(parents=True)
+    (package / "__init__.py").write_text("")
+    (package / "models.py").write_text(CENTERED)
+    (package / "conf" / "model" / "centered.yaml").write_text("_target_: mine.models.Centered\n")
+    from .command import dpgrid as run_dpgrid
+
+    r = run_dpgrid("run", "model=centered", f"train.engine={engine}", "strategy=fixed_threshold", "grid.k=2",
+                   "train.seeds=1", "train.epochs=1", f"hydra.searchpath=[file://{package / 'conf'}]",
+                   f"hydra.run.dir={tmp_path / 'grid'}", cwd=tmp_path, path=[tmp_path])
+    assert r.returncode == 2, r.stderr
+    lines = [line for line in r.stderr.splitlines() if "changes the others' outputs in training" in line]
+    assert len(lines) == 1 and "Centered 'the model' mixes them in its own forward" in lines[0], r.stderr
+    assert not (tmp_path / "grid").exists()  # nothing written: the folder it made is removed

@@ -215,6 +215,9 @@ def train_grid(spec, out: Path, progress: bool, on_lock=None) -> "Trained":
         data = data.in_float64()
     checkpoint = read_checkpoint(spec.start.init, spec.start.init_sha256) if spec.start.init else None  # once a grid
     check_fit(spec, data, checkpoint)
+    # the engine, proved where training runs the model (a model that mixes samples is refused here), before anything
+    # is written
+    engine = proved_engine(spec, data, checkpoint) if spec.to_train else None
     plan, data_files = spec.plan, data_mod.fingerprint(data.files)
     claim(out, spec, data_files)
     record = plan_record(spec, data_files)  # what plan.json holds, and what a release here must have been made with
@@ -231,15 +234,13 @@ def train_grid(spec, out: Path, progress: bool, on_lock=None) -> "Trained":
     # A selection's console and cli.log say nothing that depends on the candidates: not their number
     # (a bar's total, a line per run) nor their scores. Those stay in the private files.
     quiet = procedure.releases_best_only
-    work, per_sample_methods, engine, trained = [], MethodChoice(spec.train.per_sample_method), None, 0
+    work, per_sample_methods, trained = [], MethodChoice(spec.train.per_sample_method), 0
     for number, phase in enumerate(procedure.phases(out, spec, list(spec.to_train), data)):
         if number == 0:  # after the first phase's draw, which may refuse the grid
             ledger.record_draws(out, spec)
             say(plan_header(spec))
             if quiet:
                 say(f"{plan.selection.replace('_', ' ')}: training; its epsilon covers {plan.method.covers}")
-        if engine is None and phase.runs:
-            engine = proved_engine(spec, data, checkpoint)
         trained += train_phase(spec, out, data, phase, done, progress, quiet, per_sample_methods, engine, checkpoint)
         work += phase.runs
     if not trained and work and not quiet:

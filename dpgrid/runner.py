@@ -28,7 +28,7 @@ from dpgrid.training.graphs import capacity
 from dpgrid.training.proof import EngineChoice, choose_engine
 from dpgrid.results.procedure import Phase, procedure_of, seed_names
 from dpgrid.privacy.randomness import SecureRandom, derive_seed
-from dpgrid.results import ledger, seal
+from dpgrid.results import ledger, seal, study
 from dpgrid.results.release import check_release, final_weights, keep_weights, release_when_finished
 from dpgrid.reporting.console import log, plan_header, report_run, say, say_methods
 from dpgrid.results.claim import claim
@@ -224,6 +224,8 @@ def train_grid(spec, out: Path, progress: bool, on_lock=None) -> "Trained":
     ledger.check(out, spec, record)
     check_release(out, spec, record)
     check_sealed(out, spec)
+    if spec.to_train:  # its spending on the data, in the study's ledger, before it trains (privacy.study_budget)
+        study.enter(spec, out, data_files)
     done = ledger.committed_runs(out, spec)  # before anything is rewritten: a secure grid's damage is refused untouched
     if (out / "runs.csv").exists():  # as checked and repaired: what this command vouches for
         seal.seal(out)

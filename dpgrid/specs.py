@@ -52,6 +52,16 @@ def own_keys(model_cfg):
 
 
 @dataclass(frozen=True)
+class Study:
+    """The study a grid belongs to in its dataset's ledger (privacy.study, privacy.study_budget, privacy.study_ledger;
+    dpgrid.results.study): its name, the epsilon it may spend on the dataset (None: no budget) and where the ledger
+    lives (None: the default place)."""
+    name: Optional[str] = None
+    budget: Optional[float] = None
+    ledger: Optional[str] = None
+
+
+@dataclass(frozen=True)
 class Start:
     """What a run's model starts from and which part of it trains (model.init, model.lora, train.trainable; applied
     by dpgrid.models.finetuning.prepare)."""

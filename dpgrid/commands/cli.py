@@ -259,6 +259,12 @@ def model_command(args: list) -> None:
               + (" (it replaced the file that was there)" if replaced else ""))
 
 
+def budget_command(args: list) -> None:
+    from dpgrid.commands.budget import budget_command as budget
+
+    budget(args)
+
+
 def audit_command(args: list) -> None:
     from dpgrid.commands.audit import audit_command as audit
 
@@ -328,7 +334,7 @@ def dispatch(argv: list) -> None:
         return
     command, args = argv[0], argv[1:]
     commands = {"run": run_command, "plan": plan_command, "tables": tables_command, "model": model_command,
-                "audit": audit_command}
+                "audit": audit_command, "budget": budget_command}
     if command not in commands:
         fail(f"unknown command {command!r}; valid: {', '.join(commands)}")
     from dpgrid import DpgridError

@@ -83,6 +83,21 @@ def check_config(cfg, n_train: int = None) -> list:
     return warnings
 
 
+def study_of(read: Reader):
+    """The grid's dpgrid.specs.Study (privacy.study, privacy.study_budget, privacy.study_ledger), checked."""
+    from dpgrid.specs import Study
+
+    name = read.get("privacy.study") if read.has("privacy.study") else None
+    if name is not None and (not isinstance(name, str) or not name.strip()):
+        read.refuse("privacy.study", "null or a non-empty name", name)
+    budget = read.positive("privacy.study_budget") if read.has("privacy.study_budget") and \
+        read.get("privacy.study_budget") is not None else None
+    ledger = read.get("privacy.study_ledger") if read.has("privacy.study_ledger") else None
+    if ledger is not None and (not isinstance(ledger, str) or not ledger):
+        read.refuse("privacy.study_ledger", "null (the default place) or a folder", ledger)
+    return Study(name=name, budget=budget, ledger=ledger)
+
+
 def start_of(read: Reader):
     """The grid's dpgrid.specs.Start (model.init, model.lora, train.trainable), checked: a missing checkpoint is refused
     here (its checksum is the grid's identity); what its tensors fit is asked when the model is built."""

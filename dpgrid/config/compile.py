@@ -21,7 +21,7 @@ from dpgrid import DpgridError
 from dpgrid.config.identity import config_hash, flat_privacy, identity_settings
 from dpgrid.config.selection import selection_of
 from dpgrid.plugins import target_of
-from dpgrid.specs import Start, dataset_spec, own_keys
+from dpgrid.specs import Start, Study, dataset_spec, own_keys
 
 @dataclass(frozen=True)
 class Training:
@@ -66,6 +66,7 @@ class GridSpec:
     config_hash: str
     warnings: tuple = ()        # to show once, when the grid starts or is planned
     start: Any = Start()        # dpgrid.specs.Start: the checkpoint every run starts from, adapters, what trains
+    study: Any = Study()        # dpgrid.specs.Study: the study's name, budget and ledger (dpgrid.results.study)
     observer: Any = None        # what watches its runs (dpgrid.training.observer.RunObserver: `dpgrid audit`'s canaries), or None
 
     def announce(self) -> "GridSpec":
@@ -85,7 +86,7 @@ def compile(cfg, n_train: int = None, plan: bool = True, before_plan=None) -> Gr
     dpgrid.results.claim); plan=False stops there (the spec has no plan, its device is as configured): a sweep's
     jobs are all checked so. Reads no file but what N needs (the data, where the config does not state N) and the
     checkpoint model.init names (its checksum is the grid's identity, its release metadata what covers it)."""
-    from dpgrid.config.checks import check_config, start_of
+    from dpgrid.config.checks import check_config, start_of, study_of
     from dpgrid.plugins import Reader
 
     selection_cls, selection = selection_of(cfg.privacy.selection)  # its keys typed: a misspelt one is refused first
@@ -139,7 +140,7 @@ def compile(cfg, n_train: int = None, plan: bool = True, before_plan=None) -> Gr
         data_root=str(cfg.data.root), protocol=str(cfg.protocol), overwrite=bool(cfg.overwrite), stopping_seed=int(privacy["stopping_seed"]),
         privacy=MappingProxyType(privacy), settings=MappingProxyType(plain),
         config_hash=config_hash(identity_settings(plain, start), strategy_cls.private, selection_cls.accounts_seeds),
-        warnings=tuple(warnings))
+        warnings=tuple(warnings), study=study_of(Reader(cfg)))
     if before_plan is not None:
         before_plan(spec)
     if not plan:

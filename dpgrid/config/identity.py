@@ -18,7 +18,8 @@ NOT_HASHED = ("train.device", "train.engine", "train.per_sample_method", "train.
               "train.cuda_graphs",
               "train.save_models", "grid.only",
               "overwrite", "grid.allow_large", "data.root", "data.check_before_queue",
-              "dataset.stacked_seconds_per_step")  # the last a time estimate only
+              "dataset.stacked_seconds_per_step",  # a time estimate only
+              "privacy.study", "privacy.study_budget", "privacy.study_ledger")  # the study's ledger: no result
 # settings added after grids were recorded, hashed only when set away from these defaults: older grids keep their hash
 HASHED_WHEN_SET = {"train.float64": False, "train.steps": None, "train.trainable": ["*"], "model.init": None, "model.init_covered_by": None,
                    "model.init_disjoint": False,

@@ -21,6 +21,9 @@ class PrivacyConfig:
     accountant: str = MISSING
     selection: Any = MISSING  # an option of conf/privacy/selection: its _target_, name and its own keys (typed by
                               # its class's Options when the grid is compiled)
+    study: Optional[str] = None          # the study's name in the dataset ledger (dpgrid.results.study)
+    study_budget: Optional[float] = None  # the epsilon the study may spend on the dataset, at the grid's delta
+    study_ledger: Optional[str] = None   # where the dataset ledger lives (null: $DPGRID_LEDGER, else the user's data folder)
 
 
 @dataclass

@@ -34,6 +34,7 @@ class Provenance:
     source: str
     accounts: tuple = ()
     accountant: str = None
+    config_hash: str = None  # of the grid that released it, where its statement says (the study's ledger holds it)
 
     @property
     def epsilon(self) -> float:
@@ -114,7 +115,8 @@ def checkpoint_provenance(path: str, declared) -> Provenance:
                               "covers it (its metadata): that statement stands; remove model.init_covered_by")
         privacy = statement.get("privacy") or {}
         return Provenance(True, "the statement in its metadata, written when dpgrid released it",
-                          statement_accounts(path, statement), privacy.get("accountant"))
+                          statement_accounts(path, statement), privacy.get("accountant"),
+                          statement.get("config_hash") if isinstance(statement.get("config_hash"), str) else None)
     if declared is None:
         return Provenance(False, ASSUMED_PUBLIC)
     if declared == "public":

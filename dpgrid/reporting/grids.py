@@ -6,6 +6,7 @@ epsilon_with_seeds column has it recomputed with the accountant, which loads it)
 `collect(results_dir)` -> one row per grid (its best configuration, or a selection's released one) and the lines
 of the grids skipped."""
 
+import json
 import math
 from pathlib import Path
 
@@ -35,7 +36,7 @@ COLUMNS = ["dataset", "strategy", "k", "epsilon", "delta", "weak_delta", "budget
            "batch_size", "steps", "eval_every", "model", "start", "n_train", "epsilon_spent", "epsilon_grid", "epsilon_with_seeds",
            "accountant", "sampling", "metric", "lr", "clip", "quantile", "config_id", "value", "std", "n_seeds", "status",
            "edge", "noise_multiplier", "n_configs", "configs_run", "runs_done", "runs_planned", "label", "private", "axes",
-           "adapts", "dataset_epsilons", "config_hash", "path"]
+           "adapts", "dataset_epsilons", "config_hash", "study_events", "path"]
 
 
 def grid_folders(results_dir: Path, out: Path = None) -> list:
@@ -96,7 +97,8 @@ def grid_row(folder: Path) -> dict:
                selection=plan.get("selection", "composition"), config_hash=plan.get("config_hash"),
                axes=",".join(axes), adapts=",".join(plan.get("adapts", [])),
                dataset_epsilons=",".join(f"{e:g}" for e in plan.get("dataset_epsilons", [])),
-               epsilon_with_seeds=epsilon_with_seeds(folder, plan, runs, privacy, procedure, noise_per_run))
+               epsilon_with_seeds=epsilon_with_seeds(folder, plan, runs, privacy, procedure, noise_per_run),
+               study_events=study_events(plan, privacy, procedure, noise_per_run))
     released = procedure.table_release(folder, runs, plan, axes, tasks.get(metric).name)
     if released is not None:  # a selection: only what it releases
         return released_row(row, released, plan, axes)
@@ -246,6 +248,17 @@ def epsilon_with_seeds(folder: Path, plan: dict, runs: pd.DataFrame, privacy: di
         raise DpgridError(f"plan.json says epsilon_with_seeds = {plan['epsilon_with_seeds']} but its runs spend {value:.6g}; "
                           "the results were not made with this plan")
     return value
+
+
+def study_events(plan: dict, privacy: dict, procedure, noise_per_run: bool) -> str:
+    """The Poisson-subsampled Gaussian steps every run of the grid took ([[q, nu, K x seeds x T]], JSON), what the
+    study's composition over its grids reads ('' where the grid's epsilon is not such a composition: a selection's,
+    a noise schedule's; its epsilon with seeds and delta are composed as they are)."""
+    if procedure.releases_best_only or noise_per_run or privacy.get("sampling") != "poisson" or \
+            privacy.get("epsilon_spent") is None:
+        return ""
+    return json.dumps([[plan["batch_size"] / plan["n_train"], privacy["noise_multiplier"],
+                        int(plan["n_configs"]) * int(plan.get("seeds", 1)) * int(plan["steps"])]])
 
 
 def released_row(row: dict, released: dict, plan: dict, axes: list) -> dict:

@@ -14,6 +14,7 @@ RESULTS_DIR/tables/). Every grid is read and vouched for first (dpgrid.reporting
 Missing cells are "–" with the reason in a footnote, never zero.
 """
 
+import json
 import re
 from pathlib import Path
 
@@ -223,18 +224,46 @@ def write_tables(results_dir, figures: bool = True, mix_budgets: bool = False, r
     written = [out / "results.csv"]
     write_csv(written[0], grids)
     paper = paper_results()
+    studies = {dataset: study_note(g) for dataset, g in grids.groupby("dataset")}
     for (dataset, k), g in grids.groupby(["dataset", "k"]):
-        written += write_one_table(g, dataset, k, out, paper, figures, report)
+        written += write_one_table(g, dataset, k, out, paper, figures, report, studies[dataset])
     return written
 
 
-def write_one_table(g, dataset, k, out: Path, paper, figures: bool, report=print) -> list:
+def study_note(grids: pd.DataFrame) -> str:
+    """What every grid of the tabled tree on one dataset spends together (the study's whole cost beside each grid's
+    own): their steps composed by the RDP accountant (Opacus) at the largest delta, a selection's or a schedule's
+    epsilon and delta added; infinite where a grid without differential privacy trained on the data."""
+    from dpgrid.results.study import composed
+
+    dataset = grids.dataset.iloc[0]
+    private = grids[grids.private.astype(bool) & grids.epsilon_with_seeds.notna()]
+    baseline = grids[~grids.private.astype(bool) | (grids.status == NOT_DP)]
+    if not len(private):
+        return ""
+    delta = float(private.delta.astype(float).max())
+    accounts = [{"epsilon": float(r.epsilon_with_seeds), "delta": float(r.delta),
+                 "events": json.loads(r.study_events) if isinstance(r.study_events, str) and r.study_events else None}
+                for r in private.itertuples()]
+    total = composed(accounts, delta)
+    note = (f"The study's whole cost on {dataset}: the {len(private)} private grid(s) tabled on it spend together "
+            f"ε = {total['rdp']:.2f} at δ = {total['delta']:.2g} (composed by the Rényi DP accountant), beside each "
+            "grid's own ε above; `dpgrid budget` composes every grid this machine ran on these data")
+    if len(baseline):
+        note += (f"; with the {len(baseline)} grid(s) trained on them without differential privacy (non-private "
+                 "baselines, shuffled batches), no ε covers the study as a whole")
+    return note + "."
+
+
+def write_one_table(g, dataset, k, out: Path, paper, figures: bool, report=print, study: str = "") -> list:
     metric, with_values = g.metric.iloc[0], not hyperparameters_only(paper, dataset, k)
     if not g.private.astype(bool).any():  # a table's rows are privacy levels: a baseline alone has none
         report(f"{dataset} k={k}: no private grid, so no table of privacy levels; the non-private grid's result is in "
                "results.csv" + (" and its learning curve in figures/curves/" if figures else ""))
         return write_curves(g, dataset, k, out, report) if figures else []
     table = paper_table(g, dataset, k, with_values)
+    if study:
+        table.notes.append(study)
     if not table.shows_a_result():
         report(f"{dataset} k={k}: no grid of this table has a result to show (each row's footnote says why, in "
                "results.csv's status): no table written")

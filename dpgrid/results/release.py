@@ -154,6 +154,7 @@ def write_release(out: Path, spec, runs, curves, plan_record: dict, configuratio
             "covered_by": record["covered_by"], "why": record["why"], "configuration": configuration, "seed": j,
             # what a grid fine-tuned from this file composes with its own (dpgrid.models.finetuning.checkpoint_provenance)
             "dataset": record["dataset"], "events": record["events"], "accounts": record["accounts"],
+            "config_hash": record["config_hash"],
             "privacy": {"accountant": (record.get("privacy") or {}).get("accountant")}})})
         name = f"seed{j}.safetensors"
         write_atomic(new / name, content)

@@ -154,7 +154,8 @@ def run_row(spec, config, seed, result, draw=None, n_threads=None, chosen_forms:
                protocol=spec.protocol, momentum=spec.train.momentum, sampling=plan.sampling,
                normalize=spec.dataset.normalize, steps=plan.steps, epochs=plan.epochs, batch_size=plan.batch_size,
                n_train=plan.n_train, eval_every=spec.train.eval_every,
-               best_value=result.best_value, best_step=result.best_step)
+               best_value=result.best_value, best_step=result.best_step,
+               **({"report_value": result.report_value} if spec.validation == "test_half" else {}))
     row.update(procedure.spent_fields(plan, config["config_id"], result))
     if "clip" in plan.adapts:
         row["final_clip"] = result.final_clip
@@ -213,6 +214,8 @@ def train_grid(spec, out: Path, progress: bool, on_lock=None) -> "Trained":
     data = spec.observer.training_data(data) if spec.observer is not None else data
     if spec.train.float64:
         data = data.in_float64()
+    if spec.validation == "test_half":  # one half of the public test set chooses, the other reports
+        data = data_mod.test_halves(data, spec.plan.dataset)
     checkpoint = read_checkpoint(spec.start.init, spec.start.init_sha256) if spec.start.init else None  # once a grid
     check_fit(spec, data, checkpoint)
     # the engine, proved where training runs the model (a model that mixes samples is refused here), before anything
@@ -325,7 +328,7 @@ def train_phase(spec, out: Path, data, phase: Phase, done: set, progress: bool, 
     plan, work = spec.plan, phase.runs
     if phase.train_rows is not None:
         data = data_mod.Data(data.x_train[phase.train_rows], data.y_train[phase.train_rows], data.x_test, data.y_test,
-                             data.task, data.files)
+                             data.task, data.files, data.x_report, data.y_report)
     todo = [(c, s) for c, s in work if (c["config_id"], s) not in done]
     ledger.check_untrained(out, spec, todo)
     total = len(work)

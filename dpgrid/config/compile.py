@@ -21,6 +21,7 @@ from dpgrid import DpgridError
 from dpgrid.config.identity import config_hash, flat_privacy, identity_settings
 from dpgrid.config.selection import selection_of
 from dpgrid.plugins import target_of
+from dpgrid.data import VALIDATION
 from dpgrid.specs import Start, Study, dataset_spec, own_keys
 
 @dataclass(frozen=True)
@@ -67,6 +68,7 @@ class GridSpec:
     warnings: tuple = ()        # to show once, when the grid starts or is planned
     start: Any = Start()        # dpgrid.specs.Start: the checkpoint every run starts from, adapters, what trains
     study: Any = Study()        # dpgrid.specs.Study: the study's name, budget and ledger (dpgrid.results.study)
+    validation: str = "test"    # data.validation: test, or test_half (dpgrid.data.test_halves)
     observer: Any = None        # what watches its runs (dpgrid.training.observer.RunObserver: `dpgrid audit`'s canaries), or None
 
     def announce(self) -> "GridSpec":
@@ -140,7 +142,8 @@ def compile(cfg, n_train: int = None, plan: bool = True, before_plan=None) -> Gr
         data_root=str(cfg.data.root), protocol=str(cfg.protocol), overwrite=bool(cfg.overwrite), stopping_seed=int(privacy["stopping_seed"]),
         privacy=MappingProxyType(privacy), settings=MappingProxyType(plain),
         config_hash=config_hash(identity_settings(plain, start), strategy_cls.private, selection_cls.accounts_seeds),
-        warnings=tuple(warnings), study=study_of(Reader(cfg)))
+        warnings=tuple(warnings), study=study_of(Reader(cfg)),
+        validation=Reader(cfg).choice("data.validation", VALIDATION) if "validation" in cfg.data else "test")
     if before_plan is not None:
         before_plan(spec)
     if not plan:

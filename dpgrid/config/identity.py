@@ -26,7 +26,7 @@ HASHED_WHEN_SET = {"train.float64": False, "train.steps": None, "train.trainable
                    "model.lora": {"rank": 0, "alpha": 8.0, "targets": []},
                    "privacy.selection_accountant": "rdp", "privacy.stopping_rounds": None,
                    "privacy.tuning_rate": 0.1, "privacy.tuning_search": "random_stopping", "privacy.tuning_split": "shared",
-                   "privacy.final_data": "full"}
+                   "privacy.final_data": "full", "data.validation": "test"}
 
 
 # Before the selection was a config option (conf/privacy/selection), its keys sat in `privacy` beside the others

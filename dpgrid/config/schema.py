@@ -60,6 +60,7 @@ class TrainConfig:
 class DataConfig:
     root: str = MISSING
     check_before_queue: bool = True
+    validation: str = "test"
 
 
 @dataclass

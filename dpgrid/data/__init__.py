@@ -33,6 +33,10 @@ class Data:
     y_test: torch.Tensor
     task: str              # a dpgrid.data.tasks name: "classification" (accuracy %) or "reconstruction" (MSE)
     files: dict = field(default_factory=dict)  # {name relative to data.root: path}: the data's identity
+    # data.validation=test_half: the test set's report half (x_test, y_test are then its selection half); None: the
+    # whole test set selects and reports
+    x_report: torch.Tensor = None
+    y_report: torch.Tensor = None
 
     @property
     def n_train(self) -> int:
@@ -40,8 +44,42 @@ class Data:
 
     def in_float64(self) -> "Data":
         """The same data with every floating-point tensor in float64 (labels stay integers)."""
-        up = lambda t: t.double() if t.is_floating_point() else t  # noqa: E731
-        return Data(up(self.x_train), up(self.y_train), up(self.x_test), up(self.y_test), self.task, self.files)
+        up = lambda t: t if t is None or not t.is_floating_point() else t.double()  # noqa: E731
+        return Data(up(self.x_train), up(self.y_train), up(self.x_test), up(self.y_test), self.task, self.files,
+                    up(self.x_report), up(self.y_report))
+
+
+VALIDATION = ("test", "test_half")  # data.validation: what chooses the best configuration and the default seed
+
+
+def test_halves(data: Data, dataset_name: str) -> Data:
+    """data.validation=test_half: the public test set split into a selection half (x_test, y_test: what every
+    validation, the best configuration and the default seed are chosen on) and a report half (x_report, y_report:
+    what every reported score is measured on). Fixed and seeded by the dataset's name, so every grid on a dataset uses
+    the same halves; stratified by class where the task has classes (each class split in two, the odd example to the
+    report half), else a random half. No privacy is spent on either: the test set is public."""
+    import torch
+
+    from dpgrid.privacy.randomness import derive_seed
+
+    generator = torch.Generator().manual_seed(derive_seed(dataset_name, "validation", "test_half"))
+    n = len(data.x_test)
+    if tasks.get(data.task).has_classes:
+        labels = data.y_test.cpu()
+        groups = [torch.nonzero(labels == c).squeeze(1) for c in torch.unique(labels)]
+    else:
+        groups = [torch.arange(n)]
+    selection, report = [], []
+    for group in groups:
+        shuffled = group[torch.randperm(len(group), generator=generator)]
+        selection.append(shuffled[:len(group) // 2])
+        report.append(shuffled[len(group) // 2:])
+    selection, report = (torch.sort(torch.cat(part)).values.to(data.x_test.device) for part in (selection, report))
+    if not len(selection) or not len(report):
+        raise DpgridError(f"data.validation=test_half: the test split of {dataset_name} holds {n} example(s), too few "
+                          "to split in two halves; use data.validation=test")
+    return Data(data.x_train, data.y_train, data.x_test[selection], data.y_test[selection], data.task, data.files,
+                data.x_test[report], data.y_test[report])
 
 
 def load(dataset, root, device="cpu") -> Data:

@@ -52,6 +52,8 @@ def report_run(plan, config_id: str, seed: int, result, done: int, total: int) -
     """One line per finished run: into cli.log (under Hydra), and to stderr when it is not a terminal
     (nohup, a cluster job, CI), where the progress bar is not shown."""
     value = "diverged" if result.diverged else f"{result.best_value:.4g}"
+    if not result.diverged and result.report_value == result.report_value:  # data.validation=test_half
+        value = f"{result.report_value:.4g} on the report half (selection half {result.best_value:.4g})"
     budget = f"eps={plan.epsilon:g}" if plan.private else "non-private"
     line = (f"{plan.strategy} {plan.dataset} {budget} k={plan.k}: run {done}/{total} {config_id} "
             f"seed {seed}: {value} ({result.seconds:.1f} s)")
@@ -75,8 +77,15 @@ def describe_best(summary, task: str, selection: bool = False, final: dict = Non
                  if final["score"] is not None else "every run diverged")
         return (f"selected configuration {b.config_id} ({hps}) on the tuning set: {unit} {b['mean']:.4g}; final model: "
                 f"{score} (selection.json)")
+    if selection and "report_mean" in b:  # data.validation=test_half: reported on the half that chose nothing
+        return (f"selected configuration {b.config_id} ({hps}): {unit} {b['report_mean']:.4g} on the report half of "
+                f"the test set (chosen on the selection half: {b['mean']:.4g}; selection.json)")
     if selection:  # a random-stopping selection: what selection.json releases, nothing more
         return f"selected configuration {b.config_id} ({hps}): {unit} {b['mean']:.4g} (selection.json)"
+    if "report_mean" in b:  # data.validation=test_half: the report half's score, chosen on the other half
+        return (f"best configuration {b.config_id} ({hps}): {unit} {b['report_mean']:.4g} ± {b['report_std']:.2g} "
+                f"over {b.n_seeds - b.n_diverged} seed(s) on the report half of the test set (chosen on the selection "
+                f"half: {b['mean']:.4g})")
     return (f"best configuration {b.config_id} ({hps}): {unit} {b['mean']:.4g} ± {b['std']:.2g} "
             f"over {b.n_seeds - b.n_diverged} seed(s)")
 

@@ -135,10 +135,12 @@ def print_release(model, run_dir, seed: int) -> None:
     score = record.get("score") or {}
     print(f"{record['dataset']} {record['strategy']} {config['config_id']} ("
           + ", ".join(f"{k}={v:.4g}" for k, v in config.items() if k != "config_id") + ")")
+    halves = any("selection_value" in e for e in record["models"])  # data.validation=test_half
     if isinstance(score.get("value"), (int, float)):
-        print(f"  score {score['value']:.4g} ({record['metric']}): the mean over its seeds of each run's best "
-              "validation, what chose it")
-    print(f"  final models' test {record['metric']}: {values or 'none'}")
+        print(f"  score {score['value']:.4g} ({record['metric']}): " + (
+            "the mean over its seeds on the report half of the test set, which chose nothing (the selection half "
+            "chose it)" if halves else "the mean over its seeds of each run's best validation, what chose it"))
+    print(f"  final models' test {record['metric']}{' on the report half' if halves else ''}: {values or 'none'}")
     covered = record["covered_by"]
     print(f"covered by: epsilon = {covered['epsilon']:.4g}, delta = {covered['delta']:g}" if covered
           else "covered by: no epsilon")

@@ -16,6 +16,7 @@ from dpgrid import DpgridError
 from dpgrid.data import tasks
 from dpgrid.config.grid import ID_PREFIX, edges
 from dpgrid.privacy import NOT_DP_SAMPLING, recorded_method
+from dpgrid.reporting.study import study_events
 from dpgrid.results.procedure import procedure_of
 from dpgrid.results.files import read_json
 from dpgrid.results.runs import REPAIR, read_runs, same, summarize
@@ -31,9 +32,9 @@ RUN_COLUMNS = ("dataset", "strategy", "metric", "epsilon", "k", "config_id", "se
 PRIVACY_FIGURES = ("noise_multiplier", "epsilon_spent", "epsilon_grid", "budget", "sampling", "accountant")
 # what makes two grids' values comparable, beside the budget: a table shows grids that differ in one of these on
 # separate rows, naming it (tables.SETTINGS says how)
-SETTINGS = ("protocol", "delta", "epochs", "batch_size", "steps", "eval_every", "model", "start")
+SETTINGS = ("protocol", "delta", "epochs", "batch_size", "steps", "eval_every", "model", "start", "validation")
 COLUMNS = ["dataset", "strategy", "k", "epsilon", "delta", "weak_delta", "budget", "selection", "protocol", "epochs",
-           "batch_size", "steps", "eval_every", "model", "start", "n_train", "epsilon_spent", "epsilon_grid", "epsilon_with_seeds",
+           "batch_size", "steps", "eval_every", "model", "start", "validation", "n_train", "epsilon_spent", "epsilon_grid", "epsilon_with_seeds",
            "accountant", "sampling", "metric", "lr", "clip", "quantile", "config_id", "value", "std", "n_seeds", "status",
            "edge", "noise_multiplier", "n_configs", "configs_run", "runs_done", "runs_planned", "label", "private", "axes",
            "adapts", "dataset_epsilons", "config_hash", "study_events", "path"]
@@ -86,7 +87,9 @@ def grid_row(folder: Path) -> dict:
     axes = plan["axes"] if "axes" in plan else [a for a in plan.get("configurations", [{}])[0] if a != "config_id"]
     check_axes(folder, runs, plan, axes)
     metric = runs.metric.iloc[0]
-    trained = {**training_settings(folder, runs, plan, private, noise_per_run), **variant(folder, plan)}
+    trained = {**training_settings(folder, runs, plan, private, noise_per_run), **variant(folder, plan),
+               # data.validation=test_half: scores reported on the report half, the selection half chose
+               "validation": "test_half" if "report_value" in runs else "test"}
     summary = summarize(runs, axes, tasks.get(metric).name)
     planned = len(plan.get("grid_only") or plan["configurations"]) * int(plan.get("seeds", 1))
     protocols = set(runs.protocol.dropna().astype(str))
@@ -108,7 +111,9 @@ def grid_row(folder: Path) -> dict:
         row.update(status=NOT_DP, value=math.nan, std=math.nan)
     elif len(best):
         b = best.iloc[0]
-        row.update({a: b[a] for a in axes}, config_id=b.config_id, value=b["mean"], std=b["std"],
+        halves = "report_mean" in b  # the report half's score, which chose nothing
+        row.update({a: b[a] for a in axes}, config_id=b.config_id, value=b["report_mean" if halves else "mean"],
+                   std=b["report_std" if halves else "std"],
                    n_seeds=int(b.n_seeds - b.n_diverged), status="ok",
                    edge="; ".join(edges({a: b[a] for a in axes}, plan["configurations"], axes)))
     else:
@@ -248,17 +253,6 @@ def epsilon_with_seeds(folder: Path, plan: dict, runs: pd.DataFrame, privacy: di
         raise DpgridError(f"plan.json says epsilon_with_seeds = {plan['epsilon_with_seeds']} but its runs spend {value:.6g}; "
                           "the results were not made with this plan")
     return value
-
-
-def study_events(plan: dict, privacy: dict, procedure, noise_per_run: bool) -> str:
-    """The Poisson-subsampled Gaussian steps every run of the grid took ([[q, nu, K x seeds x T]], JSON), what the
-    study's composition over its grids reads ('' where the grid's epsilon is not such a composition: a selection's,
-    a noise schedule's; its epsilon with seeds and delta are composed as they are)."""
-    if procedure.releases_best_only or noise_per_run or privacy.get("sampling") != "poisson" or \
-            privacy.get("epsilon_spent") is None:
-        return ""
-    return json.dumps([[plan["batch_size"] / plan["n_train"], privacy["noise_multiplier"],
-                        int(plan["n_configs"]) * int(plan.get("seeds", 1)) * int(plan["steps"])]])
 
 
 def released_row(row: dict, released: dict, plan: dict, axes: list) -> dict:

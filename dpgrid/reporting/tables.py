@@ -27,6 +27,7 @@ from dpgrid.config.grid import AXIS_SYMBOL
 from dpgrid.reporting.cells import (ACCOUNTANT_NAMES, NOT_RUN, Column, Table, budget_note, fmt_hp, fmt_value,
                                     private_strategies, to_csv_frame, to_latex, to_markdown)
 from dpgrid.reporting.grids import NOT_DP, SELECTION, SETTINGS, collect
+from dpgrid.reporting.study import study_note
 from dpgrid.reporting.comparison import claims, claims_markdown, comparison, comparison_markdown
 from dpgrid.reproduction.paper import hyperparameters_only, paper_results
 from dpgrid.results.files import check_writable, environment, write_atomic, write_csv
@@ -35,7 +36,7 @@ SEEDS_NOTE = ("ε seeds: each value is a mean over seeds, which costs more than 
               "as the paper does, and the grid's K configurations × seeds runs with its noise spend ε seeds")
 # how a table names a setting that differs between its grids (grids.SETTINGS), in its key column and its caption
 SETTING_NAMES = {"protocol": "protocol", "delta": "δ", "epochs": "epochs", "batch_size": "B", "steps": "T",
-                 "eval_every": "eval. every", "model": "model", "start": "start"}
+                 "eval_every": "eval. every", "model": "model", "start": "start", "validation": "scored on"}
 
 
 def paper_table(grids: pd.DataFrame, dataset: str, k: int, with_values: bool) -> Table:
@@ -134,6 +135,12 @@ def settings_note(private: pd.DataFrame, varying: list) -> str:
         text += (" A grid that starts from a private checkpoint (start: private) spends its own ε, shown here; its "
                  "released model is covered by both grids together unless the data were declared disjoint (model.json's "
                  "covered_by and checkpoint).")
+    if "validation" in private and (private.validation == "test_half").any():
+        text += (" Scored on the report half of the test set (data.validation=test_half): a fixed, stratified half "
+                 "chose each configuration, the other half, which chose nothing, measured the scores shown (unbiased; "
+                 "on half the examples, a score's standard error is √2 times the whole test set's)" +
+                 ("; the other grids chose and scored on the whole test set (optimistic)" if
+                  (private.validation == "test").any() else "") + ".")
     weak = private[private.weak_delta.fillna(False).astype(bool)]
     if len(weak):
         n = weak.n_train.dropna()
@@ -228,31 +235,6 @@ def write_tables(results_dir, figures: bool = True, mix_budgets: bool = False, r
     for (dataset, k), g in grids.groupby(["dataset", "k"]):
         written += write_one_table(g, dataset, k, out, paper, figures, report, studies[dataset])
     return written
-
-
-def study_note(grids: pd.DataFrame) -> str:
-    """What every grid of the tabled tree on one dataset spends together (the study's whole cost beside each grid's
-    own): their steps composed by the RDP accountant (Opacus) at the largest delta, a selection's or a schedule's
-    epsilon and delta added; infinite where a grid without differential privacy trained on the data."""
-    from dpgrid.results.study import composed
-
-    dataset = grids.dataset.iloc[0]
-    private = grids[grids.private.astype(bool) & grids.epsilon_with_seeds.notna()]
-    baseline = grids[~grids.private.astype(bool) | (grids.status == NOT_DP)]
-    if not len(private):
-        return ""
-    delta = float(private.delta.astype(float).max())
-    accounts = [{"epsilon": float(r.epsilon_with_seeds), "delta": float(r.delta),
-                 "events": json.loads(r.study_events) if isinstance(r.study_events, str) and r.study_events else None}
-                for r in private.itertuples()]
-    total = composed(accounts, delta)
-    note = (f"The study's whole cost on {dataset}: the {len(private)} private grid(s) tabled on it spend together "
-            f"ε = {total['rdp']:.2f} at δ = {total['delta']:.2g} (composed by the Rényi DP accountant), beside each "
-            "grid's own ε above; `dpgrid budget` composes every grid this machine ran on these data")
-    if len(baseline):
-        note += (f"; with the {len(baseline)} grid(s) trained on them without differential privacy (non-private "
-                 "baselines, shuffled batches), no ε covers the study as a whole")
-    return note + "."
 
 
 def write_one_table(g, dataset, k, out: Path, paper, figures: bool, report=print, study: str = "") -> list:

@@ -146,7 +146,9 @@ def write_release(out: Path, spec, runs, curves, plan_record: dict, configuratio
     with environment(new):
         new.mkdir()
     record = statement(spec, plan_record, configuration, why)
-    last = last_values(curves, configuration["config_id"])
+    halves = spec.validation == "test_half"  # the selection half chooses, the report half's values are reported
+    last = last_values(curves, configuration["config_id"], "report_value" if halves else "value")
+    chose = last_values(curves, configuration["config_id"]) if halves else last
     entries = []
     for seed, j in seeds:
         tensors = load(weights_file(out, configuration["config_id"], seed).read_bytes())
@@ -159,15 +161,19 @@ def write_release(out: Path, spec, runs, curves, plan_record: dict, configuratio
         name = f"seed{j}.safetensors"
         write_atomic(new / name, content)
         entries.append({"seed": j, "file": name, "sha256": hashlib.sha256(content).hexdigest(),
-                        "test_value": last.get(seed)})
+                        "test_value": last.get(seed), **({"selection_value": chose.get(seed)} if halves else {})})
     metric = runs.metric.iloc[0]
     released = runs[runs.config_id == configuration["config_id"]]
-    released = released[released.seed.astype(int).isin([s for s, _ in seeds])].best_value.astype(float)
-    record.update(metric=metric, models=entries, default_seed=best_seed(entries, metric),
-                  score={"value": float(released.mean()) if len(released) else None,
-                         "what": "the mean over the released seeds of each run's best value over its validations "
-                                 "(what chose the configuration); each model's test_value is its final weights' (the "
-                                 "last validation), which may be lower"})
+    released = released[released.seed.astype(int).isin([s for s, _ in seeds])]
+    released = released["report_value" if halves else "best_value"].astype(float)
+    what = ("the mean over the released seeds of each run's value on the report half of the test set, at the "
+            "validation the selection half chose; each model's test_value is its final weights' on the report half "
+            "(the default seed was chosen on the selection half: selection_value)" if halves else
+            "the mean over the released seeds of each run's best value over its validations (what chose the "
+            "configuration); each model's test_value is its final weights' (the last validation), which may be lower")
+    record.update(metric=metric, models=entries, default_seed=best_seed(entries, metric, "selection_value" if halves
+                                                                        else "test_value"),
+                  score={"value": float(released.mean()) if len(released) else None, "what": what})
     selection = out / "selection.json"
     record = sealed(record, selection.read_bytes() if procedure_of(spec.plan.method).releases_best_only and
                     selection.exists() else None)
@@ -181,23 +187,25 @@ def write_release(out: Path, spec, runs, curves, plan_record: dict, configuratio
     return record
 
 
-def last_values(curves, config_id: str) -> dict:
-    """Each run's last validation value (the test value of its final weights), by seed."""
-    if curves is None or not len(curves):
+def last_values(curves, config_id: str, column: str = "value") -> dict:
+    """Each run's last validation value (the test value of its final weights), by seed; `column`: report_value for the
+    report half of data.validation=test_half."""
+    if curves is None or not len(curves) or column not in curves:
         return {}
     mine = curves[curves.config_id == config_id].sort_values("step")
-    return {int(seed): float(g.value.iloc[-1]) for seed, g in mine.groupby("seed")}
+    return {int(seed): float(g[column].iloc[-1]) for seed, g in mine.groupby("seed")}
 
 
-def best_seed(entries: list, metric: str):
-    """The seed whose final model scores best on the (public) test set: a choice among released models."""
+def best_seed(entries: list, metric: str, chosen_by: str = "test_value"):
+    """The seed whose final model scores best on the (public) test set, or its selection half (`chosen_by`): a choice
+    among released models."""
     from dpgrid.data import tasks
 
-    scored = [e for e in entries if e["test_value"] is not None]
+    scored = [e for e in entries if e.get(chosen_by) is not None]
     if not scored:
         return entries[0]["seed"] if entries else None
     sign = 1 if tasks.get(metric).higher_is_better else -1
-    return max(scored, key=lambda e: (sign * e["test_value"], -e["seed"]))["seed"]
+    return max(scored, key=lambda e: (sign * e[chosen_by], -e["seed"]))["seed"]
 
 
 def check_release(out: Path, spec, plan: dict) -> None:

@@ -191,10 +191,16 @@ def summarize(runs: pd.DataFrame, axes: list, task: str) -> pd.DataFrame:
     those with some converged seed when every configuration has a diverged one)."""
     rows = []
     for config_id, g in runs.groupby("config_id", sort=False):
-        values = g.best_value[~g.diverged.astype(bool)]
+        converged = ~g.diverged.astype(bool)
+        values = g.best_value[converged]
+        report = {}
+        if "report_value" in g:  # data.validation=test_half: what the report half measured, the reported score
+            reported = g.report_value[converged].astype(float)
+            report = dict(report_mean=reported.mean() if len(reported) else math.nan,
+                          report_std=reported.std(ddof=0) if len(reported) else math.nan)
         rows.append(dict(config_id=config_id, **{a: g[a].iloc[0] for a in axes},
                          mean=values.mean() if len(values) else math.nan,
-                         std=values.std(ddof=0) if len(values) else math.nan,
+                         std=values.std(ddof=0) if len(values) else math.nan, **report,
                          n_seeds=len(g), n_diverged=int(g.diverged.astype(bool).sum())))
     summary = pd.DataFrame(rows)
     sign = -1.0 if tasks.get(task).higher_is_better else 1.0

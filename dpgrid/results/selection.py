@@ -105,6 +105,8 @@ def summarize_selection(runs, plan, axes: list, task: str):
     if len(chosen):
         row = chosen.iloc[0]
         released = {"config_id": row.config_id, **{a: float(row[a]) for a in axes}, "score": float(row["mean"])}
+        if "report_mean" in row:  # data.validation=test_half: the score chose on the selection half; reported apart
+            released["report_score"] = float(row["report_mean"])
     return summary, {**selection, "chosen": released}
 
 
@@ -136,7 +138,7 @@ def selection_release(folder, runs, plan: dict, axes: list, task: str) -> dict:
     if not chosen:
         return {"chosen": None, "value": None, "std": None, "n_seeds": None, "seeds": []}
     seeds = runs.seed[runs.candidate.astype(int) == int(best.iloc[0].candidate)].astype(int).tolist()
-    return {"chosen": chosen, "value": chosen["score"], "std": None,  # the chosen candidate's own seeds (private)
+    return {"chosen": chosen, "value": chosen.get("report_score", chosen["score"]), "std": None,  # its own seeds (private)
             "n_seeds": int(best.iloc[0].n_seeds - best.iloc[0].n_diverged), "seeds": seeds}
 
 

@@ -24,6 +24,7 @@ from dpgrid.training.graphs import Steps, how_steps_run
 class RunResult:
     best_value: float = math.nan
     best_step: int = -1
+    report_value: float = math.nan  # data.validation=test_half: the report half's value at best_step
     diverged: bool = False
     final_clip: float = math.nan
     final_lr: float = math.nan
@@ -145,15 +146,19 @@ def validate(model, strategy, data, step: int, result: RunResult, run: int = 0) 
     eval_start = time.perf_counter()
     finite = bool(torch.stack([torch.isfinite(p).all() for p in params]).all())  # one wait for every parameter
     value, test_loss = evaluate(model, data.x_test, data.y_test, data.task) if finite else (math.nan, math.nan)
+    report = {}
+    if data.x_report is not None:  # data.validation=test_half: the report half, which chooses nothing
+        report["report_value"] = evaluate(model, data.x_report, data.y_report, data.task)[0] if finite else math.nan
     clip, lr = float(clip), float(lr)
     extra = {name: float(value[run]) if torch.is_tensor(value) and value.dim() else float(value)  # stacked: one a run
              for name, value in strategy.curve_values().items()}
-    result.curve.append(dict(step=step, value=value, clip=clip, lr=lr, test_loss=test_loss, **extra))
+    result.curve.append(dict(step=step, value=value, clip=clip, lr=lr, test_loss=test_loss, **report, **extra))
     result.eval_seconds += time.perf_counter() - eval_start
     if not math.isfinite(value) or math.isinf(clip) or not math.isfinite(lr):  # nodp's clip is nan
         result.diverged = True
         return False
     if result.best_step < 0 or tasks.get(data.task).better(value, result.best_value):
         result.best_value, result.best_step = value, step
+        result.report_value = report.get("report_value", math.nan)
     result.final_clip, result.final_lr = clip, lr
     return True

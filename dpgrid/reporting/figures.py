@@ -16,7 +16,7 @@ import pandas as pd
 
 from dpgrid.data import tasks
 from dpgrid.config.grid import AXIS_SYMBOL
-from dpgrid.reporting.cells import budget_note, fmt_epsilon, fmt_value, private_strategies
+from dpgrid.reporting.cells import budget_note, fmt_epsilon, fmt_value, grid_name, private_strategies, variant_words
 from dpgrid.results.files import read_frame, write_atomic
 
 DODGE = 0.012  # the shift apart of points at one epsilon, as a fraction of the x axis's span
@@ -88,14 +88,13 @@ def plot_metric_vs_epsilon(grids, dataset, k, metric, out_base: Path) -> list:
     shown = grids[grids.private.astype(bool) & (grids.status == "ok")]
     budgets = sorted(set(shown.budget.dropna()))
     # grids that trained something else (a model, a start: a checkpoint, a part, LoRA) are series of their own
-    shown = shown.assign(variant=[variant_words(r, shown) for r in shown.itertuples()])
+    shown = shown.assign(variant=[variant_words(r, shown) for r in shown.itertuples()])  # every setting that differs
     series = [(strategy, label + (f", {variant}" if variant else ""), budget, variant)
               for strategy, label, _ in private_strategies(grids) for budget in budgets
               for variant in sorted(set(shown.variant))
               if ((shown.strategy == strategy) & (shown.budget == budget) & (shown.variant == variant)).any()]
     baseline = grids[~grids.private.astype(bool) & (grids.status == "ok")]
-    rows = math.ceil((len(series) + bool(len(baseline))) / 2)
-    fig, ax = plt.subplots(figsize=(WIDTH, 2.5 + 0.17 * rows), layout="constrained")
+    fig, ax = plt.subplots(figsize=(WIDTH, 2.5), layout="constrained")
     for i, (strategy, label, budget, variant) in enumerate(series):
         g = shown[(shown.strategy == strategy) & (shown.budget == budget) & (shown.variant == variant)].sort_values(
             "epsilon")
@@ -120,19 +119,56 @@ def plot_metric_vs_epsilon(grids, dataset, k, metric, out_base: Path) -> list:
     title = f"{dataset}, k = {k}"
     ax.set_title(title)
     ax.grid(alpha=0.3)
-    if rows:  # below the axes, two entries a row (the figure grows by them): never over a point
-        fig.legend(loc="outside lower center", ncol=2, frameon=False, handlelength=2.5)
+    if series or len(baseline):  # below the axes (the figure grows by it): never over a point, never cut
+        legend_below(fig, ax)
     caption = metric_caption(grids, shown, baseline, dataset, k, task, series, budgets)
     paths = save_both(fig, out_base, title, caption)
     plt.close(fig)
     return paths
 
 
-def variant_words(row, shown) -> str:
-    """What a grid trained that others of its figure did not ('' where they all trained the same)."""
-    parts = [f"{name} {getattr(row, key)}" for key, name in (("model", "model"), ("start", "")) if key in shown
-             and shown[key].astype(str).nunique() > 1]
-    return "; ".join(p.strip() for p in parts)
+LEGEND_ROW = 0.17  # inches a legend row adds below a metric figure's axes (7-point text)
+
+
+def legend_below(fig, ax) -> None:
+    """The axes' entries in a legend below them, laid out to fit the figure's width (a paper's column): two entries a
+    row where they fit, else one, else each label wrapped onto lines of its own; the figure grows by its rows."""
+    import textwrap
+
+    handles, labels = ax.get_legend_handles_labels()
+    base = fig.get_size_inches()[1]
+    for columns, width in ((2, None), (1, None), (1, 40), (1, 30), (1, 22)):
+        for legend in fig.legends[:]:
+            legend.remove()
+        texts = [textwrap.fill(label, width) if width else label for label in labels]
+        lines = sum(max(text.count("\n") + 1 for text in texts[i:i + columns]) for i in range(0, len(texts), columns))
+        fig.set_size_inches(WIDTH, base + LEGEND_ROW * lines)
+        legend = fig.legend(handles, texts, loc="outside lower center", ncol=columns, frameon=False, handlelength=2.5)
+        if inside(fig, legend):
+            return
+
+
+def inside(fig, *artists) -> bool:
+    """Whether every artist, as the figure draws now, lies within the figure (nothing cut at its edges)."""
+    fig.canvas.draw()
+    renderer, box = fig.canvas.get_renderer(), fig.bbox
+    extents = [artist.get_window_extent(renderer) for artist in artists]
+    return all(box.x0 - 0.5 <= e.x0 and e.x1 <= box.x1 + 0.5 and box.y0 - 0.5 <= e.y0 and e.y1 <= box.y1 + 0.5
+               for e in extents)
+
+
+def fitted_title(fig, ax, title: str) -> str:
+    """The title as it fits the figure's width: whole, else wrapped at word boundaries (the figure laid out again for
+    each try); returns the text set."""
+    import textwrap
+
+    for width in (None, 56, 46, 38, 30):
+        text = "\n".join(textwrap.fill(line, width) if width else line for line in title.split("\n"))
+        ax.set_title(text)
+        fig.tight_layout()
+        if inside(fig, ax.title):
+            break
+    return text
 
 
 def metric_caption(grids, shown, baseline, dataset, k, task, series, budgets) -> str:
@@ -145,9 +181,10 @@ def metric_caption(grids, shown, baseline, dataset, k, task, series, budgets) ->
             + ("; points at one ε are shifted apart to stay visible." if len(series) > 1 else "."))
     costlier = shown[shown.epsilon_with_seeds.astype(float) > shown.epsilon_grid.astype(float) * (1 + 1e-9)]
     if len(costlier):
-        text += (" Each point is a mean over seeds, which costs more than the target ε: " + ", ".join(
-            f"{r.label} at ε = {r.epsilon:g}: {fmt_epsilon(r.epsilon_with_seeds)}" for r in costlier.itertuples())
+        text += (" Each point is a mean over seeds, which costs more than the target ε: " + "; ".join(
+            f"{grid_name(r, shown)} at ε = {r.epsilon:g}: {fmt_epsilon(r.epsilon_with_seeds)}" for r in costlier.itertuples())
             + f" ({', '.join(sorted(set(costlier.accountant.astype(str))))} accountant).")
+    text += released_sentence(shown)
     if len(baseline):
         best = baseline.sort_values("value", ascending=not task.higher_is_better).iloc[0]
         text += (f" Dashed: the best non-private configuration ({best.label}, {fmt_value(best.value, task.name)}), "
@@ -155,10 +192,48 @@ def metric_caption(grids, shown, baseline, dataset, k, task, series, budgets) ->
     return text
 
 
-def plot_learning_curve(grid_row, out_path: Path) -> list:
+BOTH_GRIDS = ("both grids together cover a model fine-tuned from a private checkpoint on the same data "
+              "(model.json's covered_by)")
+
+
+def release_kind(row) -> str:
+    """none: the grid released no model (no model/); beyond: its released model is covered by more than its mean
+    costs (fine-tuned from a private checkpoint on the same data); same: by the epsilon its mean costs."""
+    if not getattr(row, "released", False) == True:  # noqa: E712 (numpy's bool too; NaN, a row without it: none)
+        return "none"
+    mean_cost = getattr(row, "epsilon_with_seeds", None)
+    mean_cost = math.inf if mean_cost is None or mean_cost != mean_cost else float(mean_cost)
+    return "beyond" if float(row.epsilon_released) > mean_cost * (1 + 1e-9) else "same"
+
+
+UNRELEASED = "no model/: train.save_models=none, or the grid has not finished"
+
+
+def released_sentence(shown) -> str:
+    """What covers each point's released model (model/, as its sealed model.json states it), where that is more than
+    its mean costs, and which grids released none."""
+    kinds = {r.Index: release_kind(r) for r in shown.itertuples()}
+    beyond = [r for r in shown.itertuples() if kinds[r.Index] == "beyond"]
+    none = [r for r in shown.itertuples() if kinds[r.Index] == "none"]
+    text = ""
+    if beyond:
+        text += (" The released model of " + "; ".join(f"{grid_name(r, shown)} at ε = {r.epsilon:g} is covered by ε = "
+                                                        f"{fmt_epsilon(r.epsilon_released)}" for r in beyond)
+                 + f", more than its mean: {BOTH_GRIDS}.")
+    if len(shown) > len(beyond) + len(none):
+        text += f" {'Every other' if beyond else 'Each'} grid's released model is covered by the ε its mean costs."
+    if none:
+        text += (f" No released model ({UNRELEASED}): "
+                 + "; ".join(f"{grid_name(r, shown)} at ε = {r.epsilon:g}" for r in none) + ".")
+    return text
+
+
+def plot_learning_curve(grid_row, out_path: Path, variant: str = "") -> list:
     """The learning curve of a grid's best (or a selection's chosen) configuration: its runs' mean and one std, a
     panel below it for each quantity the strategy adapts (on a log axis, as their grids are: the same in every
-    figure), whole steps on the shared x axis from 0 to the last validation. PNG and PDF."""
+    figure), whole steps on the shared x axis from 0 to the last validation. PNG and PDF. `variant`: what tells this
+    grid from others of its cell (a fine-tuned grid from one from scratch), said in its title and caption. A run
+    validated once (T at most train.eval_every) has no curve: nothing is drawn, [] returned."""
     plt = pyplot()
     from matplotlib.ticker import MaxNLocator
 
@@ -177,6 +252,8 @@ def plot_learning_curve(grid_row, out_path: Path) -> list:
         runs &= curves.seed.isin(seeds)
     mine = curves[runs]
     stats = mine.groupby("step")[["value", "clip", "lr"]].agg(["mean", "std"])
+    if len(stats) < 2:  # one point is no curve: its value is the table's
+        return []
     adapts = [a for a in str(grid_row.adapts).split(",") if a in ("clip", "lr")]  # a panel per adapted quantity
     panels = [("value", tasks.get(grid_row.metric).unit)] + [(a, {"clip": "$C_t$", "lr": r"$\rho_t$"}[a]) for a in adapts]
     fig, axes = plt.subplots(len(panels), 1, figsize=(WIDTH, 1.45 * len(panels) + 0.55), sharex=True, squeeze=False)
@@ -184,13 +261,9 @@ def plot_learning_curve(grid_row, out_path: Path) -> list:
     last = int(stats.index.max())
     for ax, (column, label), color in zip(axes[:, 0], panels, ("C0", "C1", "C2")):
         mean, std = stats[column]["mean"], stats[column]["std"].fillna(0)
-        if len(mean) > 1:
-            ax.plot(mean.index, mean, color=color, marker=".", markersize=3, linewidth=1)
-            if n_seeds > 1:
-                ax.fill_between(mean.index, mean - std, mean + std, color=color, alpha=0.2, linewidth=0)
-        else:  # one validation (T < train.eval_every): a point with its spread
-            ax.errorbar(mean.index, mean, yerr=std if n_seeds > 1 else None, color=color, marker="o", markersize=3,
-                        capsize=2)
+        ax.plot(mean.index, mean, color=color, marker=".", markersize=3, linewidth=1)
+        if n_seeds > 1:
+            ax.fill_between(mean.index, mean - std, mean + std, color=color, alpha=0.2, linewidth=0)
         ax.set_ylabel(label)
         ax.grid(alpha=0.3)
         if column != "value":
@@ -200,11 +273,10 @@ def plot_learning_curve(grid_row, out_path: Path) -> list:
     axes[-1, 0].xaxis.set_major_locator(MaxNLocator(integer=True))
     scope = SCOPE.get(grid_row.budget, "ε per grid")
     title = (f"{grid_row.dataset}: {grid_row.label}, ε = {grid_row.epsilon:g} ({scope})" if grid_row.private
-             else f"{grid_row.dataset}: {grid_row.label} (non-private)")
-    axes[0, 0].set_title(title)
-    fig.tight_layout()
+             else f"{grid_row.dataset}: {grid_row.label} (non-private)") + (f"\n{variant}" if variant else "")
+    title = fitted_title(fig, axes[0, 0], title)
     fig.align_ylabels(axes[:, 0])
-    caption = curve_caption(grid_row, n_seeds, adapts, selection, len(stats))
+    caption = curve_caption(grid_row, n_seeds, adapts, selection, variant)
     written = save_both(fig, out_path.with_suffix(""), title, caption)
     plt.close(fig)
     return written
@@ -226,7 +298,7 @@ def log_axis(ax) -> None:
     ax.yaxis.set_minor_formatter(NullFormatter())
 
 
-def curve_caption(grid_row, n_seeds: int, adapts: list, selection: bool, validations: int) -> str:
+def curve_caption(grid_row, n_seeds: int, adapts: list, selection: bool, variant: str = "") -> str:
     which = "the configuration a random-stopping selection released" if selection else "the best configuration"
     hps = ", ".join(f"{AXIS_SYMBOL.get(a, a)} = {getattr(grid_row, a):.3g}" for a in str(grid_row.axes).split(",") if a)
     if grid_row.private:
@@ -236,12 +308,9 @@ def curve_caption(grid_row, n_seeds: int, adapts: list, selection: bool, validat
     else:
         budget = "non-private"
     seeds = f"{n_seeds} seed{'s' if n_seeds != 1 else ''}"
-    text = (f"{grid_row.dataset}, {grid_row.label} ({budget}, k = {grid_row.k}): test {grid_row.metric} of {which}, "
-            f"{grid_row.config_id} ({hps}), at each validation; the line is the mean over its {seeds}"
-            + (", the band one standard deviation over them." if n_seeds > 1 else "."))
-    if validations == 1:
-        text += (" A single validation: the run's T is shorter than its validation interval, so only its last "
-                 "step was validated.")
+    text = (f"{grid_row.dataset}, {grid_row.label}{f', {variant}' if variant else ''} ({budget}, k = {grid_row.k}): "
+            f"test {grid_row.metric} of {which}, {grid_row.config_id} ({hps}), at each validation; the line is the "
+            f"mean over its {seeds}" + (", the band one standard deviation over them." if n_seeds > 1 else "."))
     names = {"clip": "the clipping threshold C_t", "lr": "the learning rate ρ_t"}
     if adapts:
         text += (" The panels below show " + " and ".join(names[a] for a in adapts)
@@ -249,6 +318,11 @@ def curve_caption(grid_row, n_seeds: int, adapts: list, selection: bool, validat
     with_seeds = getattr(grid_row, "epsilon_with_seeds", None)
     if grid_row.private and with_seeds == with_seeds and with_seeds is not None:
         text += f" What this figure shows (a mean over seeds) is covered by ε = {fmt_epsilon(with_seeds)}."
+    if grid_row.private:
+        text += {"none": f" The grid released no model ({UNRELEASED}).",
+                 "same": " Its released model (model/) is covered by the same ε.",
+                 "beyond": f" Its released model (model/) is covered by ε = {fmt_epsilon(getattr(grid_row, 'epsilon_released', None))}: "
+                           f"{BOTH_GRIDS}."}[release_kind(grid_row)]
     return text
 
 

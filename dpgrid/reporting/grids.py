@@ -33,7 +33,7 @@ PRIVACY_FIGURES = ("noise_multiplier", "epsilon_spent", "epsilon_grid", "budget"
 SETTINGS = ("protocol", "delta", "epochs", "batch_size", "steps", "eval_every", "model", "start")
 COLUMNS = ["dataset", "strategy", "k", "epsilon", "delta", "weak_delta", "budget", "selection", "protocol", "epochs",
            "batch_size", "steps", "eval_every", "model", "start", "n_train", "epsilon_spent", "epsilon_grid", "epsilon_with_seeds",
-           "accountant", "sampling", "metric", "lr", "clip", "quantile", "config_id", "value", "std", "n_seeds", "status",
+           "released", "epsilon_released", "accountant", "sampling", "metric", "lr", "clip", "quantile", "config_id", "value", "std", "n_seeds", "status",
            "edge", "noise_multiplier", "n_configs", "configs_run", "runs_done", "runs_planned", "label", "private", "axes",
            "adapts", "dataset_epsilons", "config_hash", "path"]
 
@@ -96,7 +96,8 @@ def grid_row(folder: Path) -> dict:
                selection=plan.get("selection", "composition"), config_hash=plan.get("config_hash"),
                axes=",".join(axes), adapts=",".join(plan.get("adapts", [])),
                dataset_epsilons=",".join(f"{e:g}" for e in plan.get("dataset_epsilons", [])),
-               epsilon_with_seeds=epsilon_with_seeds(folder, plan, runs, privacy, procedure, noise_per_run))
+               epsilon_with_seeds=epsilon_with_seeds(folder, plan, runs, privacy, procedure, noise_per_run),
+               **release_of(folder, plan))
     released = procedure.table_release(folder, runs, plan, axes, tasks.get(metric).name)
     if released is not None:  # a selection: only what it releases
         return released_row(row, released, plan, axes)
@@ -112,6 +113,28 @@ def grid_row(folder: Path) -> dict:
     else:
         row.update(status=DIVERGED, value=math.nan, std=math.nan)
     return row
+
+
+def release_of(folder: Path, plan: dict) -> dict:
+    """Whether the grid released a model (model/), and the epsilon that covers it as its sealed statement says
+    (model.json's covered_by: a grid fine-tuned from a private checkpoint on the same data composes both grids' steps
+    there; NaN where no epsilon covers it, a non-private grid's). A statement edited since its seal, or sealed with
+    another plan.json, is refused (the grid is skipped in one line naming the file)."""
+    from dpgrid.results.statement import MODEL, STATEMENT, grid_plan, seal_of
+
+    path = folder / MODEL / STATEMENT
+    if not path.exists():  # train.save_models=none, a grid still training, a selection that released nothing
+        return {"released": False, "epsilon_released": math.nan}
+    record = read_json(path, "restore it from a copy, or run the grid's command again")
+    if not isinstance(record.get("seal"), dict) or record["seal"].get("statement") != seal_of(record)["statement"]:
+        raise DpgridError(f"{path} was edited after the release (it does not match its seal): the epsilon that "
+                          "covers the model cannot be vouched for; restore it from a copy")
+    if record.get("plan") != grid_plan(plan):
+        raise DpgridError(f"{path} was sealed with another plan.json (a model/ from another grid, or plan.json was "
+                          "edited): the epsilon that covers the model cannot be vouched for")
+    covered = record.get("covered_by")
+    epsilon = covered.get("epsilon") if isinstance(covered, dict) else None
+    return {"released": True, "epsilon_released": float(epsilon) if isinstance(epsilon, (int, float)) else math.nan}
 
 
 def training_settings(folder: Path, runs: pd.DataFrame, plan: dict, private: bool, noise_per_run: bool) -> dict:

@@ -176,8 +176,9 @@ def start_line(start) -> str:
     """What a fine-tuning grid's runs start from and train, in one line (dpgrid plan, the plan header)."""
     provenance = start.init_provenance
     parts = [f"from {start.init} (sha256 {start.init_sha256[:12]}, {provenance.words() if provenance is not None else 'public'}"
-             + ("; on the same data the release is covered by both grids together" if provenance is not None
-                and provenance.private else "") + ")" if start.init else "from the model's random start"]
+             + ("; where the checkpoint's data is this grid's data, both grids together cover the release, else each "
+                "epsilon covers its own data" if provenance is not None and provenance.private else "") + ")"
+             if start.init else "from the model's random start"]
     if start.lora_rank:
         parts.append(f"LoRA rank {start.lora_rank}, alpha {start.lora_alpha:g} on {', '.join(start.lora_targets)} "
                      "(released merged)")

@@ -66,31 +66,31 @@ def defaults(overrides: list) -> tuple:
     from dpgrid.config.compose import compose
 
     try:
-        cfg = compose(overrides)
+        composed = compose(overrides)
     except DpgridError as e:  # a bad override: the help still prints, with the defaults as conf/ writes them
         return None, f" as conf/config.yaml writes it; the overrides given do not compose ({e})"
-    return cfg, f" with dataset={cfg.dataset.name}"
+    return composed, f" with dataset={composed.dataset.name}"
 
 
-def settings(cfg=None) -> str:
+def settings(composed=None) -> str:
     """Every setting of conf/config.yaml with its default and its one-line comment, then those a protocol
-    sets: the comments in conf/ are the documentation, read here rather than copied. `cfg`: a composed config whose
+    sets: the comments in conf/ are the documentation, read here rather than copied. `composed`: a composed config whose
     values replace the interpolations conf/config.yaml writes (a dataset's default epsilon, its epochs)."""
     text = (Path(config_dir()) / "config.yaml").read_text()
     groups = re.findall(r"^  - ([\w/]+): (\w+)\s*#\s*(.*)$", text, re.M)  # the documented groups of the defaults list
     lines = ["  {} = {}: {}".format(group.replace("/", "."), *rest) for group, *rest in groups]
-    lines += [f"  {key} = {resolved(cfg, key, value)}: {comment}" for key, value, comment in documented(text)]
+    lines += [f"  {key} = {resolved(composed, key, value)}: {comment}" for key, value, comment in documented(text)]
     return "\n".join(lines + protocol_settings(groups) + selection_settings())
 
 
-def resolved(cfg, key: str, written: str) -> str:
+def resolved(composed, key: str, written: str) -> str:
     """A setting's default as the composed config has it, where conf/ writes it as an interpolation
     (${oc.select:dataset.default_epsilon,3}); else as written."""
-    if cfg is None or "${" not in written:
+    if composed is None or "${" not in written:
         return written
     from omegaconf import OmegaConf
 
-    value = OmegaConf.select(cfg, key, default=written)
+    value = OmegaConf.select(composed, key, default=written)
     return {True: "true", False: "false", None: "null"}.get(value, str(value)) if not isinstance(value, float) \
         else f"{value:g}"
 

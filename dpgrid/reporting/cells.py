@@ -50,17 +50,17 @@ def budget_note(grids: pd.DataFrame) -> str:
     return ("Budgets side by side: " if len(notes) > 1 else "") + "; ".join(notes)
 
 
-# how a table names a setting that differs between its grids (grids.SETTINGS), in its key column, its caption and the
-# figures' titles
+# what makes two grids' values comparable, beside the budget: a table shows grids that differ in one of these on
+# separate rows (dpgrid.reporting.grids reads them), naming it as SETTING_NAMES does in its key column, its caption and
+# the figures' titles
+SETTINGS = ("protocol", "delta", "epochs", "batch_size", "steps", "eval_every", "model", "start")
 SETTING_NAMES = {"protocol": "protocol", "delta": "δ", "epochs": "epochs", "batch_size": "B", "steps": "T",
                  "eval_every": "eval. every", "model": "model", "start": "start"}
 
 
 def variant_words(row, grids: pd.DataFrame) -> str:
     """What a grid trained that others of `grids` did not, in words ('' where they all trained alike): each setting
-    that differs among them (grids.SETTINGS), its start (a checkpoint, a part, LoRA) in its own words."""
-    from dpgrid.reporting.grids import SETTINGS
-
+    that differs among them (SETTINGS), its start (a checkpoint, a part, LoRA) in its own words."""
     return "; ".join(str(getattr(row, key)) if key == "start" else f"{SETTING_NAMES[key]} {fmt_setting(getattr(row, key))}"
                      for key in SETTINGS if key in grids and grids[key].astype(str).nunique() > 1)
 

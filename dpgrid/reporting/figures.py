@@ -8,7 +8,6 @@ and the PDF's Subject) a caption that says what the points and bars are and what
 Each is rendered in memory and written whole (write-then-rename)."""
 
 import io
-import math
 import re
 from pathlib import Path
 
@@ -17,6 +16,8 @@ import pandas as pd
 from dpgrid.data import tasks
 from dpgrid.config.grid import AXIS_SYMBOL
 from dpgrid.reporting.cells import budget_note, fmt_epsilon, fmt_value, grid_name, private_strategies, variant_words
+from dpgrid.reporting.layout import fitted_title, legend_below
+from dpgrid.reporting.releases import curve_sentence, figure_sentence
 from dpgrid.results.files import read_frame, write_atomic
 
 DODGE = 0.012  # the shift apart of points at one epsilon, as a fraction of the x axis's span
@@ -127,50 +128,6 @@ def plot_metric_vs_epsilon(grids, dataset, k, metric, out_base: Path) -> list:
     return paths
 
 
-LEGEND_ROW = 0.17  # inches a legend row adds below a metric figure's axes (7-point text)
-
-
-def legend_below(fig, ax) -> None:
-    """The axes' entries in a legend below them, laid out to fit the figure's width (a paper's column): two entries a
-    row where they fit, else one, else each label wrapped onto lines of its own; the figure grows by its rows."""
-    import textwrap
-
-    handles, labels = ax.get_legend_handles_labels()
-    base = fig.get_size_inches()[1]
-    for columns, width in ((2, None), (1, None), (1, 40), (1, 30), (1, 22)):
-        for legend in fig.legends[:]:
-            legend.remove()
-        texts = [textwrap.fill(label, width) if width else label for label in labels]
-        lines = sum(max(text.count("\n") + 1 for text in texts[i:i + columns]) for i in range(0, len(texts), columns))
-        fig.set_size_inches(WIDTH, base + LEGEND_ROW * lines)
-        legend = fig.legend(handles, texts, loc="outside lower center", ncol=columns, frameon=False, handlelength=2.5)
-        if inside(fig, legend):
-            return
-
-
-def inside(fig, *artists) -> bool:
-    """Whether every artist, as the figure draws now, lies within the figure (nothing cut at its edges)."""
-    fig.canvas.draw()
-    renderer, box = fig.canvas.get_renderer(), fig.bbox
-    extents = [artist.get_window_extent(renderer) for artist in artists]
-    return all(box.x0 - 0.5 <= e.x0 and e.x1 <= box.x1 + 0.5 and box.y0 - 0.5 <= e.y0 and e.y1 <= box.y1 + 0.5
-               for e in extents)
-
-
-def fitted_title(fig, ax, title: str) -> str:
-    """The title as it fits the figure's width: whole, else wrapped at word boundaries (the figure laid out again for
-    each try); returns the text set."""
-    import textwrap
-
-    for width in (None, 56, 46, 38, 30):
-        text = "\n".join(textwrap.fill(line, width) if width else line for line in title.split("\n"))
-        ax.set_title(text)
-        fig.tight_layout()
-        if inside(fig, ax.title):
-            break
-    return text
-
-
 def metric_caption(grids, shown, baseline, dataset, k, task, series, budgets) -> str:
     delta = delta_phrase(shown)
     text = (f"{dataset}, k = {k}: test {task.unit} of each strategy's best configuration against the target ε of its "
@@ -184,47 +141,11 @@ def metric_caption(grids, shown, baseline, dataset, k, task, series, budgets) ->
         text += (" Each point is a mean over seeds, which costs more than the target ε: " + "; ".join(
             f"{grid_name(r, shown)} at ε = {r.epsilon:g}: {fmt_epsilon(r.epsilon_with_seeds)}" for r in costlier.itertuples())
             + f" ({', '.join(sorted(set(costlier.accountant.astype(str))))} accountant).")
-    text += released_sentence(shown)
+    text += figure_sentence(shown)
     if len(baseline):
         best = baseline.sort_values("value", ascending=not task.higher_is_better).iloc[0]
         text += (f" Dashed: the best non-private configuration ({best.label}, {fmt_value(best.value, task.name)}), "
                  "which no ε covers.")
-    return text
-
-
-BOTH_GRIDS = ("both grids together cover a model fine-tuned from a private checkpoint on the same data "
-              "(model.json's covered_by)")
-
-
-def release_kind(row) -> str:
-    """none: the grid released no model (no model/); beyond: its released model is covered by more than its mean
-    costs (fine-tuned from a private checkpoint on the same data); same: by the epsilon its mean costs."""
-    if not getattr(row, "released", False) == True:  # noqa: E712 (numpy's bool too; NaN, a row without it: none)
-        return "none"
-    mean_cost = getattr(row, "epsilon_with_seeds", None)
-    mean_cost = math.inf if mean_cost is None or mean_cost != mean_cost else float(mean_cost)
-    return "beyond" if float(row.epsilon_released) > mean_cost * (1 + 1e-9) else "same"
-
-
-UNRELEASED = "no model/: train.save_models=none, or the grid has not finished"
-
-
-def released_sentence(shown) -> str:
-    """What covers each point's released model (model/, as its sealed model.json states it), where that is more than
-    its mean costs, and which grids released none."""
-    kinds = {r.Index: release_kind(r) for r in shown.itertuples()}
-    beyond = [r for r in shown.itertuples() if kinds[r.Index] == "beyond"]
-    none = [r for r in shown.itertuples() if kinds[r.Index] == "none"]
-    text = ""
-    if beyond:
-        text += (" The released model of " + "; ".join(f"{grid_name(r, shown)} at ε = {r.epsilon:g} is covered by ε = "
-                                                        f"{fmt_epsilon(r.epsilon_released)}" for r in beyond)
-                 + f", more than its mean: {BOTH_GRIDS}.")
-    if len(shown) > len(beyond) + len(none):
-        text += f" {'Every other' if beyond else 'Each'} grid's released model is covered by the ε its mean costs."
-    if none:
-        text += (f" No released model ({UNRELEASED}): "
-                 + "; ".join(f"{grid_name(r, shown)} at ε = {r.epsilon:g}" for r in none) + ".")
     return text
 
 
@@ -318,12 +239,7 @@ def curve_caption(grid_row, n_seeds: int, adapts: list, selection: bool, variant
     with_seeds = getattr(grid_row, "epsilon_with_seeds", None)
     if grid_row.private and with_seeds == with_seeds and with_seeds is not None:
         text += f" What this figure shows (a mean over seeds) is covered by ε = {fmt_epsilon(with_seeds)}."
-    if grid_row.private:
-        text += {"none": f" The grid released no model ({UNRELEASED}).",
-                 "same": " Its released model (model/) is covered by the same ε.",
-                 "beyond": f" Its released model (model/) is covered by ε = {fmt_epsilon(getattr(grid_row, 'epsilon_released', None))}: "
-                           f"{BOTH_GRIDS}."}[release_kind(grid_row)]
-    return text
+    return text + (curve_sentence(grid_row) if grid_row.private else "")
 
 
 def released_seeds(grid_row):

@@ -19,6 +19,8 @@ from dpgrid.results.procedure import procedure_of
 from dpgrid.results.files import read_json
 from dpgrid.results.runs import REPAIR, read_runs, same, summarize
 from dpgrid.results.seal import check as check_sealed
+from dpgrid.reporting.cells import SETTINGS
+from dpgrid.reporting.releases import release_of
 
 DIVERGED, NOT_DP = "all seeds diverged", "not DP (sampling=shuffle)"
 NOTHING_SELECTED, SELECTION = "no candidate drawn or converged", "selection"  # random-stopping grids' budget
@@ -28,9 +30,6 @@ PLAN_KEYS = ("dataset", "strategy", "k", "epsilon", "n_configs", "configurations
 RUN_COLUMNS = ("dataset", "strategy", "metric", "epsilon", "k", "config_id", "seed", "noise_multiplier", "budget",
                "accountant", "epsilon_spent", "epsilon_grid", "sampling", "protocol", "steps", "best_value", "diverged")
 PRIVACY_FIGURES = ("noise_multiplier", "epsilon_spent", "epsilon_grid", "budget", "sampling", "accountant")
-# what makes two grids' values comparable, beside the budget: a table shows grids that differ in one of these on
-# separate rows, naming it (tables.SETTINGS says how)
-SETTINGS = ("protocol", "delta", "epochs", "batch_size", "steps", "eval_every", "model", "start")
 COLUMNS = ["dataset", "strategy", "k", "epsilon", "delta", "weak_delta", "budget", "selection", "protocol", "epochs",
            "batch_size", "steps", "eval_every", "model", "start", "n_train", "epsilon_spent", "epsilon_grid", "epsilon_with_seeds",
            "released", "epsilon_released", "accountant", "sampling", "metric", "lr", "clip", "quantile", "config_id", "value", "std", "n_seeds", "status",
@@ -113,28 +112,6 @@ def grid_row(folder: Path) -> dict:
     else:
         row.update(status=DIVERGED, value=math.nan, std=math.nan)
     return row
-
-
-def release_of(folder: Path, plan: dict) -> dict:
-    """Whether the grid released a model (model/), and the epsilon that covers it as its sealed statement says
-    (model.json's covered_by: a grid fine-tuned from a private checkpoint on the same data composes both grids' steps
-    there; NaN where no epsilon covers it, a non-private grid's). A statement edited since its seal, or sealed with
-    another plan.json, is refused (the grid is skipped in one line naming the file)."""
-    from dpgrid.results.statement import MODEL, STATEMENT, grid_plan, seal_of
-
-    path = folder / MODEL / STATEMENT
-    if not path.exists():  # train.save_models=none, a grid still training, a selection that released nothing
-        return {"released": False, "epsilon_released": math.nan}
-    record = read_json(path, "restore it from a copy, or run the grid's command again")
-    if not isinstance(record.get("seal"), dict) or record["seal"].get("statement") != seal_of(record)["statement"]:
-        raise DpgridError(f"{path} was edited after the release (it does not match its seal): the epsilon that "
-                          "covers the model cannot be vouched for; restore it from a copy")
-    if record.get("plan") != grid_plan(plan):
-        raise DpgridError(f"{path} was sealed with another plan.json (a model/ from another grid, or plan.json was "
-                          "edited): the epsilon that covers the model cannot be vouched for")
-    covered = record.get("covered_by")
-    epsilon = covered.get("epsilon") if isinstance(covered, dict) else None
-    return {"released": True, "epsilon_released": float(epsilon) if isinstance(epsilon, (int, float)) else math.nan}
 
 
 def training_settings(folder: Path, runs: pd.DataFrame, plan: dict, private: bool, noise_per_run: bool) -> dict:

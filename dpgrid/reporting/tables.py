@@ -14,6 +14,7 @@ RESULTS_DIR/tables/). Every grid is read and vouched for first (dpgrid.reporting
 Missing cells are "–" with the reason in a footnote, never zero.
 """
 
+import hashlib
 from pathlib import Path
 
 import numpy as np
@@ -23,8 +24,10 @@ from dpgrid import DpgridError
 from dpgrid.data import tasks
 from dpgrid.config.grid import AXIS_SYMBOL
 from dpgrid.reporting.cells import (ACCOUNTANT_NAMES, NOT_RUN, SETTING_NAMES, Column, Table, budget_note, fmt_hp,
-                                    fmt_setting, fmt_value, grid_name, private_strategies, to_csv_frame, to_latex, to_markdown)
+                                    fmt_setting, fmt_value, grid_name, private_strategies, to_csv_frame, to_latex, to_markdown,
+                                    variant_words)
 from dpgrid.reporting.grids import NOT_DP, SELECTION, SETTINGS, collect
+from dpgrid.reporting.releases import covered_beyond, table_note, unreleased_words
 from dpgrid.reporting.comparison import claims, claims_markdown, comparison, comparison_markdown
 from dpgrid.reproduction.paper import hyperparameters_only, paper_results
 from dpgrid.results.files import check_writable, environment, write_atomic, write_csv
@@ -49,11 +52,12 @@ def paper_table(grids: pd.DataFrame, dataset: str, k: int, with_values: bool) ->
                       key=lambda key: (key[0], *(natural(v) for v in key[1:])))
     costlier = private[private.epsilon_with_seeds.astype(float) > private.epsilon_grid.astype(float) * (1 + 1e-9)]
     per_run = (private.budget == "per_run").any()
-    beyond = released_beyond(private, bool(len(costlier)))
+    ok = private[private.status == "ok"]
+    beyond = covered_beyond(ok, ok.epsilon_with_seeds if len(costlier) else ok.epsilon)  # more than the row shows
     caption = (f"{dataset}, k = {k}: each strategy's best configuration per privacy level ε"
                + (f", with its test {task.unit} ({over_seeds(private)}; the best of each row in bold)" if with_values
                   else "") + f". {budget_note(grids)}. {settings_note(private, varying)} "
-               + release_note(private, bool(len(beyond)), bool(len(costlier)))).strip()
+               + table_note(private, bool(len(beyond)), bool(len(costlier)))).strip()
     table = Table(title=f"{dataset}, k = {k}", caption=caption, label=label, metric=metric,
                   keys=[Column("ε", "key", "ε")] + [Column(SETTING_NAMES.get(c, c), "key", c) for c in varying])
     table.rows = [{"ε": f"{key[0]:g}", **dict(zip(varying, key[1:]))} for key in row_keys]
@@ -88,27 +92,6 @@ def paper_table(grids: pd.DataFrame, dataset: str, k: int, with_values: bool) ->
         mark_best(table, task)
     table.notes = footnotes(grids, private, not_dp, costlier, notes, metric)
     return table
-
-
-def released_beyond(private: pd.DataFrame, seeds_shown: bool) -> pd.DataFrame:
-    """The grids whose released model is covered by more than their row shows (its ε seeds where that column is
-    shown, else its ε): a grid fine-tuned from a private checkpoint on the same data, covered by both grids together.
-    A table with one shows an ε model column."""
-    ok = private[(private.status == "ok") & private.released.fillna(False).astype(bool)]
-    shown = (ok.epsilon_with_seeds if seeds_shown else ok.epsilon).astype(float)
-    return ok[ok.epsilon_released.astype(float) > shown * (1 + 1e-9)]
-
-
-def release_note(private: pd.DataFrame, model_column: bool, seeds_shown: bool) -> str:
-    """What covers each grid's released model (model/, as its sealed model.json states it), in the caption."""
-    ok = private[private.status == "ok"]
-    if not ok.released.fillna(False).astype(bool).any():
-        return ""  # a footnote names the grids that released nothing
-    if model_column:
-        return ("ε model: the ε that covers each grid's released model (model.json's covered_by); a grid fine-tuned "
-                "from a private checkpoint on the same data is covered by both grids together, more than its own ε.")
-    return ("Each grid's released model (model/) is covered by the ε its row shows"
-            + (" (its ε seeds)." if seeds_shown else "."))
 
 
 def grids_name(grids: pd.DataFrame) -> str:
@@ -174,11 +157,7 @@ def mark_best(table: Table, task) -> None:
 
 def footnotes(grids, private, not_dp, costlier, missing: dict, metric: str) -> list:
     notes = [f"–: {reason}: {'; '.join(cells)}" for reason, cells in missing.items()]
-    unreleased = private[(private.status == "ok") & ~private.released.fillna(False).astype(bool)]
-    if len(unreleased):
-        notes.append("No released model (no model/: train.save_models=none, or the grid has not finished), so no ε "
-                     "covers a model of: " + "; ".join(f"{grid_name(r, private)} at ε = {r.epsilon:g}"
-                                                        for r in unreleased.itertuples()) + ".")
+    notes.extend(filter(None, [unreleased_words(private[private.status == "ok"], private)]))  # '' where all released
     if len(costlier):
         notes.append(SEEDS_NOTE + " (" + ", ".join(sorted({ACCOUNTANT_NAMES.get(r.accountant, r.accountant)
                                                            for r in costlier.itertuples()})) + ").")
@@ -295,9 +274,6 @@ def write_one_table(g, dataset, k, out: Path, paper, figures: bool, report=print
 def write_curves(g, dataset, k, out: Path, report=print) -> list:
     """Each grid's learning-curve figure (its own where grids of one cell were trained differently, its title and
     caption saying how); grids whose runs were validated once have none, and are named in one line."""
-    import hashlib
-
-    from dpgrid.reporting.cells import variant_words
     from dpgrid.reporting.figures import plot_learning_curve
 
     written, single = [], []

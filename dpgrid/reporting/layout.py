@@ -18,7 +18,7 @@ def legend_below(fig, ax) -> None:
         lines = sum(max(text.count("\n") + 1 for text in texts[i:i + columns]) for i in range(0, len(texts), columns))
         fig.set_size_inches(fig.get_size_inches()[0], base + LEGEND_ROW * lines)
         legend = fig.legend(handles, texts, loc="outside lower center", ncol=columns, frameon=False, handlelength=2.5)
-        if inside(fig, legend):
+        if legend.get_window_extent(fig.canvas.get_renderer()).width <= fig.bbox.width - 1:  # centred on the figure
             return
 
 
@@ -31,13 +31,20 @@ def inside(fig, *artists) -> bool:
                for e in extents)
 
 
+TITLE_SHARE = 0.8  # of the figure's width a title may take before it is laid out: its axes sit right of centre
+
+
 def fitted_title(fig, ax, title: str) -> str:
-    """The title as it fits the figure's width: whole, else wrapped at word boundaries (the figure laid out again for
-    each try); returns the text set."""
+    """The title as it fits the figure's width: whole, else wrapped at word boundaries; a try whose text alone is
+    wider than TITLE_SHARE of the figure is not laid out (each layout and drawing costs a quarter second), the others
+    are, and checked drawn. Returns the text set."""
     for width in (None, 56, 46, 38, 30):
         text = "\n".join(textwrap.fill(line, width) if width else line for line in title.split("\n"))
         ax.set_title(text)
+        if ax.title.get_window_extent(fig.canvas.get_renderer()).width > TITLE_SHARE * fig.bbox.width:
+            continue
         fig.tight_layout()
         if inside(fig, ax.title):
-            break
+            return text
+    fig.tight_layout()
     return text

@@ -104,4 +104,8 @@ def test_a_refusal_a_noise_split_makes_names_settings_the_user_can_change():
     # fixed_quantile's count query needs nu < 2 sigma_b: a refusal of the strategy itself, in its own keys
     r = dpgrid("plan", "strategy=fixed_quantile", "privacy.epsilon=0.1", "train.epochs=1")
     assert r.returncode == 2 and one_line(r.stderr)
-    assert "strategy.count_noise_divisor" in r.stderr and "batch size" in r.stderr
+    assert "raise privacy.epsilon or train.batch_size" in r.stderr
+    divisor = float(r.stderr.rstrip().rpartition("strategy.count_noise_divisor below ")[2])
+    lower = dpgrid("plan", "strategy=fixed_quantile", "privacy.epsilon=0.1", "train.epochs=1",
+                   f"strategy.count_noise_divisor={divisor * 0.99:.3g}")  # the advice, followed, plans
+    assert lower.returncode == 0, lower.stderr

@@ -30,7 +30,7 @@ from dpgrid.results.procedure import Phase, procedure_of, seed_names
 from dpgrid.privacy.randomness import SecureRandom, derive_seed
 from dpgrid.results import ledger, seal, study
 from dpgrid.results.release import check_release, final_weights, keep_weights, release_when_finished
-from dpgrid.reporting.console import log, plan_header, report_run, say, say_methods
+from dpgrid.reporting.console import plan_header, report_run, say, say_methods
 from dpgrid.results.claim import claim
 from dpgrid.results.runs import commit_run, plan_record, run_ids, write_header
 from dpgrid.strategies.base import Noise, Progress
@@ -307,7 +307,7 @@ def refuse_or_resume(out: Path, spec, found: str) -> None:
 
 def proved_engine(spec, data, checkpoint: dict = None) -> EngineChoice:
     """The engine the grid trains with, proved on its first batch of public examples (dpgrid.training.proof): said in
-    cli.log."""
+    one line on the console and in cli.log."""
     model = initial_model(spec, 0, data.x_train.device, checkpoint)
     could_stack = (spec.observer is None and spec.train.parallel_runs != "1"
                    and not why_not_stacked(model, spec.strategy_cls))
@@ -318,7 +318,7 @@ def proved_engine(spec, data, checkpoint: dict = None) -> EngineChoice:
                         (lambda size: capacity(size, plan.batch_size)) if padded else None)
     choice = choose_engine(model, data.task, data.x_test, data.y_test, setting, could_stack, spec.train.parallel_runs,
                            sizes)
-    log(choice.said)
+    say(choice.said)
     return choice
 
 
@@ -382,7 +382,7 @@ def stacking(spec, data, runs: int, engine: EngineChoice = None, checkpoint: dic
     size, why = group_size(spec.train.parallel_runs, initial_model(spec, 0, device, checkpoint), spec.strategy_cls, runs,
                            spec.plan.batch_size, device, data.x_train[:1])
     if engine is not None and not engine.stacks and size > 1:
-        size, why = 1, "the stacked engine did not prove itself on the first batch (cli.log)"
+        size, why = 1, "the stacked engine did not prove itself on the first batch (the per-sample engine line above)"
     size = procedure.group_limit(spec.plan.seeds, size)
     if why and runs > 1 and spec.train.parallel_runs != "1":
         say(f"train.parallel_runs: one run at a time: {why}")

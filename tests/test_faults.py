@@ -38,7 +38,8 @@ def dpgrid(*args, fail_at=None, error="ENOSPC"):
 
 
 def progress(line: str) -> bool:
-    return (": run " in line or line.startswith(("plan: ", "train.parallel_runs", "nothing to train:"))) \
+    return (": run " in line or line.startswith(("plan: ", "per-sample engine: ", "train.parallel_runs",
+                                                 "nothing to train:"))) \
         and not line.startswith("dpgrid:")
 
 

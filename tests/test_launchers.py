@@ -98,6 +98,7 @@ case "$FAKE_SLURM" in
   requeued) [ "$(wc -l < "$calls")" -le 4 ] && { echo "${FAKE_SLURM_ID}_0|PENDING|BeginTime";
                                                 echo "${FAKE_SLURM_ID}_1|PENDING|BeginTime"; };;
   pending) echo "${FAKE_SLURM_ID}_0|PENDING|Priority"; echo "${FAKE_SLURM_ID}_1|PENDING|Priority";;
+  mixed) echo "${FAKE_SLURM_ID}_0|RUNNING|None"; echo "${FAKE_SLURM_ID}_1|PENDING|Priority";;
   never) echo "${FAKE_SLURM_ID}_0|PENDING|PartitionConfig"; echo "${FAKE_SLURM_ID}_1|PENDING|QOSMaxCpuPerJobLimit";;
   none)  # right after submission SLURM has no reason yet; an array waiting whole is one collapsed line without -r
     case "$*" in *-r*) echo "${FAKE_SLURM_ID}_0|PENDING|None"; echo "${FAKE_SLURM_ID}_1|PENDING|None";;
@@ -237,8 +238,8 @@ def test_a_job_that_ran_out_of_time_names_the_setting_and_how_to_resume(slurm, t
     lines = r.stderr.strip().splitlines()
     assert len(lines) == 2 and lines[1] == (
         "dpgrid: error: 2 of 2 SLURM job(s) ended before their grid finished: 2 jobs (4251_0 (privacy.epsilon=3), "
-        "4251_1 (privacy.epsilon=5)) ran out of time (raise hydra.launcher.timeout_min=3); the same command resumes "
-        "them (finished runs are kept)"), r.stderr
+        "4251_1 (privacy.epsilon=5)) ran out of time (its limit, hydra.launcher.timeout_min, was 3 minutes: raise it); "
+        "the same command resumes them (finished runs are kept)"), r.stderr
     assert "results:" not in r.stdout and "no summary" not in r.stdout
 
 
@@ -301,6 +302,40 @@ def test_a_resume_never_queues_a_grid_whose_job_is_still_queued(slurm, tmp_path)
     assert "2 grid(s) of this sweep are still queued or running as SLURM job(s) of an earlier submission (4254_0, " \
            "4254_1); nothing was queued again: wait for them (squeue -j 4254), or cancel them (scancel 4254)" in r.stderr
     assert (tmp_path / "sbatch.log").read_text() == submitted
+
+
+def test_a_resume_while_one_job_runs_and_one_pends_names_them_not_the_lock(slurm, tmp_path):
+    """The running job holds its grid's lock: the resume names both jobs with squeue and scancel, as when both pend,
+    never "another dpgrid process is writing" (whose advice, another directory, would train the grid twice)."""
+    from dpgrid.results.files import locked
+
+    sweep = tmp_path / "sweep"
+    outs = [sweep / "digits" / "fixed_threshold" / f"eps{e}" / "k2" for e in (3, 5)]
+    slurm_module.record_jobs(sweep, {outs[0]: "4300_0", outs[1]: "4300_1"})  # as the first submission recorded them
+    slurm("mixed", 4300)  # 4300_0 running, 4300_1 pending
+    outs[0].mkdir(parents=True)
+    with locked(outs[0]):  # the running job's hold
+        r = dpgrid("run", *SWEEP, f"hydra.sweep.dir={sweep}")
+    assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1, r.stderr
+    assert "another dpgrid process" not in r.stderr
+    assert "2 grid(s) of this sweep are still queued or running as SLURM job(s) of an earlier submission (4300_0, " \
+           "4300_1); nothing was queued again: wait for them (squeue -j 4300), or cancel them (scancel 4300)" in r.stderr
+    assert not (tmp_path / "sbatch.log").exists()
+
+
+@pytest.mark.parametrize("memory, gigabytes", [("4GB", 4), ("4G", 4), ("1536M", 2), ("1T", 1024)])
+def test_memory_with_a_unit_is_refused_with_advice_that_works_when_followed(slurm, tmp_path, memory, gigabytes):
+    slurm("pending", 4301)
+    args = [*SWEEP, f"hydra.sweep.dir={tmp_path / 'sweep'}"]
+    r = dpgrid("run", *args, f"+hydra.launcher.mem={memory}")
+    assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1, r.stderr
+    advice = f"hydra.launcher.mem_gb={gigabytes}"
+    assert f"set {advice}" in r.stderr and "megabytes" not in r.stderr, r.stderr
+    slurm("cancel", 4302)  # followed: the jobs are queued (and end as the fake SLURM says), asking for those gigabytes
+    r = dpgrid("run", *args, advice)
+    assert "submitted 2 SLURM job(s)" in r.stderr, r.stderr
+    script = next((tmp_path / "sweep" / ".submitit").rglob("*submission_file*")).read_text()
+    assert f"#SBATCH --mem={gigabytes}GB" in script
 
 
 @pytest.mark.parametrize("override, message", [

@@ -144,7 +144,7 @@ def test_bad_selection_settings_are_one_line(overrides, message, tmp_path):
 def test_an_unreachable_selection_says_what_is_reachable():
     cfg = load_cfg("digits", "fixed_threshold", **{"grid.k": 3, "privacy.selection": "random_stopping",
                                                  "privacy.epsilon": 0.005})
-    with pytest.raises(DpgridError, match=r"unreachable .* spends epsilon = [\d.]+; raise epsilon above that"):
+    with pytest.raises(DpgridError, match=r"unreachable .* spends epsilon = [\d.]+; raise privacy.epsilon above that"):
         compile(cfg, 1437)
 
 

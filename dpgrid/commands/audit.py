@@ -98,11 +98,16 @@ HELP = ("usage: dpgrid audit [--canaries M] [--threat white_box|black_box] [--co
         "coin, and a measured lower bound on epsilon beside the epsilon its plan claims (docs/audit.md); white_box "
         "(default): gradient canaries, the attacker sees every step; black_box: mislabelled test examples, the "
         "attacker sees the released model only; --confidence of the bound (default 0.95); --seed S repeats an audit's "
-        "coins; the audit writes into its own directory (hydra.run.dir, default audits/...) and exits 1 when the "
-        "bound exceeds the claim")
+        "coins; the audit writes into its own directory (hydra.run.dir, default audits/...) and says in words "
+        "whether the claim and the mechanism stand; it exits 1 when either does not: the bound exceeds the claimed "
+        "epsilon (the claim is falsified), or the white box's mechanism test finds the noise, a canary's "
+        "contribution, the sampling or the noise's shape differing from the plan; 0 when both stand, 2 on bad input")
 
 
 def audit_command(args: list) -> int:
+    if {"-h", "--help"} & set(args):  # before the imports: torch, the training loop and the bounds cost seconds
+        print(HELP)
+        return 0
     from dpgrid.audit.bound import audit_scores, fdp_scores
     from dpgrid.audit.mechanism import summary_line as mechanism_line
     from dpgrid.audit.canaries import AuditSpec, draw_coins
@@ -111,9 +116,6 @@ def audit_command(args: list) -> int:
     from dpgrid.data import load
     from dpgrid.runner import train
 
-    if {"-h", "--help"} & set(args):
-        print(HELP)
-        return 0
     options, overrides = parse(args)
     cfg = compose(overrides, with_hydra=True)
     checked = compile(cfg, plan=False)
@@ -171,7 +173,31 @@ def audit_command(args: list) -> int:
     if falsified:
         print(f"dpgrid: warning: the measured lower bound exceeds the claimed epsilon: the claim is falsified at "
               f"{confidence:.0%} confidence", file=sys.stderr)
+    print(verdict_line(record))
     return 1 if falsified or (record["mechanism"] or {}).get("verdict") == "differs" else 0
+
+
+def verdict_line(record: dict) -> str:
+    """In words, whether the claim and the mechanism stand (the audit's exit status follows it)."""
+    claimed, bound = record["epsilon_claimed"], record["epsilon_lower_bound"]
+    confidence = f"{record['confidence']:.0%} confidence"
+    if claimed is None:
+        claim = "no epsilon is claimed, so none is tested"
+    elif bound > claimed:
+        claim = (f"the claim does NOT stand: the lower bound {bound:.3g} exceeds the claimed epsilon {claimed:.4g} at "
+                 f"{confidence}")
+    else:
+        claim = (f"the claim stands: the lower bound {bound:.3g} does not exceed the claimed epsilon {claimed:.4g} (one "
+                 "attack's evidence, not a proof of the claim)")
+    mechanism = record["mechanism"]
+    if mechanism is None:
+        works = "the mechanism was not tested (only the white box tests it: --threat white_box)"
+    elif mechanism.get("verdict") == "differs":
+        works = f"the mechanism does NOT stand: it differs from the plan at {confidence} (the line above says where)"
+    else:
+        works = "the mechanism stands: what was measured of it is as planned"
+    failed = (claimed is not None and bound > claimed) or (mechanism or {}).get("verdict") == "differs"
+    return f"verdict: {claim}; {works}" + (" (exit 1)" if failed else "")
 
 
 def grid_runs(spec, grid: Path):

@@ -200,15 +200,15 @@ def taken(args: list, flag: str, usage: str) -> list:
 
 
 def tables_command(args: list) -> None:
-    from dpgrid.reporting.tables import write_tables
-    from dpgrid.results.files import directory_setting
-
     usage = "usage: dpgrid tables [--mix-budgets] [--out DIR] [RESULTS_DIR]"
     if {"-h", "--help"} & set(args):
         print(f"{usage}\n\npaper-style tables and figures of every grid under RESULTS_DIR (default outputs) into "
               "DIR (default RESULTS_DIR/tables: a read-only or shared results tree is tabled elsewhere with --out); "
               "--mix-budgets puts grids of different budgets (per_grid, per_run, selection) in one table")
         return
+    from dpgrid.reporting.tables import write_tables
+    from dpgrid.results.files import directory_setting
+
     mix = "--mix-budgets" in args
     args = [a for a in args if a != "--mix-budgets"]
     out = next((Path(value) for value in taken(args, "--out", usage)[-1:]), None)
@@ -329,8 +329,8 @@ def dispatch(argv: list) -> None:
         print(f"dpgrid {installed} (torch, opacus, hydra: pip show them)")
         return
     if argv[0] in ("run", "plan") and ({"-h", "--help"} & set(argv[1:])):
-        from dpgrid.config.documented import settings, usage
-        print(f"{usage(argv[1:])}\n\nsettings (key = default: meaning), each a Hydra override key=value:\n{settings()}")
+        from dpgrid.config.documented import command_help
+        print(command_help(argv[0], argv[1:]))
         return
     command, args = argv[0], argv[1:]
     commands = {"run": run_command, "plan": plan_command, "tables": tables_command, "model": model_command,

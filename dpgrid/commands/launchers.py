@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import io
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -43,11 +44,7 @@ def launch(launcher, job_overrides, initial_job_idx) -> list:
               + ("submitting the rest" if todo else "nothing to submit"), file=sys.stderr, flush=True)
     returns = {i: finished_return(grids[i][0]) for i in first.values() if i not in todo}
     if live := slurm.still_queued(sweep_dir, [grids[i][0] for i in todo]):
-
-        ids = ",".join(sorted({slurm.array_of(j) for j in live.values()}))
-        raise DpgridError(f"{len(live)} grid(s) of this sweep are still queued or running as SLURM job(s) of an earlier submission "
-             f"({slurm.compact(sorted(live.values()))}); nothing was queued again: wait for them (squeue -j {ids}), or "
-             f"cancel them (scancel {ids}), then run the same command, which resumes what they leave")
+        raise slurm.still_queued_refusal(live)
     if todo:
         sweep_dir.mkdir(parents=True, exist_ok=True)
         if "mode" in launcher.config.hydra.sweep:  # as the plugin: hydra.sweep.mode sets the folder's permissions
@@ -218,7 +215,8 @@ def ended_why(error, timeout_min) -> str:
     naming hydra.launcher.timeout_min), or the error its task raised (its last line)."""
     text = str(error)
     if "timed-out" in text:
-        return f" ran out of time (raise hydra.launcher.timeout_min={timeout_min})"
+        return (f" ran out of time (its limit, hydra.launcher.timeout_min, was {timeout_min} minutes: raise it)"
+                if timeout_min is not None else " ran out of time (raise hydra.launcher.timeout_min, its limit in minutes)")
     if "preempt" in text.lower():
         return " was preempted and not requeued (submitit's hydra.launcher.max_num_timeout)"
     if "SIGTERM" in text or "cancel" in text.lower():
@@ -252,7 +250,7 @@ def outcomes(jobs, by_job: list, timeout_min=None, accounting: bool = True) -> l
         if not why:
             said = [line for line in (job.stderr() or "").splitlines() if line.startswith("dpgrid: error: ")]
             state = job.state if accounting and job.state != "UNKNOWN" else "out of the queue without a result"
-            why = (f" ended {state}: {said[-1][len('dpgrid: error: '):]}" if said else f" ended {state}, its log "
+            why = (f" ended {state}: {own_words(said[-1])}" if said else f" ended {state}, its log "
                    f"{job.paths.stderr}" if job.paths.stderr.exists() else f" ended {state}, no log")
         varied = " + ".join(v for v in (" ".join(o for o in overrides if o not in common) for overrides in grids) if v)
         ended_by.setdefault(why, []).append(f"{job.job_id}{f' ({varied})' if varied else ''}")
@@ -261,8 +259,17 @@ def outcomes(jobs, by_job: list, timeout_min=None, accounting: bool = True) -> l
         parts = [f"{names[0]}{reason}" if len(names) == 1 else f"{len(names)} jobs ({slurm.compact(names)}){reason}"
                  for reason, names in ended_by.items()]
         raise DpgridError(f"{count} of {len(jobs)} SLURM job(s) ended before their grid finished: {' | '.join(parts)}; "
-             "the same command resumes them (finished runs are kept)")
+                          f"{RESUMES}")
     return returns
+
+
+RESUMES = "the same command resumes them (finished runs are kept)"
+
+
+def own_words(line: str) -> str:
+    """A job's grid's own error line, without its "dpgrid: error: " and without saying that the same command resumes it
+    (a grid stopped by scancel says so): the submitter's line says it once, for every job."""
+    return re.sub(r";\s*the same command resumes it$", "", line[len("dpgrid: error: "):].strip())
 
 
 def log_folder(jobs) -> str:

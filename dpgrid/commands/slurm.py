@@ -152,6 +152,17 @@ def still_queued(sweep_dir: Path, outs: list) -> dict:
     return {out: job_id for out, job_id in mine.items() if job_id in alive}
 
 
+def still_queued_refusal(live: dict) -> DpgridError:
+    """The refusal of a sweep some of whose grids an earlier submission's jobs still hold (`live`: {run directory: job
+    id}, queued or running): queueing them again would train a grid twice. It names the jobs and how to wait for or
+    cancel them."""
+    ids = ",".join(sorted({array_of(j) for j in live.values()}))
+    return DpgridError(f"{len(live)} grid(s) of this sweep are still queued or running as SLURM job(s) of an earlier "
+                       f"submission ({compact(sorted(live.values()))}); nothing was queued again: wait for them (squeue "
+                       f"-j {ids}), or cancel them (scancel {ids}), then run the same command, which resumes what they "
+                       "leave")
+
+
 def wait(jobs, params: dict) -> bool:
     """Whether SLURM's accounting answers here, once every job has ended: until then, saying why pending jobs wait whenever the reasons change (not as the counts drain).
     A job has ended once squeue no longer lists it and its result file is there, or submitit's sacct says so, or it

@@ -35,12 +35,18 @@ def check_sweep(overrides: list) -> dict:
     for job in jobs:  # the cheap checks of every job first, so a bad value is refused before torch is loaded
         try:
             cfg = compose(job, with_hydra=True)
-            out = (Path(str(cfg.hydra.sweep.dir)) / str(cfg.hydra.sweep.subdir)).absolute()
+            composed.append((job, cfg, (Path(str(cfg.hydra.sweep.dir)) / str(cfg.hydra.sweep.subdir)).absolute()))
+        except DpgridError as e:
+            composed.append((job, e, None))
+    refuse_jobs([(job, cfg) for job, cfg, _ in composed if isinstance(cfg, DpgridError)], len(jobs))
+    refuse_still_queued(composed)  # before any directory's lock is asked: a running job holds its own
+    for index, (job, cfg, out) in enumerate(composed):
+        try:
             spec = compile(cfg, plan=False)
             check_run(spec, out)
-            composed.append((job, cfg, out, spec))
+            composed[index] = (job, cfg, out, spec)
         except DpgridError as e:
-            composed.append((job, e, None, None))
+            composed[index] = (job, e, None, None)
     refuse_jobs([(job, cfg) for job, cfg, _, _ in composed if isinstance(cfg, DpgridError)], len(jobs))
     check_launcher(composed[0][1].hydra.launcher)  # one launcher for the whole sweep
     planned = []
@@ -65,6 +71,20 @@ def check_sweep(overrides: list) -> dict:
                               f"{out} ({', '.join(differ)} is not part of its name); give them different "
                               "directories, e.g. add that key to hydra.sweep.subdir")
     return {out: next(iter(jobs)) for out, jobs in by_dir.items()}
+
+
+def refuse_still_queued(composed: list) -> None:
+    """A SLURM sweep some of whose grids an earlier submission's jobs still hold, running or pending
+    (`composed`: [(job, its config, its run directory)]): refused naming the jobs, squeue and scancel (a running job
+    holds its directory's lock, and "another process is writing" would send the user to another directory, training
+    the grid twice)."""
+    cfg = composed[0][1]
+    if str(cfg.hydra.launcher.get("_target_", "")) != DPGRID_LAUNCHER:
+        return
+    from dpgrid.commands import slurm
+
+    if live := slurm.still_queued(Path(str(cfg.hydra.sweep.dir)), [out for _, _, out in composed]):
+        raise slurm.still_queued_refusal(live)
 
 
 def check_before_queue(spec, job: list, out: Path, data: bool, checked: set) -> None:
@@ -96,6 +116,32 @@ DPGRID_LAUNCHER = "hydra_plugins.dpgrid_launcher.SlurmLauncher"
 DPGRID_SLURM_KEYS = ("grids_per_job",)
 
 
+MEMORY_UNITS = {"k": 1 / 2 ** 20, "m": 1 / 1024, "g": 1, "t": 1024}  # sbatch's --mem suffixes, in gigabytes
+
+
+def memory_refusal(value) -> str:
+    """hydra.launcher.mem (sbatch's --mem: megabytes without a unit, or with K, M, G, T) in one line saying the
+    hydra.launcher.mem_gb that asks for the same memory, a whole number of gigabytes (rounded up), as the launcher
+    takes it."""
+    import math
+    import re
+
+    match = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([kmgt]?)b?\s*", str(value), re.I)
+    if not match:
+        return (f"hydra.launcher.mem={value} is not memory sbatch reads; the launcher takes hydra.launcher.mem_gb, a "
+                "whole number of gigabytes (e.g. hydra.launcher.mem_gb=8)")
+    amount, unit = float(match.group(1)), match.group(2).lower()
+    gigabytes = max(1, math.ceil(amount * MEMORY_UNITS[unit or "m"] - 1e-9))
+    if not unit:  # sbatch reads a bare number as megabytes: which was meant is the user's to say
+        return (f"hydra.launcher.mem={value} would ask SLURM for {match.group(1)} megabytes (sbatch's --mem); set "
+                f"hydra.launcher.mem_gb={match.group(1).split('.')[0]} for gigabytes, or hydra.launcher.mem_gb={gigabytes} "
+                "for those megabytes (whole gigabytes)")
+    exact = math.isclose(amount * MEMORY_UNITS[unit], gigabytes)
+    return (f"the launcher takes memory as hydra.launcher.mem_gb, a whole number of gigabytes: for "
+            f"hydra.launcher.mem={value} set hydra.launcher.mem_gb={gigabytes}"
+            + ("" if exact else f" ({value} rounded up to whole gigabytes)"))
+
+
 def check_launcher(launcher) -> None:
     """Refuse, before anything is queued, a sweep whose launcher is dpgrid's and which Hydra would not find (an editable
     install in setuptools' default mode hides the hydra_plugins namespace from Hydra's plugin discovery), or which
@@ -108,8 +154,7 @@ def check_launcher(launcher) -> None:
     known = set(OmegaConf.structured(SlurmQueueConf).keys()) | set(DPGRID_SLURM_KEYS)
     for key in [k for k in launcher if k not in known]:
         if key == "mem":
-            raise DpgridError(f"hydra.launcher.mem={launcher[key]} would ask SLURM for {launcher[key]} megabytes (sbatch's "
-                              f"--mem); set hydra.launcher.mem_gb={launcher[key]} for gigabytes")
+            raise DpgridError(memory_refusal(launcher[key]))
         close = closest(key, known)
         raise DpgridError(f"no setting 'hydra.launcher.{key}'" + (f"; did you mean hydra.launcher.{close[0]}?" if close
                           else "; SLURM options it does not name go in hydra.launcher.additional_parameters"))

@@ -160,9 +160,11 @@ def compile(cfg, n_train: int = None, plan: bool = True, before_plan=None) -> Gr
     model = build_model(cfg.model)  # interpolated from one is named as the user set it
     prepare(model, start, f"model={spec.settings['model'].get('_target_')}")  # the checkpoint fits, the globs match
     engine, fallback = engine_for(model, spec.train.engine)  # refused before anything is written
-    once = (f"train.eval_every={spec.train.eval_every} is more than a run's T = {privacy_plan.steps} steps: each run "
-            "is validated once, after its last step (its learning curve is one point); lower train.eval_every",) \
-        if spec.train.eval_every > privacy_plan.steps else ()
+    relation = "equals" if spec.train.eval_every == privacy_plan.steps else "is more than"
+    once = (f"train.eval_every={spec.train.eval_every} {relation} a run's T = {privacy_plan.steps} steps: each run "
+            "is validated once, after its last step (its learning curve is one point, and the tables draw no curve "
+            "of it); lower train.eval_every below T for a curve",) \
+        if spec.train.eval_every >= privacy_plan.steps else ()
     trains = sum(p.numel() for p in model.parameters() if p.requires_grad)
     trained = tuple(name for name, p in model.named_parameters() if p.requires_grad)
     return replace(spec, plan=replace(privacy_plan, model_parameters=count_parameters(model)),

@@ -213,7 +213,8 @@ def alternatives(plan, eta: float, mean: float) -> dict:
     for name, runs in ((f"composition, {k} runs (seeds not accounted)", k),
                        (f"composition, {k * seeds} runs (seeds accounted)", k * seeds)):
         try:
-            found[name] = calibrate(plan.epsilon, q, runs * steps, plan.delta)  # the plan's own precision
+            found[name] = calibrate(plan.epsilon, q, runs * steps, plan.delta,  # the plan's own precision and
+                                    accountant=plan.accountant if plan.accountant in ACCOUNTANTS else "rdp")  # accountant
         except DpgridError:
             found[name] = None
     for rule in COVERS["rdp"]:  # the Renyi analysis (the default); plan --compare adds the profile bound's

@@ -85,8 +85,12 @@ def calibrate(epsilon: float, sample_rate: float, steps: int, delta: float, rtol
                           key=[accountant, sample_rate, steps, delta])
 
 
-def smallest_noise(spent, epsilon: float, rtol: float, what: str, key=None) -> float:
-    """Smallest nu (to relative precision rtol) with spent(nu) <= epsilon; spent falls as nu grows.
+def smallest_noise(spent, epsilon: float, rtol: float, what: str, key=None, target: str = None,
+                   remedy: str = None) -> float:
+    """Smallest nu (to relative precision rtol) with spent(nu) <= epsilon; spent falls as nu grows. Where no nu up
+    to MAX_NOISE_MULTIPLIER meets the target, DpgridError in the user's terms: `target` names the epsilon by the
+    settings it comes from (default privacy.epsilon), `remedy` what to change (default: more epsilon, fewer runs or
+    steps).
 
     The answer is the bisection's: double `high` from 1 until spent(high) <= epsilon, then halve [low, high]
     until it is narrower than rtol * high; return high. Each evaluation of spent is a whole accounting (0.1 s
@@ -123,9 +127,10 @@ def smallest_noise(spent, epsilon: float, rtol: float, what: str, key=None) -> f
         low, high = high, 2 * high
         if high > MAX_NOISE_MULTIPLIER:
             floor = spent(MAX_NOISE_MULTIPLIER)
-            raise DpgridError(f"privacy.epsilon={epsilon} is unreachable {what}: even noise multiplier "
-                              f"{MAX_NOISE_MULTIPLIER:g} spends epsilon = {floor:.3g}; raise epsilon above that "
-                              f"or shrink the grid")
+            raise DpgridError(f"{target or f'privacy.epsilon={epsilon:g}'} is unreachable {what}: even noise "
+                              f"multiplier {MAX_NOISE_MULTIPLIER:g} spends epsilon = {floor:.3g}; "
+                              + (remedy or "raise privacy.epsilon above that, or train fewer runs or steps "
+                                 "(grid.k, train.epochs or train.steps)"))
     estimate = locate(lambda nu: value(nu) - epsilon, low, high, rtol * high * 1e-3)
     answer = checked(estimate) if estimate is not None else None
     if answer is None:

@@ -10,6 +10,7 @@ Liu-Talwar random-stopping selection (Mohapatra et al. 2022, Theorem 1) is recor
 import math
 from dataclasses import dataclass
 
+from dpgrid import DpgridError
 from dpgrid.privacy.accountants import ACCOUNTANTS, calibrate, epsilon_curve
 from dpgrid.privacy.method import AccountingMethod
 
@@ -34,8 +35,13 @@ class Composition(AccountingMethod):
         return [[plan.sample_rate, plan.noise_multiplier, plan.n_configs * plan.seeds * plan.steps]]
 
     def calibrate(self, plan, strategy_cls, options: dict, privacy: dict, problem: dict) -> dict:
-        nu = calibrate(plan.epsilon, plan.sample_rate, budget_runs(plan) * plan.steps, plan.delta,
-                       accountant=plan.accountant)
+        steps = budget_runs(plan) * plan.steps
+        try:
+            nu = calibrate(plan.epsilon, plan.sample_rate, steps, plan.delta, accountant=plan.accountant)
+        except DpgridError as e:  # RDP's and PRV's conversions have a floor that PLD's does not: say where it helps
+            if plan.accountant == "pld" or not reachable(plan.epsilon, plan.sample_rate, steps, plan.delta, "pld"):
+                raise
+            raise DpgridError(f"{e}; or privacy.accountant=pld, which reaches it") from None
         return self.spent(plan, strategy_cls, options, nu)
 
     def spent(self, plan, strategy_cls, options: dict, nu: float) -> dict:
@@ -53,6 +59,14 @@ class Composition(AccountingMethod):
                     epsilon_with_seeds=epsilon(plan.n_configs * plan.seeds * steps, delta))
 
 
+def reachable(epsilon: float, sample_rate: float, steps: int, delta: float, accountant: str) -> bool:
+    try:
+        calibrate(epsilon, sample_rate, steps, delta, accountant=accountant)
+    except DpgridError:
+        return False
+    return True
+
+
 def budget_runs(plan) -> int:
     """How many runs the budget covers: the grid's K (K x seeds) per grid, one configuration's per run."""
     return plan.composed_runs if plan.budget == "per_grid" else (plan.seeds if plan.account_seeds else 1)
@@ -61,9 +75,14 @@ def budget_runs(plan) -> int:
 def liu_talwar_cost(epsilon: float, delta: float, n_candidates: int, sample_rate: float, run_steps: int,
                     noise_multiplier: float, rdp_curve) -> dict:
     """Both directions of the comparison: the nu LT needs for this (epsilon, delta), and the epsilon
-    LT would spend with the composition's nu (RDP for the candidate, as Mohapatra et al.)."""
+    LT would spend with the composition's nu (RDP for the candidate, as Mohapatra et al.). A comparison only: where
+    LT cannot reach the target (its per-candidate (epsilon_1, delta_1) are out of any noise's reach), its nu is None,
+    recorded as unavailable, and the grid, which composition calibrates, trains."""
     eps1, delta1, upsilon = liu_talwar_parameters(epsilon, delta, n_candidates)
-    nu = (calibrate(eps1, sample_rate, run_steps, delta1, rtol=1e-3) if eps1 > 0 else None)
+    try:
+        nu = calibrate(eps1, sample_rate, run_steps, delta1, rtol=1e-3) if eps1 > 0 else None
+    except DpgridError:  # unreachable for LT: no comparison, never a refusal of the grid
+        nu = None
     eps_candidate = rdp_curve(run_steps, delta1)  # epsilon_curve("rdp", sample_rate, noise_multiplier)
     return {"noise_multiplier": nu, "candidate_epsilon": eps1, "candidate_delta": delta1, "max_iterations": upsilon,
             "epsilon_with_composition_nu": 3 * eps_candidate + 3 * math.sqrt(2 * delta1)}

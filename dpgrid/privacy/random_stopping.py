@@ -120,7 +120,9 @@ def selection_noise(sample_rate: float, steps: int, epsilon: float, delta: float
     return smallest_noise(spent, epsilon, 1e-4, f"by {stopping['rule']} selection among {stopping['mean']:g} "
                           f"candidates (expected) of {steps} steps each",
                           key=["random_stopping", sample_rate, steps, delta, stopping] + ([] if analysis == "rdp"
-                                                                                           else [analysis]))
+                                                                                           else [analysis]),
+                          remedy="raise privacy.epsilon above that, or expect fewer candidates or train fewer steps "
+                                 "(privacy.selection.stopping_mean or grid.k, train.seeds, train.epochs or train.steps)")
 
 
 class RandomStopping(AccountingMethod):

@@ -270,7 +270,7 @@ def calibrate_phases(setting: Setting, epsilon: float, split, analysis: str) -> 
     """(nu_1, nu_2) for a target epsilon: one shared nu, or nu_1 at split * epsilon for tuning alone and nu_2 for
     the rest (module docstring). DpgridError when the target cannot be met."""
     spent = ANALYSES[analysis]
-    what = f"by tuning on a subsample of rate {setting.rate:g}"
+    what = f"by tuning on a subsample (privacy.selection.tuning_rate={setting.rate:g})"
     key = ["subsample_tuning", analysis, setting.sample_rate, setting.steps, setting.seeds, setting.n_configs,
            setting.delta, setting.rate, setting.search, setting.final_data, setting.stopping]
     if split == "shared":
@@ -278,8 +278,10 @@ def calibrate_phases(setting: Setting, epsilon: float, split, analysis: str) -> 
         return nu, nu
     share = float(split)
     nu_1 = smallest_noise(lambda v: spent(setting, v, 1e4)["tuning"], share * epsilon, 1e-4,
-                          f"for the tuning phase alone (privacy.selection.tuning_split={share:g} of epsilon) {what}",
-                          key=key + ["tuning", share])
+                          f"for the tuning phase alone {what}", key=key + ["tuning", share],
+                          target=f"privacy.selection.tuning_split={share:g} of privacy.epsilon={epsilon:g}",
+                          remedy="raise privacy.selection.tuning_split or privacy.epsilon until that share is above "
+                                 "it, or tune fewer candidates or steps (grid.k, train.epochs or train.steps)")
     nu_2 = smallest_noise(lambda v: spent(setting, nu_1, v)["total"], epsilon, 1e-4,
                           f"for the final phase after a tuning phase of privacy.selection.tuning_split={share:g} {what}",
                           key=key + ["final", share, nu_1])

@@ -2,6 +2,7 @@
 table (`Table`) rendered three ways: CSV with the raw numbers, Markdown to read, LaTeX (booktabs) to print as it is.
 Everything about a strategy comes from the collected grids (their plan.json), never from a list here."""
 
+import re
 from dataclasses import dataclass, field
 
 import pandas as pd
@@ -57,7 +58,36 @@ def adjacency_note(private: pd.DataFrame) -> str:
     return f"; neighbouring datasets: {' / '.join(words)}" if len(private) else ""
 
 
+# what makes two grids' values comparable, beside the budget: a table shows grids that differ in one of these on
+# separate rows (dpgrid.reporting.grids reads them), naming it as SETTING_NAMES does in its key column, its caption and
+# the figures' titles
+SETTINGS = ("protocol", "delta", "epochs", "batch_size", "steps", "eval_every", "model", "start", "validation")
+SETTING_NAMES = {"protocol": "protocol", "delta": "δ", "epochs": "epochs", "batch_size": "B", "steps": "T",
+                 "eval_every": "eval. every", "model": "model", "start": "start", "validation": "scored on"}
+
+
+def variant_words(row, grids: pd.DataFrame) -> str:
+    """What a grid trained that others of `grids` did not, in words ('' where they all trained alike): each setting
+    that differs among them (SETTINGS), its start (a checkpoint, a part, LoRA) in its own words."""
+    return "; ".join(str(getattr(row, key)) if key == "start" else f"{SETTING_NAMES[key]} {fmt_setting(getattr(row, key))}"
+                     for key in SETTINGS if key in grids and grids[key].astype(str).nunique() > 1)
+
+
+def grid_name(row, grids: pd.DataFrame) -> str:
+    """A grid's strategy label, with what tells it apart from the others of `grids` (a fine-tuned grid from one from
+    scratch, two numbers of epochs): how captions and titles name it."""
+    variant = variant_words(row, grids)
+    return f"{row.label}, {variant}" if variant else str(row.label)
+
+
 # --- formatting -------------------------------------------------------------------------------------
+
+def fmt_setting(value) -> str:
+    """A setting as a caption says it: whole numbers whole, a small delta as 1e-5."""
+    if isinstance(value, float) and value.is_integer():
+        return f"{int(value)}"
+    return re.sub(r"e-0*(\d)", r"e-\1", f"{value:g}") if isinstance(value, float) else str(value)
+
 
 def fmt_hp(v) -> str:
     """A hyperparameter: HP_DIGITS significant digits, the same rule for every one."""

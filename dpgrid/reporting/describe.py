@@ -74,27 +74,39 @@ def duration(seconds: float) -> str:
 
 def print_alternatives(plan, privacy: dict) -> None:
     """nu for the same (eps, delta) under composition and each stopping rule (privacy: the privacy settings)."""
-    from dpgrid.privacy import alternatives
+    from dpgrid.privacy import ACCOUNTANTS, alternatives
 
     mean = privacy.get("stopping_mean")
     found = alternatives(plan, float(privacy["stopping_eta"]), float(mean) if mean is not None else plan.n_configs)
-    print("  nu for the same (eps, delta):")
+    composition = plan.accountant if plan.accountant in ACCOUNTANTS else "rdp"
+    print(f"  nu for the same (eps, delta) (composition by {composition}, random stopping by its Renyi theorems):")
     for name, nu in found.items():
         print(f"    {name:<62} {f'{nu:.4f}' if nu else 'unreachable'}")
 
 
 def print_comparison(plan) -> None:
     """nu for this grid under every accountant and budget mode, side by side."""
-    from dpgrid.privacy import ACCOUNTANTS, calibrate
+    from dpgrid.privacy import ACCOUNTANTS
 
     per_config = plan.seeds if plan.account_seeds else 1
     print(f"  {'accountant':<11}{'per_grid nu':>13}{'per_run nu':>13}", flush=True)
     for accountant in ACCOUNTANTS:
         start = time.perf_counter()  # PLD and PRV calibrations take seconds to minutes: say what is running
         print(f"  ({accountant}: calibrating...)", file=sys.stderr, flush=True)
-        nus = [calibrate(plan.epsilon, plan.sample_rate, runs * plan.steps, plan.delta, accountant=accountant)
-               for runs in (plan.composed_runs, per_config)]
-        print(f"  {accountant:<11}{nus[0]:>13.4f}{nus[1]:>13.4f}   ({time.perf_counter() - start:.1f} s)", flush=True)
+        nus = [side_noise(plan, runs * plan.steps, accountant) for runs in (plan.composed_runs, per_config)]
+        print(f"  {accountant:<11}{nus[0]:>13}{nus[1]:>13}   ({time.perf_counter() - start:.1f} s)", flush=True)
+
+
+def side_noise(plan, steps: int, accountant: str) -> str:
+    """nu for the plan's (epsilon, delta) over `steps` under another accountant, as a comparison prints it:
+    'unreachable' where that accountant cannot reach the target (a comparison, never a refusal of the grid)."""
+    from dpgrid import DpgridError
+    from dpgrid.privacy import calibrate
+
+    try:
+        return f"{calibrate(plan.epsilon, plan.sample_rate, steps, plan.delta, accountant=accountant):.4f}"
+    except DpgridError:
+        return "unreachable"
 
 
 def print_selection_comparison(plan) -> None:

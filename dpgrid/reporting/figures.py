@@ -8,7 +8,6 @@ and the PDF's Subject) a caption that says what the points and bars are and what
 Each is rendered in memory and written whole (write-then-rename)."""
 
 import io
-import math
 import re
 from pathlib import Path
 
@@ -16,7 +15,10 @@ import pandas as pd
 
 from dpgrid.data import tasks
 from dpgrid.config.grid import AXIS_SYMBOL
-from dpgrid.reporting.cells import adjacency_note, budget_note, fmt_epsilon, fmt_value, private_strategies
+from dpgrid.reporting.cells import (adjacency_note, budget_note, fmt_epsilon, fmt_value, grid_name, private_strategies,
+                                    variant_words)
+from dpgrid.reporting.layout import fitted_title, legend_below
+from dpgrid.reporting.releases import curve_sentence, figure_sentence
 from dpgrid.results.files import read_frame, write_atomic
 
 DODGE = 0.012  # the shift apart of points at one epsilon, as a fraction of the x axis's span
@@ -88,14 +90,13 @@ def plot_metric_vs_epsilon(grids, dataset, k, metric, out_base: Path) -> list:
     shown = grids[grids.private.astype(bool) & (grids.status == "ok")]
     budgets = sorted(set(shown.budget.dropna()))
     # grids that trained something else (a model, a start: a checkpoint, a part, LoRA) are series of their own
-    shown = shown.assign(variant=[variant_words(r, shown) for r in shown.itertuples()])
+    shown = shown.assign(variant=[variant_words(r, shown) for r in shown.itertuples()])  # every setting that differs
     series = [(strategy, label + (f", {variant}" if variant else ""), budget, variant)
               for strategy, label, _ in private_strategies(grids) for budget in budgets
               for variant in sorted(set(shown.variant))
               if ((shown.strategy == strategy) & (shown.budget == budget) & (shown.variant == variant)).any()]
     baseline = grids[~grids.private.astype(bool) & (grids.status == "ok")]
-    rows = math.ceil((len(series) + bool(len(baseline))) / 2)
-    fig, ax = plt.subplots(figsize=(WIDTH, 2.5 + 0.17 * rows), layout="constrained")
+    fig, ax = plt.subplots(figsize=(WIDTH, 2.5), layout="constrained")
     for i, (strategy, label, budget, variant) in enumerate(series):
         g = shown[(shown.strategy == strategy) & (shown.budget == budget) & (shown.variant == variant)].sort_values(
             "epsilon")
@@ -120,19 +121,12 @@ def plot_metric_vs_epsilon(grids, dataset, k, metric, out_base: Path) -> list:
     title = f"{dataset}, k = {k}"
     ax.set_title(title)
     ax.grid(alpha=0.3)
-    if rows:  # below the axes, two entries a row (the figure grows by them): never over a point
-        fig.legend(loc="outside lower center", ncol=2, frameon=False, handlelength=2.5)
+    if series or len(baseline):  # below the axes (the figure grows by it): never over a point, never cut
+        legend_below(fig, ax)
     caption = metric_caption(grids, shown, baseline, dataset, k, task, series, budgets)
     paths = save_both(fig, out_base, title, caption)
     plt.close(fig)
     return paths
-
-
-def variant_words(row, shown) -> str:
-    """What a grid trained that others of its figure did not ('' where they all trained the same)."""
-    parts = [f"{name} {getattr(row, key)}" for key, name in (("model", "model"), ("start", "")) if key in shown
-             and shown[key].astype(str).nunique() > 1]
-    return "; ".join(p.strip() for p in parts)
 
 
 def metric_caption(grids, shown, baseline, dataset, k, task, series, budgets) -> str:
@@ -145,9 +139,10 @@ def metric_caption(grids, shown, baseline, dataset, k, task, series, budgets) ->
             + ("; points at one ε are shifted apart to stay visible." if len(series) > 1 else "."))
     costlier = shown[shown.epsilon_with_seeds.astype(float) > shown.epsilon_grid.astype(float) * (1 + 1e-9)]
     if len(costlier):
-        text += (" Each point is a mean over seeds, which costs more than the target ε: " + ", ".join(
-            f"{r.label} at ε = {r.epsilon:g}: {fmt_epsilon(r.epsilon_with_seeds)}" for r in costlier.itertuples())
+        text += (" Each point is a mean over seeds, which costs more than the target ε: " + "; ".join(
+            f"{grid_name(r, shown)} at ε = {r.epsilon:g}: {fmt_epsilon(r.epsilon_with_seeds)}" for r in costlier.itertuples())
             + f" ({', '.join(sorted(set(costlier.accountant.astype(str))))} accountant).")
+    text += figure_sentence(shown)
     if len(baseline):
         best = baseline.sort_values("value", ascending=not task.higher_is_better).iloc[0]
         text += (f" Dashed: the best non-private configuration ({best.label}, {fmt_value(best.value, task.name)}), "
@@ -155,10 +150,12 @@ def metric_caption(grids, shown, baseline, dataset, k, task, series, budgets) ->
     return text
 
 
-def plot_learning_curve(grid_row, out_path: Path) -> list:
+def plot_learning_curve(grid_row, out_path: Path, variant: str = "") -> list:
     """The learning curve of a grid's best (or a selection's chosen) configuration: its runs' mean and one std, a
     panel below it for each quantity the strategy adapts (on a log axis, as their grids are: the same in every
-    figure), whole steps on the shared x axis from 0 to the last validation. PNG and PDF."""
+    figure), whole steps on the shared x axis from 0 to the last validation. PNG and PDF. `variant`: what tells this
+    grid from others of its cell (a fine-tuned grid from one from scratch), said in its title and caption. A run
+    validated once (T at most train.eval_every) has no curve: nothing is drawn, [] returned."""
     plt = pyplot()
     from matplotlib.ticker import MaxNLocator
 
@@ -177,6 +174,8 @@ def plot_learning_curve(grid_row, out_path: Path) -> list:
         runs &= curves.seed.isin(seeds)
     mine = curves[runs]
     stats = mine.groupby("step")[["value", "clip", "lr"]].agg(["mean", "std"])
+    if len(stats) < 2:  # one point is no curve: its value is the table's
+        return []
     adapts = [a for a in str(grid_row.adapts).split(",") if a in ("clip", "lr")]  # a panel per adapted quantity
     panels = [("value", tasks.get(grid_row.metric).unit)] + [(a, {"clip": "$C_t$", "lr": r"$\rho_t$"}[a]) for a in adapts]
     fig, axes = plt.subplots(len(panels), 1, figsize=(WIDTH, 1.45 * len(panels) + 0.55), sharex=True, squeeze=False)
@@ -184,13 +183,9 @@ def plot_learning_curve(grid_row, out_path: Path) -> list:
     last = int(stats.index.max())
     for ax, (column, label), color in zip(axes[:, 0], panels, ("C0", "C1", "C2")):
         mean, std = stats[column]["mean"], stats[column]["std"].fillna(0)
-        if len(mean) > 1:
-            ax.plot(mean.index, mean, color=color, marker=".", markersize=3, linewidth=1)
-            if n_seeds > 1:
-                ax.fill_between(mean.index, mean - std, mean + std, color=color, alpha=0.2, linewidth=0)
-        else:  # one validation (T < train.eval_every): a point with its spread
-            ax.errorbar(mean.index, mean, yerr=std if n_seeds > 1 else None, color=color, marker="o", markersize=3,
-                        capsize=2)
+        ax.plot(mean.index, mean, color=color, marker=".", markersize=3, linewidth=1)
+        if n_seeds > 1:
+            ax.fill_between(mean.index, mean - std, mean + std, color=color, alpha=0.2, linewidth=0)
         ax.set_ylabel(label)
         ax.grid(alpha=0.3)
         if column != "value":
@@ -200,11 +195,10 @@ def plot_learning_curve(grid_row, out_path: Path) -> list:
     axes[-1, 0].xaxis.set_major_locator(MaxNLocator(integer=True))
     scope = SCOPE.get(grid_row.budget, "ε per grid")
     title = (f"{grid_row.dataset}: {grid_row.label}, ε = {grid_row.epsilon:g} ({scope})" if grid_row.private
-             else f"{grid_row.dataset}: {grid_row.label} (non-private)")
-    axes[0, 0].set_title(title)
-    fig.tight_layout()
+             else f"{grid_row.dataset}: {grid_row.label} (non-private)") + (f"\n{variant}" if variant else "")
+    title = fitted_title(fig, axes[0, 0], title)
     fig.align_ylabels(axes[:, 0])
-    caption = curve_caption(grid_row, n_seeds, adapts, selection, len(stats))
+    caption = curve_caption(grid_row, n_seeds, adapts, selection, variant)
     written = save_both(fig, out_path.with_suffix(""), title, caption)
     plt.close(fig)
     return written
@@ -226,7 +220,7 @@ def log_axis(ax) -> None:
     ax.yaxis.set_minor_formatter(NullFormatter())
 
 
-def curve_caption(grid_row, n_seeds: int, adapts: list, selection: bool, validations: int) -> str:
+def curve_caption(grid_row, n_seeds: int, adapts: list, selection: bool, variant: str = "") -> str:
     which = "the configuration a random-stopping selection released" if selection else "the best configuration"
     hps = ", ".join(f"{AXIS_SYMBOL.get(a, a)} = {getattr(grid_row, a):.3g}" for a in str(grid_row.axes).split(",") if a)
     if grid_row.private:
@@ -236,12 +230,9 @@ def curve_caption(grid_row, n_seeds: int, adapts: list, selection: bool, validat
     else:
         budget = "non-private"
     seeds = f"{n_seeds} seed{'s' if n_seeds != 1 else ''}"
-    text = (f"{grid_row.dataset}, {grid_row.label} ({budget}, k = {grid_row.k}): test {grid_row.metric} of {which}, "
-            f"{grid_row.config_id} ({hps}), at each validation; the line is the mean over its {seeds}"
-            + (", the band one standard deviation over them." if n_seeds > 1 else "."))
-    if validations == 1:
-        text += (" A single validation: the run's T is shorter than its validation interval, so only its last "
-                 "step was validated.")
+    text = (f"{grid_row.dataset}, {grid_row.label}{f', {variant}' if variant else ''} ({budget}, k = {grid_row.k}): "
+            f"test {grid_row.metric} of {which}, {grid_row.config_id} ({hps}), at each validation; the line is the "
+            f"mean over its {seeds}" + (", the band one standard deviation over them." if n_seeds > 1 else "."))
     names = {"clip": "the clipping threshold C_t", "lr": "the learning rate ρ_t"}
     if adapts:
         text += (" The panels below show " + " and ".join(names[a] for a in adapts)
@@ -252,7 +243,7 @@ def curve_caption(grid_row, n_seeds: int, adapts: list, selection: bool, validat
     if grid_row.private:
         text += adjacency_note(pd.DataFrame([{"selection": getattr(grid_row, "selection", None)}])).replace(
             "; neighbouring", " Neighbouring", 1) + "."
-    return text
+    return text + (curve_sentence(grid_row) if grid_row.private else "")
 
 
 def released_seeds(grid_row):

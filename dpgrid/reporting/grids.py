@@ -21,6 +21,8 @@ from dpgrid.results.procedure import procedure_of
 from dpgrid.results.files import read_json
 from dpgrid.results.runs import REPAIR, read_runs, same, summarize
 from dpgrid.results.seal import check as check_sealed
+from dpgrid.reporting.cells import SETTINGS
+from dpgrid.reporting.releases import release_of
 
 DIVERGED, NOT_DP = "all seeds diverged", "not DP (sampling=shuffle)"
 NOTHING_SELECTED, SELECTION = "no candidate drawn or converged", "selection"  # random-stopping grids' budget
@@ -30,12 +32,10 @@ PLAN_KEYS = ("dataset", "strategy", "k", "epsilon", "n_configs", "configurations
 RUN_COLUMNS = ("dataset", "strategy", "metric", "epsilon", "k", "config_id", "seed", "noise_multiplier", "budget",
                "accountant", "epsilon_spent", "epsilon_grid", "sampling", "protocol", "steps", "best_value", "diverged")
 PRIVACY_FIGURES = ("noise_multiplier", "epsilon_spent", "epsilon_grid", "budget", "sampling", "accountant")
-# what makes two grids' values comparable, beside the budget: a table shows grids that differ in one of these on
-# separate rows, naming it (tables.SETTINGS says how)
-SETTINGS = ("protocol", "delta", "epochs", "batch_size", "steps", "eval_every", "model", "start", "validation")
 COLUMNS = ["dataset", "strategy", "k", "epsilon", "delta", "weak_delta", "budget", "selection", "protocol", "epochs",
-           "batch_size", "steps", "eval_every", "model", "start", "validation", "n_train", "epsilon_spent", "epsilon_grid", "epsilon_with_seeds",
-           "accountant", "sampling", "metric", "lr", "clip", "quantile", "config_id", "value", "std", "n_seeds", "status",
+           "batch_size", "steps", "eval_every", "model", "start", "validation", "n_train", "epsilon_spent", "epsilon_grid",
+           "epsilon_with_seeds", "released", "epsilon_released", "accountant", "sampling", "metric", "lr", "clip", "quantile",
+           "config_id", "value", "std", "n_seeds", "status",
            "edge", "noise_multiplier", "n_configs", "configs_run", "runs_done", "runs_planned", "label", "private", "axes",
            "adapts", "dataset_epsilons", "config_hash", "study_events", "path"]
 
@@ -101,7 +101,7 @@ def grid_row(folder: Path) -> dict:
                axes=",".join(axes), adapts=",".join(plan.get("adapts", [])),
                dataset_epsilons=",".join(f"{e:g}" for e in plan.get("dataset_epsilons", [])),
                epsilon_with_seeds=epsilon_with_seeds(folder, plan, runs, privacy, procedure, noise_per_run),
-               study_events=study_events(plan, privacy, procedure, noise_per_run))
+               study_events=study_events(plan, privacy, procedure, noise_per_run), **release_of(folder, plan))
     released = procedure.table_release(folder, runs, plan, axes, tasks.get(metric).name)
     if released is not None:  # a selection: only what it releases
         return released_row(row, released, plan, axes)

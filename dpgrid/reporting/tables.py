@@ -14,8 +14,7 @@ RESULTS_DIR/tables/). Every grid is read and vouched for first (dpgrid.reporting
 Missing cells are "–" with the reason in a footnote, never zero.
 """
 
-import json
-import re
+import hashlib
 from pathlib import Path
 
 import numpy as np
@@ -24,9 +23,11 @@ import pandas as pd
 from dpgrid import DpgridError
 from dpgrid.data import tasks
 from dpgrid.config.grid import AXIS_SYMBOL
-from dpgrid.reporting.cells import (ACCOUNTANT_NAMES, NOT_RUN, Column, Table, budget_note, fmt_hp, fmt_value,
-                                    private_strategies, to_csv_frame, to_latex, to_markdown)
+from dpgrid.reporting.cells import (ACCOUNTANT_NAMES, NOT_RUN, SETTING_NAMES, Column, Table, budget_note, fmt_hp,
+                                    fmt_setting, fmt_value, grid_name, private_strategies, to_csv_frame, to_latex, to_markdown,
+                                    variant_words)
 from dpgrid.reporting.grids import NOT_DP, SELECTION, SETTINGS, collect
+from dpgrid.reporting.releases import covered_beyond, table_note, unreleased_words
 from dpgrid.reporting.study import study_note
 from dpgrid.reporting.comparison import claims, claims_markdown, comparison, comparison_markdown
 from dpgrid.reproduction.paper import hyperparameters_only, paper_results
@@ -34,9 +35,6 @@ from dpgrid.results.files import check_writable, environment, write_atomic, writ
 
 SEEDS_NOTE = ("ε seeds: each value is a mean over seeds, which costs more than ε: ε accounts one run per configuration, "
               "as the paper does, and the grid's K configurations × seeds runs with its noise spend ε seeds")
-# how a table names a setting that differs between its grids (grids.SETTINGS), in its key column and its caption
-SETTING_NAMES = {"protocol": "protocol", "delta": "δ", "epochs": "epochs", "batch_size": "B", "steps": "T",
-                 "eval_every": "eval. every", "model": "model", "start": "start", "validation": "scored on"}
 
 
 def paper_table(grids: pd.DataFrame, dataset: str, k: int, with_values: bool) -> Table:
@@ -55,9 +53,12 @@ def paper_table(grids: pd.DataFrame, dataset: str, k: int, with_values: bool) ->
                       key=lambda key: (key[0], *(natural(v) for v in key[1:])))
     costlier = private[private.epsilon_with_seeds.astype(float) > private.epsilon_grid.astype(float) * (1 + 1e-9)]
     per_run = (private.budget == "per_run").any()
+    ok = private[private.status == "ok"]
+    beyond = covered_beyond(ok, ok.epsilon_with_seeds if len(costlier) else ok.epsilon)  # more than the row shows
     caption = (f"{dataset}, k = {k}: each strategy's best configuration per privacy level ε"
                + (f", with its test {task.unit} ({over_seeds(private)}; the best of each row in bold)" if with_values
-                  else "") + f". {budget_note(grids)}. {settings_note(private, varying)}")
+                  else "") + f". {budget_note(grids)}. {settings_note(private, varying)} "
+               + table_note(private, bool(len(beyond)), bool(len(costlier)))).strip()
     table = Table(title=f"{dataset}, k = {k}", caption=caption, label=label, metric=metric,
                   keys=[Column("ε", "key", "ε")] + [Column(SETTING_NAMES.get(c, c), "key", c) for c in varying])
     table.rows = [{"ε": f"{key[0]:g}", **dict(zip(varying, key[1:]))} for key in row_keys]
@@ -70,6 +71,8 @@ def paper_table(grids: pd.DataFrame, dataset: str, k: int, with_values: bool) ->
             columns.append(Column("ε grid", "epsilon", f"{label} ε grid"))
         if len(costlier):
             columns.append(Column("ε seeds", "epsilon", f"{label} ε seeds"))
+        if len(beyond):
+            columns.append(Column("ε model", "epsilon", f"{label} ε model"))
         table.blocks.append((label, columns))
         for index, key in enumerate(row_keys):
             match = (grids.strategy == strategy) & np.isclose(grids.epsilon.astype(float), key[0])
@@ -83,7 +86,8 @@ def paper_table(grids: pd.DataFrame, dataset: str, k: int, with_values: bool) ->
                 continue
             c = cell.iloc[0]
             figures = {AXIS_SYMBOL.get(a, a): c[a] for a in axes}
-            figures.update({task.table_name: (c.value, c["std"]), "ε grid": c.epsilon_grid, "ε seeds": c.epsilon_with_seeds})
+            figures.update({task.table_name: (c.value, c["std"]), "ε grid": c.epsilon_grid, "ε seeds": c.epsilon_with_seeds,
+                            "ε model": c.epsilon_released})
             table.rows[index].update({col.csv: figures[col.name] for col in columns})
     if with_values:
         mark_best(table, task)
@@ -118,11 +122,12 @@ def over_seeds(private: pd.DataFrame) -> str:
 def settings_note(private: pd.DataFrame, varying: list) -> str:
     """How the table's grids were trained: what they share, and what differs (a key column each); a weak delta."""
     said = []
-    for key, text in (("epochs", "{} epochs"), ("batch_size", "expected batch B = {}"), ("steps", "T = {} steps per run"),
+    for key, text in (("epochs", "{} epoch{}"), ("batch_size", "expected batch B = {}"), ("steps", "T = {} steps per run"),
                       ("eval_every", "validation every {} steps"), ("protocol", "protocol {}"), ("delta", "δ = {}")):
         values = private[key].dropna()
         if key not in varying and len(values):
-            said.append(text.format(fmt_setting(values.iloc[0])))
+            value = fmt_setting(values.iloc[0])
+            said.append(text.format(value, "" if value == "1" else "s"))
     text = ("All grids: " + ", ".join(said) + ".") if said else ""
     trained = [f"model {private[key].dropna().iloc[0]}" if key == "model" else str(private[key].dropna().iloc[0])
                for key in ("model", "start") if key in private and key not in varying and len(private[key].dropna())]
@@ -132,9 +137,7 @@ def settings_note(private: pd.DataFrame, varying: list) -> str:
         text += (" Grids trained differently are never compared in one row: "
                  + ", ".join(SETTING_NAMES.get(c, c) for c in varying if c != "budget") + " as the row says.")
     if "start" in private and private.start.astype(str).str.contains("(private", regex=False).any():
-        text += (" A grid that starts from a private checkpoint (start: private) spends its own ε, shown here; its "
-                 "released model is covered by both grids together unless the data were declared disjoint (model.json's "
-                 "covered_by and checkpoint).")
+        text += " A grid that starts from a private checkpoint (start: private) spends its own ε, shown as ε (and ε seeds)."
     if "validation" in private and (private.validation == "test_half").any():
         text += (" Scored on the report half of the test set (data.validation=test_half): a fixed, stratified half "
                  "chose each configuration, the other half, which chose nothing, measured the scores shown (unbiased; "
@@ -149,13 +152,6 @@ def settings_note(private: pd.DataFrame, varying: list) -> str:
     return text.strip()
 
 
-def fmt_setting(value) -> str:
-    """A setting as a caption says it: whole numbers whole, a small delta as 1e-5."""
-    if isinstance(value, float) and value.is_integer():
-        return f"{int(value)}"
-    return re.sub(r"e-0*(\d)", r"e-\1", f"{value:g}") if isinstance(value, float) else str(value)
-
-
 def mark_best(table: Table, task) -> None:
     """The best value of each row (two strategies or more in it): bold in Markdown and LaTeX."""
     value_columns = [c.csv for _, columns in table.blocks for c in columns if c.kind == "value"]
@@ -168,23 +164,26 @@ def mark_best(table: Table, task) -> None:
 
 def footnotes(grids, private, not_dp, costlier, missing: dict, metric: str) -> list:
     notes = [f"–: {reason}: {'; '.join(cells)}" for reason, cells in missing.items()]
+    notes.extend(filter(None, [unreleased_words(private[private.status == "ok"], private)]))  # '' where all released
     if len(costlier):
         notes.append(SEEDS_NOTE + " (" + ", ".join(sorted({ACCOUNTANT_NAMES.get(r.accountant, r.accountant)
                                                            for r in costlier.itertuples()})) + ").")
     edge = private[(private.status == "ok") & private.edge.fillna("").astype(bool)]
     if len(edge):
         notes.append("Best configuration on the edge of its grid (a wider range of that hyperparameter may hold a better "
-                     "one): " + "; ".join(f"{r.label} at ε = {r.epsilon:g} ({r.edge})" for r in edge.itertuples()) + ".")
+                     "one): " + "; ".join(f"{grid_name(r, private)} at ε = {r.epsilon:g} ({r.edge})" for r in edge.itertuples())
+                     + ".")
     incomplete = private[(private.runs_done < private.runs_planned) & (private.budget != SELECTION)]
     if len(incomplete):
         notes.append("Incomplete grids (still training, or stopped; the same command resumes them): " + "; ".join(
-            f"{r.label} at ε = {r.epsilon:g} ({r.runs_done:g} of {r.runs_planned:g} runs)" for r in incomplete.itertuples())
+            f"{grid_name(r, private)} at ε = {r.epsilon:g} ({r.runs_done:g} of {r.runs_planned:g} runs)"
+            for r in incomplete.itertuples())
             + ".")
     partial = private[(private.configs_run < private.n_configs) & (private.budget != SELECTION)
                       & ~private.index.isin(incomplete.index)]
     if len(partial):  # grid.only: the best of a subset, still with the whole grid's noise
         notes.append("Partial grids (the best of the configurations run, with the whole grid's noise): " + "; ".join(
-            f"{r.label} at ε = {r.epsilon:g} ({r.configs_run} of {r.n_configs} configurations)"
+            f"{grid_name(r, private)} at ε = {r.epsilon:g} ({r.configs_run} of {r.n_configs} configurations)"
             for r in partial.itertuples()) + ".")
     if len(not_dp):
         notes.append("Not shown, no DP guarantee (shuffled batches, or a schedule that reads the data): " + "; ".join(
@@ -283,20 +282,29 @@ def write_one_table(g, dataset, k, out: Path, paper, figures: bool, report=print
 
 
 def write_curves(g, dataset, k, out: Path, report=print) -> list:
-    """Each grid's learning-curve figure (its own where grids of one cell were trained differently)."""
+    """Each grid's learning-curve figure (its own where grids of one cell were trained differently, its title and
+    caption saying how); grids whose runs were validated once have none, and are named in one line."""
     from dpgrid.reporting.figures import plot_learning_curve
 
-    written = []
+    written, single = [], []
     ok = g[g.status == "ok"]
     names = [f"{dataset}_{r.strategy}_" + (f"eps{r.epsilon:g}_{r.budget}" if r.private else "nonprivate") + f"_k{k}"
              for r in ok.itertuples()]
     for row, name in zip(ok.itertuples(), names):
+        variant = ""
         if names.count(name) > 1:  # grids of one cell trained differently (their own rows): one figure each
-            import hashlib
+            variant = variant_words(row, ok[[n == name for n in names]])
             name += "_" + hashlib.sha256(str(row.path).encode()).hexdigest()[:6]
         path = out / "figures" / "curves" / f"{name}.png"
         try:
-            written += plot_learning_curve(row, path)
+            drawn = plot_learning_curve(row, path, variant)
         except DpgridError as e:
             report(str(e))
+            continue
+        written += drawn
+        if not drawn:
+            single.append(f"{grid_name(row, ok)} at ε = {row.epsilon:g}" if row.private else f"{row.label} (non-private)")
+    if single:
+        report(f"{dataset} k={k}: no learning-curve figure of {'; '.join(single)}: each run was validated once "
+               "(T at most train.eval_every), a point, not a curve; its value is in the tables")
     return written

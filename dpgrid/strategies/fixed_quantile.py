@@ -37,7 +37,8 @@ class FixedQuantile(Strategy):
             raise DpgridError(
                 f"fixed_quantile needs noise multiplier < 2 sigma_b = {2 * count_std:.4g} "
                 f"(sigma_b = B / {options['count_noise_divisor']}), but the grid needs {noise_multiplier:.4g}; "
-                "raise epsilon or the batch size, or lower strategy.count_noise_divisor")
+                f"raise privacy.epsilon or train.batch_size, or lower strategy.count_noise_divisor below "
+                f"{2 * batch_size / noise_multiplier:.3g}")
         grad_multiplier = (noise_multiplier ** -2 - (2 * count_std) ** -2) ** -0.5
         return {"noise_multiplier_grad": grad_multiplier, "count_noise_std": count_std}
 

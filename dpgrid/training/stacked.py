@@ -71,6 +71,9 @@ def why_not_stacked(model: nn.Module, strategy_cls) -> str:
     if not isinstance(model, nn.Sequential):
         return f"the model is a {type(model).__name__}, not an nn.Sequential of layers that stack"
     if not all(p.requires_grad for p in model.parameters()):
+        # adapters (dpgrid.models.finetuning.LoRALinear: a frozen base, released `merged`) froze it, not train.trainable
+        if any(callable(getattr(m, "merged", None)) for m in model.modules()):
+            return "LoRA adapters (model.lora.rank) keep their layers' own weights frozen: such runs train one at a time"
         return "part of the model is frozen (train.trainable): such runs train one at a time"
     for layer in model:
         if owns_parameters(layer):

@@ -54,7 +54,7 @@ def test_a_plan_from_a_checkpoint_of_other_data_never_speaks_of_the_same_data(ch
     assert r.returncode == 0, r.stderr
     start = next(line for line in r.stdout.splitlines() if f"from {checkpoint}" in line)
     assert "on clinic" in start and "the same data" not in r.stdout
-    assert "where the checkpoint's data is this grid's data, both grids together cover the release" in start
+    assert "the release is covered by both grids together (model.init_disjoint=true declares" in start
 
 
 # --- SLURM's words (the sweeps themselves: tests/test_launchers.py) -------------------------------------------------

@@ -80,6 +80,39 @@ def grid_name(row, grids: pd.DataFrame) -> str:
     return f"{row.label}, {variant}" if variant else str(row.label)
 
 
+def settings_note(private: pd.DataFrame, varying: list) -> str:
+    """How the table's grids were trained: what they share, and what differs (a key column each); a weak delta."""
+    said = []
+    for key, text in (("epochs", "{} epoch{}"), ("batch_size", "expected batch B = {}"), ("steps", "T = {} steps per run"),
+                      ("eval_every", "validation every {} steps"), ("protocol", "protocol {}"), ("delta", "δ = {}")):
+        values = private[key].dropna()
+        if key not in varying and len(values):
+            value = fmt_setting(values.iloc[0])
+            said.append(text.format(value, "" if value == "1" else "s"))
+    text = ("All grids: " + ", ".join(said) + ".") if said else ""
+    trained = [f"model {private[key].dropna().iloc[0]}" if key == "model" else str(private[key].dropna().iloc[0])
+               for key in ("model", "start") if key in private and key not in varying and len(private[key].dropna())]
+    if trained:
+        text += f" They train {', '.join(trained)}."
+    if varying and set(varying) - {"budget"}:
+        text += (" Grids trained differently are never compared in one row: "
+                 + ", ".join(SETTING_NAMES.get(c, c) for c in varying if c != "budget") + " as the row says.")
+    if "start" in private and private.start.astype(str).str.contains("(private", regex=False).any():
+        text += " A grid that starts from a private checkpoint (start: private) spends its own ε, shown as ε (and ε seeds)."
+    if "validation" in private and (private.validation == "test_half").any():
+        text += (" Scored on the report half of the test set (data.validation=test_half): a fixed, stratified half "
+                 "chose each configuration, the other half, which chose nothing, measured the scores shown (unbiased; "
+                 "on half the examples, a score's standard error is √2 times the whole test set's)" +
+                 ("; the other grids chose and scored on the whole test set (optimistic)" if
+                  (private.validation == "test").any() else "") + ".")
+    weak = private[private.weak_delta.fillna(False).astype(bool)]
+    if len(weak):
+        n = weak.n_train.dropna()
+        text += (f" δ = {fmt_setting(weak.delta.iloc[0])} is not below 1/N" + (f" = 1/{int(n.iloc[0]):,}" if len(n) else "")
+                 + ": a weak guarantee (it allows revealing an example outright with probability δ).")
+    return text.strip()
+
+
 # --- formatting -------------------------------------------------------------------------------------
 
 def fmt_setting(value) -> str:

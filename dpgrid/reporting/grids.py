@@ -35,9 +35,9 @@ PRIVACY_FIGURES = ("noise_multiplier", "epsilon_spent", "epsilon_grid", "budget"
 COLUMNS = ["dataset", "strategy", "k", "epsilon", "delta", "weak_delta", "budget", "selection", "protocol", "epochs",
            "batch_size", "steps", "eval_every", "model", "start", "validation", "n_train", "epsilon_spent", "epsilon_grid",
            "epsilon_with_seeds", "released", "epsilon_released", "accountant", "sampling", "metric", "lr", "clip", "quantile",
-           "config_id", "value", "std", "n_seeds", "status",
-           "edge", "noise_multiplier", "n_configs", "configs_run", "runs_done", "runs_planned", "label", "private", "axes",
-           "adapts", "dataset_epsilons", "config_hash", "study_events", "path"]
+           "config_id", "value", "std", "n_seeds", "status", "edge", "noise_multiplier", "n_configs", "configs_run",
+           "runs_done", "runs_planned", "label", "private", "axes", "adapts", "dataset_epsilons", "config_hash",
+           "study_events", "path"]
 
 
 def grid_folders(results_dir: Path, out: Path = None) -> list:
@@ -88,8 +88,7 @@ def grid_row(folder: Path) -> dict:
     check_axes(folder, runs, plan, axes)
     metric = runs.metric.iloc[0]
     trained = {**training_settings(folder, runs, plan, private, noise_per_run), **variant(folder, plan),
-               # data.validation=test_half: scores reported on the report half, the selection half chose
-               "validation": "test_half" if "report_value" in runs else "test"}
+               "validation": "test_half" if "report_value" in runs else "test"}  # test_half: scored on the report half
     summary = summarize(runs, axes, tasks.get(metric).name)
     planned = len(plan.get("grid_only") or plan["configurations"]) * int(plan.get("seeds", 1))
     protocols = set(runs.protocol.dropna().astype(str))
@@ -113,8 +112,7 @@ def grid_row(folder: Path) -> dict:
         b = best.iloc[0]
         halves = "report_mean" in b  # the report half's score, which chose nothing
         row.update({a: b[a] for a in axes}, config_id=b.config_id, value=b["report_mean" if halves else "mean"],
-                   std=b["report_std" if halves else "std"],
-                   n_seeds=int(b.n_seeds - b.n_diverged), status="ok",
+                   std=b["report_std" if halves else "std"], n_seeds=int(b.n_seeds - b.n_diverged), status="ok",
                    edge="; ".join(edges({a: b[a] for a in axes}, plan["configurations"], axes)))
     else:
         row.update(status=DIVERGED, value=math.nan, std=math.nan)

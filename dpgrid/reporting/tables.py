@@ -24,8 +24,8 @@ from dpgrid import DpgridError
 from dpgrid.data import tasks
 from dpgrid.config.grid import AXIS_SYMBOL
 from dpgrid.reporting.cells import (ACCOUNTANT_NAMES, NOT_RUN, SETTING_NAMES, Column, Table, budget_note, fmt_hp,
-                                    fmt_setting, fmt_value, grid_name, private_strategies, to_csv_frame, to_latex, to_markdown,
-                                    variant_words)
+                                    fmt_setting, fmt_value, grid_name, private_strategies, settings_note, to_csv_frame,
+                                    to_latex, to_markdown, variant_words)
 from dpgrid.reporting.grids import NOT_DP, SELECTION, SETTINGS, collect
 from dpgrid.reporting.releases import covered_beyond, table_note, unreleased_words
 from dpgrid.reporting.study import study_note
@@ -117,39 +117,6 @@ def over_seeds(private: pd.DataFrame) -> str:
     if len(seeds) == 1:
         return f"mean ± std over {seeds[0]} seed{'s' if seeds[0] != 1 else ''}"
     return "mean ± std over its converged seeds"
-
-
-def settings_note(private: pd.DataFrame, varying: list) -> str:
-    """How the table's grids were trained: what they share, and what differs (a key column each); a weak delta."""
-    said = []
-    for key, text in (("epochs", "{} epoch{}"), ("batch_size", "expected batch B = {}"), ("steps", "T = {} steps per run"),
-                      ("eval_every", "validation every {} steps"), ("protocol", "protocol {}"), ("delta", "δ = {}")):
-        values = private[key].dropna()
-        if key not in varying and len(values):
-            value = fmt_setting(values.iloc[0])
-            said.append(text.format(value, "" if value == "1" else "s"))
-    text = ("All grids: " + ", ".join(said) + ".") if said else ""
-    trained = [f"model {private[key].dropna().iloc[0]}" if key == "model" else str(private[key].dropna().iloc[0])
-               for key in ("model", "start") if key in private and key not in varying and len(private[key].dropna())]
-    if trained:
-        text += f" They train {', '.join(trained)}."
-    if varying and set(varying) - {"budget"}:
-        text += (" Grids trained differently are never compared in one row: "
-                 + ", ".join(SETTING_NAMES.get(c, c) for c in varying if c != "budget") + " as the row says.")
-    if "start" in private and private.start.astype(str).str.contains("(private", regex=False).any():
-        text += " A grid that starts from a private checkpoint (start: private) spends its own ε, shown as ε (and ε seeds)."
-    if "validation" in private and (private.validation == "test_half").any():
-        text += (" Scored on the report half of the test set (data.validation=test_half): a fixed, stratified half "
-                 "chose each configuration, the other half, which chose nothing, measured the scores shown (unbiased; "
-                 "on half the examples, a score's standard error is √2 times the whole test set's)" +
-                 ("; the other grids chose and scored on the whole test set (optimistic)" if
-                  (private.validation == "test").any() else "") + ".")
-    weak = private[private.weak_delta.fillna(False).astype(bool)]
-    if len(weak):
-        n = weak.n_train.dropna()
-        text += (f" δ = {fmt_setting(weak.delta.iloc[0])} is not below 1/N" + (f" = 1/{int(n.iloc[0]):,}" if len(n) else "")
-                 + ": a weak guarantee (it allows revealing an example outright with probability δ).")
-    return text.strip()
 
 
 def mark_best(table: Table, task) -> None:

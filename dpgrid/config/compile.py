@@ -67,6 +67,7 @@ class GridSpec:
     warnings: tuple = ()        # to show once, when the grid starts or is planned
     start: Any = Start()        # dpgrid.specs.Start: the checkpoint every run starts from, adapters, what trains
     observer: Any = None        # what watches its runs (dpgrid.training.observer.RunObserver: `dpgrid audit`'s canaries), or None
+    tracker: Any = None         # dpgrid.plugins.Target of tracker=... (dpgrid.tracking), or None: what follows the grid
 
     def announce(self) -> "GridSpec":
         """Show the grid's warnings (once: a grid is compiled once); returns the spec."""
@@ -91,6 +92,9 @@ def compile(cfg, n_train: int = None, plan: bool = True, before_plan=None) -> Gr
     selection_cls, selection = selection_of(cfg.privacy.selection)  # its keys typed: a misspelt one is refused first
     warnings = check_config(cfg, n_train)  # first, and before torch is imported: a bad value is refused at once
     selection_cls.check_options(Reader(cfg))
+    from dpgrid.tracking import compiled as compiled_tracker
+
+    tracker = compiled_tracker(cfg.get("tracker"))  # its package installed, else one line naming the extra
     from dpgrid.config.grid import configurations, select, size
     from dpgrid.plugins import arguments
     from dpgrid.strategies import resolve
@@ -139,7 +143,7 @@ def compile(cfg, n_train: int = None, plan: bool = True, before_plan=None) -> Gr
         data_root=str(cfg.data.root), protocol=str(cfg.protocol), overwrite=bool(cfg.overwrite), stopping_seed=int(privacy["stopping_seed"]),
         privacy=MappingProxyType(privacy), settings=MappingProxyType(plain),
         config_hash=config_hash(identity_settings(plain, start), strategy_cls.private, selection_cls.accounts_seeds),
-        warnings=tuple(warnings))
+        warnings=tuple(warnings), tracker=tracker)
     if before_plan is not None:
         before_plan(spec)
     if not plan:

@@ -25,7 +25,7 @@ def usage(args=()) -> str:
     hydra.searchpath=[...] among `args` adds."""
     searchpath = [a.partition("=")[2] for a in args if a.partition("=")[0].lstrip("+") == "hydra.searchpath"]
     lines = [f"{group.replace('/', '.')}: {', '.join(options(group, searchpath[-1] if searchpath else None))}"
-             for group in ("dataset", "strategy", "model", "protocol", "privacy/selection")]
+             for group in ("dataset", "strategy", "model", "protocol", "privacy/selection", "tracker")]
     return USAGE + "\n" + "\n".join(lines)
 
 

@@ -16,6 +16,7 @@ that one process holds, so a sweep's workers never write into the same run.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import socket
@@ -44,7 +45,7 @@ class MlflowTracker(Tracker):
 
         given = uri or os.environ.get("MLFLOW_TRACKING_URI")
         if not given:
-            self.root.mkdir(parents=True, exist_ok=True)
+            local_store(self.root / "mlflow.db")
         self.uri = given or f"sqlite:///{self.root / 'mlflow.db'}"
         self.client = Patient(MlflowClient(tracking_uri=self.uri))
         self.experiment_id = experiment_id(self.client, experiment,
@@ -171,6 +172,33 @@ class MlflowTracker(Tracker):
             self.client.log_batch(run_id, metrics=[e for e in chunk if type(e).__name__ == "Metric"],
                                   params=[e for e in chunk if isinstance(e, Param)],
                                   tags=[e for e in chunk if isinstance(e, RunTag)])
+
+
+def local_store(path: Path) -> None:
+    """dpgrid's own local store (no URI given): a sqlite file in write-ahead-log mode, whose commits this process makes
+    without waiting for the disk (synchronous=NORMAL: a crash of the machine may lose the last writes, never the
+    file's consistency; a killed process loses nothing). Several processes of one machine (a sweep's local workers)
+    write it side by side; like any sqlite file, it is not for a network file system (a SLURM sweep's nodes: give
+    MLflow a tracking server, MLFLOW_TRACKING_URI)."""
+    import sqlite3
+
+    from sqlalchemy import event
+    from sqlalchemy.engine import Engine
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with contextlib.closing(sqlite3.connect(path, timeout=LOCKED_WAIT_S)) as connection:
+        connection.execute("PRAGMA journal_mode=WAL")  # kept by the file
+
+    def unsynced(connection, record) -> None:
+        if isinstance(connection, sqlite3.Connection) and \
+                connection.execute("PRAGMA database_list").fetchone()[2] == str(path):
+            connection.execute("PRAGMA synchronous=NORMAL")
+
+    if not event.contains(Engine, "connect", LOCAL_STORES.setdefault(str(path), unsynced)):
+        event.listen(Engine, "connect", LOCAL_STORES[str(path)])
+
+
+LOCAL_STORES = {}  # path -> its connections' set-up, listened to once per process
 
 
 def experiment_id(client, name: str, artifacts: str = None) -> str:

@@ -144,9 +144,9 @@ def release_of(folder: Path) -> Release | None:
     params = {f"release.{key}": value for key, value in configuration.items() if plain(value)}
     params.update({"release.default_seed": record.get("default_seed"), "release.metric": record.get("metric"),
                    "release.seeds": len(record.get("models") or [])})
-    carried = fingerprints(record) + [name for name in weight_files(record, folder) if fingerprints(metadata(name))]
-    withheld = (f"model/ not logged: {', '.join(str(c) for c in carried)} carry the data files' fingerprint "
-                "(plan.json's data_files), which is not published" if carried else "")
+    carried = fingerprints(record) + [path.name for path in weight_files(record, folder) if fingerprints(metadata(path))]
+    withheld = (f"model/ not logged: {', '.join(carried)} carr{'ies' if len(carried) == 1 else 'y'} the data files' "
+                "fingerprint (data_files), which is not published" if carried else "")
     return Release(values=values, params={k: v for k, v in params.items() if plain(v)},
                    covers=str(record.get("why") or ""), folder=None if carried else Path(folder), withheld=withheld)
 

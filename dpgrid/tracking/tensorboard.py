@@ -77,14 +77,14 @@ class TensorboardTracker(Tracker):
                 w.add_scalar("grid/seconds", seconds, 0)
             if release is not None:
                 for key, value in release.values.items():
-                    w.add_scalar(key, value, 0)
+                    w.add_scalar(key.replace(".", "/", 1), value, 0)  # release/epsilon: grouped as TensorBoard groups
                 w.add_text("release", table({**release.params, "covers": release.covers,
                                               "model": str(release.folder) if release.folder else release.withheld}))
 
     def log_audit(self, grid: Grid, audit: Audit) -> None:
         with writer(self.dir / grid.name) as w:
             for key, value in audit.values.items():
-                w.add_scalar(key, value, 0)
+                w.add_scalar(key.replace(".", "/", 1), value, 0)
             w.add_text("audit", table({**audit.params, **({"mechanism": audit.verdict} if audit.verdict else {})}))
 
 

@@ -13,7 +13,7 @@ import pandas as pd
 import torch
 from tqdm.auto import tqdm
 
-from dpgrid import DpgridError, data as data_mod, tracking
+from dpgrid import DpgridError, data as data_mod
 from dpgrid.data import tasks
 from dpgrid.config import check_loaded
 from dpgrid.results.curves import append_curves
@@ -32,6 +32,7 @@ from dpgrid.reporting.console import log, plan_header, report_run, say, say_meth
 from dpgrid.results.claim import claim
 from dpgrid.results.runs import commit_run, plan_record, run_ids, write_header
 from dpgrid.strategies.base import Noise, Progress
+from dpgrid.results.tracked import Follower, follow
 from dpgrid.training import threads
 from dpgrid.training.stacked import StackedEngine, StackedModel, group_size, why_not_stacked
 from dpgrid.training.train import train_runs
@@ -198,7 +199,7 @@ def train(spec, out_dir, progress: bool = True, on_lock=None, created="unknown",
     with locked(out):
         try:
             with threads.using(threads.choose(spec.train.threads, spec.plan.model_parameters, parallel_jobs)), \
-                    threads.exact_cuda(), threads.reusing_freed_memory(), tracking.follow(spec, out, tracked_from) as follower:
+                    threads.exact_cuda(), threads.reusing_freed_memory(), follow(spec, out, tracked_from) as follower:
                 return train_grid(spec, out, progress, on_lock, follower)
         except DpgridError:
             remove_created(out, created)
@@ -209,7 +210,7 @@ def train_grid(spec, out: Path, progress: bool, on_lock=None, follower=None) -> 
     """train's work, with the directory's lock held. Everything that can refuse the grid is asked before
     anything is written: the data, the model on it, the directory's config, data and release. `follower`: what tells
     its tracker (dpgrid.tracking), once the grid trains, each run committed and its end."""
-    follower = follower or tracking.Follower()
+    follower = follower or Follower()
     data = data_mod.load(spec.dataset, spec.data_root, spec.train.device)
     check_loaded(spec, data.n_train)  # the plan's N is the data's, before an observer adds to them
     data = spec.observer.training_data(data) if spec.observer is not None else data

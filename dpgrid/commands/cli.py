@@ -68,8 +68,9 @@ def run_command(args: list) -> None:
             from dpgrid import tracking
             from dpgrid.config.compose import compose, sweep_jobs
 
+            first = compose(sweep_jobs(overrides)[0], with_hydra=True)  # the sweep's tracker and folder
             with kept_if_nothing_queued(overrides), launcher_errors_raised(), \
-                    tracking.sweep(compose(sweep_jobs(overrides)[0], with_hydra=True), overrides):
+                    tracking.sweep(first.get("tracker"), first.hydra.sweep.dir, overrides):
                 hydra.main(version_base="1.3", config_path=config_dir(), config_name="config")(
                     grid_job(created, checked=checked))()
         FINISHED.append(True)

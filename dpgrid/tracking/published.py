@@ -85,7 +85,8 @@ class Logged:
     runs: set = field(default_factory=set)  # (config_id, seed)
 
 
-def grid_of(spec, folder: Path, root: Path) -> Grid:
+def grid_of(spec, folder: Path, root: Path, runs_published: bool) -> Grid:
+    """The grid of `spec` in `folder`; `runs_published`: its procedure publishes its runs (a composition's)."""
     plan = spec.plan
     found = plan.to_dict()
     params = {key: found[key] for key in PLAN_FIELDS if plain(found.get(key))}
@@ -95,12 +96,11 @@ def grid_of(spec, folder: Path, root: Path) -> Grid:
                   momentum=spec.train.momentum, secure_rng=spec.train.secure_rng, config_hash=spec.config_hash,
                   axes=",".join(plan.axes))
     from dpgrid.data import tasks
-    from dpgrid.results.procedure import procedure_of
 
     private = plan.private and plan.epsilon_spent is not None
     return Grid(folder=str(folder), name=name_under(folder, root), config_hash=spec.config_hash, params=params,
                 covers=plan.method.covers if private else "", metric=tasks.get(spec.dataset.task).metric,
-                runs_published=not procedure_of(plan.method).releases_best_only)
+                runs_published=runs_published)
 
 
 def run_of(row: dict, curve: list, axes, metric: str) -> Run:
@@ -124,14 +124,12 @@ def best_of(summary) -> dict:
                                                 if number(row.get(key))}}
 
 
-def release_of(folder: Path) -> Release | None:
-    """The release in `folder` (a run directory's model/), or None where the grid released nothing."""
-    from dpgrid.results.statement import STATEMENT
-
-    path = Path(folder) / STATEMENT
-    if not path.is_file():
+def release_of(statement: Path) -> Release | None:
+    """The release whose statement is `statement` (a run directory's model/model.json), or None where the grid
+    released nothing."""
+    if not Path(statement).is_file():
         return None
-    record = json.loads(path.read_text())
+    folder, record = Path(statement).parent, json.loads(Path(statement).read_text())
     covered = record.get("covered_by") or {}
     values = {f"release.{key}": float(covered[key]) for key in ("epsilon", "delta") if number(covered.get(key))}
     score = (record.get("score") or {}).get("value")

@@ -29,7 +29,11 @@ class Follower:
             return
         from dpgrid.tracking.worker import Logger
 
-        self.channel = Inline(Logger()) if place.inline else Worker()
+        try:
+            self.channel = Inline(Logger()) if place.inline else Worker()
+        except OSError as e:  # no process can be started: the grid's files are the record
+            warnings.warn(f"tracker: its worker process could not start ({e}); the grid goes on without it")
+            return
         target = spec.tracker
         self.send("open", target.target, dict(target.arguments), place.root, holder())
 
@@ -108,7 +112,7 @@ class Worker:
         import subprocess
         import sys
 
-        env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)}  # this process's modules and plugins
+        env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)}  # its modules and plugins
         self.process = subprocess.Popen([sys.executable, "-m", "dpgrid.tracking.worker"], stdin=subprocess.PIPE,
                                         stdout=subprocess.PIPE, env=env)
         self.lost = False

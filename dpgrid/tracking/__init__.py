@@ -1,11 +1,11 @@
 """Experiment trackers: a grid followed in MLflow or TensorBoard (`tracker=mlflow`, `tracker=tensorboard`; off by
 default). A tracker is one module and one config of the `tracker` group, its `_target_` a `Tracker` subclass.
 
-Training knows nothing of trackers: the runner tells a `Follower` (dpgrid.results.tracked) when the grid starts (its lock held, its plan
-written), when each run is committed (its row in runs.csv: the run, not a line, is the unit, so the workers of a
-sweep never write into one another's runs) and when the grid ends, as the audit watches runs through
-dpgrid.training.observer. What a tracker receives is made by dpgrid.tracking.published, which lets through what
-dpgrid publishes and nothing else.
+Training knows nothing of trackers: the runner tells a `Follower` (dpgrid.results.tracked) when the grid starts
+(its lock held, its plan written), when each run is committed (its row in runs.csv: the run, not a line, is the
+unit, so the workers of a sweep never write into one another's runs) and when the grid ends, as the audit watches
+runs through dpgrid.training.observer. What a tracker receives is made by dpgrid.tracking.published, which lets
+through what dpgrid publishes and nothing else; a worker process (dpgrid.tracking.worker) logs it.
 
 A tracker changes no result: the `tracker` settings are not part of a grid's identity (dpgrid.config.identity), and
 a tracker that fails (a server that does not answer) is said in one warning and left off for the rest of the grid,

@@ -27,7 +27,8 @@ from dpgrid.tracking import FAILED, FINISHED, Tracker
 from dpgrid.tracking.published import Audit, Grid, Logged, Release, Run, Sweep
 
 RUNNING = "RUNNING"
-KIND, FOLDER, HASH, PROCESS, HOST = "dpgrid.kind", "dpgrid.folder", "dpgrid.config_hash", "dpgrid.process", "dpgrid.host"
+KIND, FOLDER, HASH = "dpgrid.kind", "dpgrid.folder", "dpgrid.config_hash"
+PROCESS, HOST = "dpgrid.process", "dpgrid.host"
 PARENT, NAME = "mlflow.parentRunId", "mlflow.runName"
 PARAM_LENGTH, TAG_LENGTH = 500, 5000  # what every MLflow server keeps (older ones: 500 and 5000)
 BATCH = 1000                           # entities per log_batch (MLflow's limit)
@@ -39,7 +40,7 @@ class MlflowTracker(Tracker):
 
     def __init__(self, root, uri: str = None, experiment: str = "dpgrid"):
         super().__init__(root)
-        for name in ("mlflow", "alembic"):  # the store's set-up lines (creating tables, migrations) stay off the console
+        for name in ("mlflow", "alembic"):  # the store's set-up lines (tables, migrations) stay off the console
             logging.getLogger(name).setLevel(logging.WARNING)
         from mlflow.tracking import MlflowClient
 
@@ -92,7 +93,8 @@ class MlflowTracker(Tracker):
 
         tags = {KIND: "run", PARENT: self.grid_run, "dpgrid.config_id": run.config_id, "dpgrid.seed": str(run.seed),
                 "dpgrid.diverged": str(run.diverged).lower(), **process_tags(self.holder)}
-        run_id = self.client.create_run(self.experiment_id, tags=tags, run_name=f"{run.config_id} seed{run.seed}").info.run_id
+        run_id = self.client.create_run(self.experiment_id, tags=tags,
+                                        run_name=f"{run.config_id} seed{run.seed}").info.run_id
         now = int(time.time() * 1000)
         metrics = [Metric(key, value, now, step) for step, values in run.curve for key, value in values.items()]
         metrics += [Metric(key, value, now, 0) for key, value in run.values.items()]
@@ -153,7 +155,8 @@ class MlflowTracker(Tracker):
             self.client.update_run(run_id, status=RUNNING)
             self.log(run_id, tags=process_tags(self.holder))
             return run_id
-        return self.client.create_run(self.experiment_id, tags={**tags, **process_tags(self.holder)}, run_name=name).info.run_id
+        tags = {**tags, **process_tags(self.holder)}
+        return self.client.create_run(self.experiment_id, tags=tags, run_name=name).info.run_id
 
     def runs(self, where: str) -> list:
         return search(self.client, self.experiment_id, where)

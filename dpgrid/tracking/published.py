@@ -23,7 +23,7 @@ PLAN_FIELDS = ("dataset", "strategy", "k", "n_configs", "n_train", "batch_size",
                "epsilon", "delta", "seeds", "account_seeds", "composed_runs", "noise_multiplier", "budget", "sampling",
                "accountant", "epsilon_spent", "epsilon_grid", "epsilon_per_run", "epsilon_with_seeds", "selection",
                "selection_accountant", "private", "model_parameters")
-# a committed run's row (dpgrid.runner.run_row): what it ended with, measured on the test set or privatised, and its time
+# a committed run's row (dpgrid.runner.run_row): what it ended with (on the test set, or privatised), and its time
 RUN_FIELDS = ("best_value", "best_step", "final_clip", "final_lr", "steps", "seconds", "eval_seconds")
 CURVE_KEYS = ("config_id", "seed", "step")  # a validation's identity; every other column of curves.csv is a value
 # what names a data file's content: never logged, whichever record carries it
@@ -142,7 +142,8 @@ def release_of(statement: Path) -> Release | None:
     params = {f"release.{key}": value for key, value in configuration.items() if plain(value)}
     params.update({"release.default_seed": record.get("default_seed"), "release.metric": record.get("metric"),
                    "release.seeds": len(record.get("models") or [])})
-    carried = fingerprints(record) + [path.name for path in weight_files(record, folder) if fingerprints(metadata(path))]
+    carried = fingerprints(record) + [path.name for path in weight_files(record, folder)
+                                      if fingerprints(metadata(path))]
     withheld = (f"model/ not logged: {', '.join(carried)} carr{'ies' if len(carried) == 1 else 'y'} the data files' "
                 "fingerprint (data_files), which is not published" if carried else "")
     return Release(values=values, params={k: v for k, v in params.items() if plain(v)},

@@ -643,8 +643,10 @@ def main():
         profile(*args.profile, args.engine)
         return
     if args.trackers:
-        found = {"machine": {"cpu": cpu_name(), "cores": os.cpu_count(), "torch": torch.__version__, "commit": commit()},
-                 **bench_trackers(args.repeats)}
+        found = {"machine": {"cpu": cpu_name(), "cores": os.cpu_count(), "torch": torch.__version__,
+                             "load_average": os.getloadavg()[0]},
+                 **bench_trackers(args.repeats), "commit": commit(),
+                 "command": "python scripts/bench.py " + " ".join(sys.argv[1:]), "date": time.strftime("%Y-%m-%d")}
         if args.record:
             with open(args.record if args.record != RECORD else TRACKER_RECORD, "w") as f:
                 json.dump(found, f, indent=2)

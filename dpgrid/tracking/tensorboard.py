@@ -2,9 +2,9 @@
 <hydra.sweep.dir>/tensorboard), a folder per grid named as its run directory under the outputs, and in it a folder per
 configuration and seed: `tensorboard --logdir outputs/tensorboard`.
 
-Written with TensorBoard's own event writer and summaries, without torch or TensorFlow. A grid's folder holds its plan and what it covers (Text), its release and best configuration (Scalars, Text) and an
+A grid's folder holds its plan and what it covers (Text), its release and best configuration (Scalars, Text) and an
 audit's bound; each run's folder its validations with their steps (Scalars) and its configuration beside its best
-value (HParams). A run's folder is written whole under a hidden name and renamed into place: it exists once the run is
+value (HParams), written with TensorBoard's own event writer and summaries (no torch, no TensorFlow). A run's folder is written whole under a hidden name and renamed into place: it exists once the run is
 logged, so a resumed grid logs the runs whose folder is missing, and a folder a kill left half-written is removed
 when its grid starts again (its lock held: no other process writes there).
 """

@@ -466,29 +466,34 @@ TRACKER_TARGET = 1.05  # the most a tracker may add to the default job, as a rat
 
 def bench_trackers(repeats: int, trackers=TRACKERS) -> dict:
     """The default job (`dpgrid run`, digits) as whole processes without a tracker and with each, interleaved round by
-    round (a busy machine slows them alike): the median seconds of each, and the median of each round's ratio to the
-    job without one. Each run trains into a fresh directory; a tracker's store is kept between runs, as a user's is."""
+    round (a busy machine slows them alike): the median seconds of each (wall, and CPU of the grid's process and its
+    tracker's worker together), and the median of each round's wall ratio to the job without one. Each run trains
+    into a fresh directory; a tracker's store is kept between runs, as a user's is."""
     import shutil
     import tempfile
 
-    folder, seconds = tempfile.mkdtemp(prefix="dpgrid-trackers-"), {t: [] for t in trackers}
+    folder = tempfile.mkdtemp(prefix="dpgrid-trackers-")
+    seconds, cpu = {t: [] for t in trackers}, {t: [] for t in trackers}
     try:
         for repeat in range(repeats + 1):  # the first round is a warm-up: imports cached, stores made
             for tracker in trackers:
                 here = os.path.join(folder, tracker)
                 shutil.rmtree(os.path.join(here, "outputs", "digits"), ignore_errors=True)
                 os.makedirs(here, exist_ok=True)
-                command = [sys.executable, "-m", "dpgrid", "run", *([f"tracker={tracker}"] if tracker != "none" else [])]
-                start = time.perf_counter()
+                command = [sys.executable, "-m", "dpgrid", "run", *([] if tracker == "none" else [f"tracker={tracker}"])]
+                start, used = time.perf_counter(), resource.getrusage(resource.RUSAGE_CHILDREN)
                 subprocess.run(command, cwd=here, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+                after = resource.getrusage(resource.RUSAGE_CHILDREN)  # the grid's process and its tracker's worker
                 if repeat:
                     seconds[tracker].append(time.perf_counter() - start)
+                    cpu[tracker].append(after.ru_utime + after.ru_stime - used.ru_utime - used.ru_stime)
     finally:
         shutil.rmtree(folder, ignore_errors=True)
     rows = []
     for tracker in trackers:
         ratios = [a / b for a, b in zip(seconds[tracker], seconds["none"])]
         rows.append({"tracker": tracker, "seconds": statistics.median(seconds[tracker]),
+                     "cpu_s": statistics.median(cpu[tracker]),
                      "min_s": min(seconds[tracker]), "max_s": max(seconds[tracker]), "repeats": repeats,
                      "ratio_to_none": statistics.median(ratios), "target": TRACKER_TARGET,
                      "met": statistics.median(ratios) <= TRACKER_TARGET})
@@ -654,9 +659,9 @@ def main():
             print(json.dumps(found, indent=2))
             return
         print(f"machine: {found['machine']}\n{found['job']}")
-        print(f"{'tracker':<12} {'median s':>9} {'min s':>7} {'max s':>7} {'ratio':>7} {'target':>7}")
+        print(f"{'tracker':<12} {'median s':>9} {'min s':>7} {'max s':>7} {'cpu s':>7} {'ratio':>7} {'target':>7}")
         for r in found["trackers"]:
-            print(f"{r['tracker']:<12} {r['seconds']:>9.2f} {r['min_s']:>7.2f} {r['max_s']:>7.2f} "
+            print(f"{r['tracker']:<12} {r['seconds']:>9.2f} {r['min_s']:>7.2f} {r['max_s']:>7.2f} {r['cpu_s']:>7.2f} "
                   f"{r['ratio_to_none']:>7.3f} {r['target']:>6.2f}{'' if r['met'] else '!'}")
         print("ratio: the median over rounds of each round's time over the job's without a tracker (! over target)")
         return

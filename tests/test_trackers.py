@@ -388,13 +388,19 @@ def wait_gone(pid: int) -> None:
     raise AssertionError(f"process {pid} did not end")
 
 
-@pytest.mark.slow
-def test_kill_9_ends_the_grid_run_failed_and_the_same_command_takes_it_up(tmp_path):
+def paused_grid(tmp_path, after: int) -> tuple:
+    """(its arguments, run directory, outputs' root, process, its tracker's worker): `dpgrid run tracker=mlflow` in a
+    real process, paused once it has committed `after` runs (tests/paused.py)."""
     pytest.importorskip("mlflow")
     out, root = tmp_path / "outputs" / "grid", tmp_path / "outputs"
     args = ["run", *ARGS, "tracker=mlflow", f"hydra.run.dir={out}", f"hydra.sweep.dir={root}"]
-    proc, _ = start_paused(args, after=3, folder=tmp_path)
-    worker = worker_of(proc.pid)
+    proc, _ = start_paused(args, after=after, folder=tmp_path)
+    return args, out, root, proc, worker_of(proc.pid)
+
+
+@pytest.mark.slow
+def test_kill_9_ends_the_grid_run_failed_and_the_same_command_takes_it_up(tmp_path):
+    args, out, root, proc, worker = paused_grid(tmp_path, after=3)
     proc.send_signal(signal.SIGKILL)
     proc.wait()
     wait_gone(worker)  # its input ended: it logs what it was sent and ends the grid's run
@@ -412,11 +418,7 @@ def test_kill_9_ends_the_grid_run_failed_and_the_same_command_takes_it_up(tmp_pa
 
 @pytest.mark.slow
 def test_a_grid_killed_with_its_worker_is_ended_failed_by_the_next_command(tmp_path):
-    pytest.importorskip("mlflow")
-    out, root = tmp_path / "outputs" / "grid", tmp_path / "outputs"
-    args = ["run", *ARGS, "tracker=mlflow", f"hydra.run.dir={out}", f"hydra.sweep.dir={root}"]
-    proc, _ = start_paused(args, after=2, folder=tmp_path)
-    worker = worker_of(proc.pid)
+    args, out, root, proc, worker = paused_grid(tmp_path, after=2)
     deadline = time.monotonic() + 300
     while not grid_opened(root) and time.monotonic() < deadline:  # the worker has opened the grid's run
         time.sleep(0.05)

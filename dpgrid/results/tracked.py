@@ -83,7 +83,7 @@ class Follower:
             self.ended_as = FINISHED                          # one release, made before)
             self.send("end", FINISHED)
         channel, self.channel = self.channel, None
-        for line in channel.close():
+        for line in channel.close(started=self.grid is not None):
             warnings.warn(line)
 
     def send(self, *message) -> None:
@@ -100,7 +100,7 @@ class Inline:
     def send(self, message: tuple) -> None:
         self.logger.handle(message)
 
-    def close(self) -> list:
+    def close(self, started: bool = True) -> list:
         return self.logger.close()
 
 
@@ -128,10 +128,16 @@ class Worker:
         except (BrokenPipeError, OSError):  # it died: said when the command ends
             self.lost = True
 
-    def close(self) -> list:
+    def close(self, started: bool = True) -> list:
+        """What it had to say, once it has logged everything; a grid that never started (refused) has nothing to log,
+        and its worker, which has only imported its library, is stopped at once."""
         import pickle
         import subprocess
 
+        if not started:
+            self.process.kill()
+            self.process.communicate()
+            return []
         try:
             said, _ = self.process.communicate(timeout=WAIT_S)  # its input closed: it ends once it has logged it
         except subprocess.TimeoutExpired:

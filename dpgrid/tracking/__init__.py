@@ -15,6 +15,7 @@ whose files stay the record; the same command logs what it missed.
 from __future__ import annotations
 
 import contextlib
+import importlib
 import importlib.util
 import warnings
 from dataclasses import dataclass
@@ -36,6 +37,12 @@ class Tracker:
 
     def __init__(self, root):
         self.root = Path(root).absolute()
+
+    @classmethod
+    def prepare(cls) -> None:
+        """Import the tracker's library ahead of its use (in the worker process, while the grid loads and trains)."""
+        if cls.package:
+            importlib.import_module(cls.package)
 
     @classmethod
     def check_installed(cls, name: str) -> None:

@@ -54,6 +54,11 @@ class MlflowTracker(Tracker):
         self.grid_run = self.sweep_run = None
         end_orphans(self.client, self.experiment_id)
 
+    @classmethod
+    def prepare(cls) -> None:
+        import mlflow.tracking  # noqa: F401  (the client)
+        import mlflow.store.tracking.sqlalchemy_store  # noqa: F401  (the sqlite store's)
+
     # --- a sweep -------------------------------------------------------------------------------------------------
 
     def start_sweep(self, sweep: Sweep) -> None:

@@ -19,7 +19,7 @@ class Logger:
     """One grid command's messages, applied to its tracker in order; a tracker that fails is said once and left off."""
 
     def __init__(self):
-        self.tracker, self.logged, self.said = None, set(), []
+        self.tracker, self.target, self.logged, self.said = None, None, set(), []
         self.started = self.ended = False
 
     def handle(self, message: tuple) -> None:
@@ -27,18 +27,31 @@ class Logger:
         getattr(self, kind)(*args)
 
     def open(self, target: str, arguments: dict, root, holder: dict) -> None:
-        """Build the tracker (`holder`: the grid's process, which holds its runs)."""
-        from dpgrid.plugins import Target
-        from dpgrid.tracking import build
+        """Import the tracker and its library (what costs seconds, done while the grid loads and trains); its store is
+        opened once the grid starts, so a grid refused before that leaves no trace in it. `holder`: the grid's
+        process, which holds its runs."""
+        from dpgrid.plugins import Target, resolve
 
+        self.target, self.root, self.holder = Target(target, arguments), root, holder
         try:
-            self.tracker = build(Target(target, arguments), root)
-            self.tracker.holder = holder
-        except Exception as e:  # noqa: BLE001  (a store that cannot be opened: the grid's files are the record)
+            resolve(self.target, "tracker", kind="class").prepare()
+        except Exception as e:  # noqa: BLE001  (said when the grid starts, as the build's own failure)
+            self.target = None
             self.fail(target.rpartition(".")[2], "could not start", e)
 
     def start(self, grid, sweep, committed: list) -> None:
-        """The grid's run opened or taken up; the `committed` runs it lacks logged now."""
+        """The tracker built (its store opened), the grid's run opened or taken up; the `committed` runs it lacks
+        logged now."""
+        from dpgrid.tracking import build
+
+        if self.target is None:
+            return
+        try:
+            self.tracker = build(self.target, self.root)
+            self.tracker.holder = self.holder
+        except Exception as e:  # noqa: BLE001  (a store that cannot be opened: the grid's files are the record)
+            self.fail(self.target.target.rpartition(".")[2], "could not start", e)
+            return
         logged = self.call("start_grid", grid, sweep)
         if logged is None:
             return

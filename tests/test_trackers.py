@@ -497,3 +497,15 @@ def test_a_tracker_that_fails_is_one_warning_and_the_grid_goes_on(tmp_path, monk
     assert len(pd.read_csv(out / "runs.csv")) == 8 and (out / "model" / "model.json").exists()
     said = [str(w.message) for w in recwarn if str(w.message).startswith("tracker:")]
     assert len(said) == 1 and "could not start" in said[0] and "the grid goes on without it" in said[0], said
+
+
+@pytest.mark.slow  # a worker process
+def test_a_refused_grid_leaves_no_store_and_no_worker(tmp_path):
+    pytest.importorskip("mlflow")
+    root = tmp_path / "outputs"
+    r = dpgrid("run", *ARGS, "tracker=mlflow", "model=cnn", f"hydra.run.dir={root / 'grid'}",
+               f"hydra.sweep.dir={root}")  # the CNN does not fit digits: refused once the data is loaded
+    assert r.returncode == 2 and one_line(r.stderr) and "does not fit" in r.stderr, r.stderr
+    assert not root.exists()
+    with pytest.raises(AssertionError, match="no tracker worker"):  # stopped as the grid was refused
+        worker_of(os.getpid())

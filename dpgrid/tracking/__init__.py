@@ -84,7 +84,13 @@ def compiled(node, name: str = None):
     importable and a Tracker, its keys its constructor's, its package installed."""
     if node is None:
         return None
+    from omegaconf import OmegaConf
+
     from dpgrid.plugins import check_arguments, resolve, target_of
+
+    if not OmegaConf.is_dict(node):  # `tracker=NAME` where no config of the group was found: a plain value
+        raise DpgridError(f"no tracker named {node!r}: tracker= takes an option of conf/tracker/ (`dpgrid --help` "
+                          "lists them)")
 
     name = name or str(node.get("_target_", "?")).rpartition(".")[0].rpartition(".")[2]  # its module's: mlflow
     cls = resolve(node, f"tracker={name}", kind="class")

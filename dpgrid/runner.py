@@ -34,6 +34,7 @@ from dpgrid.reporting.console import plan_header, report_run, say, say_methods
 from dpgrid.results.claim import claim
 from dpgrid.results.runs import commit_run, plan_record, run_ids, write_header
 from dpgrid.strategies.base import Noise, Progress
+from dpgrid.results.tracked import Follower, follow
 from dpgrid.training import threads
 from dpgrid.training.stacked import StackedEngine, StackedModel, group_size, why_not_stacked
 from dpgrid.training.train import train_runs
@@ -184,13 +185,15 @@ def check_fit(spec, data, checkpoint: dict = None) -> None:
                           "(model=...)") from None
 
 
-def train(spec, out_dir, progress: bool = True, on_lock=None, created="unknown", parallel_jobs: int = 1) -> "Trained":
+def train(spec, out_dir, progress: bool = True, on_lock=None, created="unknown", parallel_jobs: int = 1,
+          tracked_from=None) -> "Trained":
     """Train the compiled grid into out_dir, resuming what is there. The directory's lock is taken before
     anything is written into it and held to the end; `on_lock(out)` writes what the caller records beside the
     grid (the command line: Hydra's record). A grid refused after taking the lock removes the folders it
     created (`created`: the outermost one, None for none; by default what did not exist when it was called).
     `parallel_jobs`: how many grids a launcher runs side by side on this machine (train.threads=auto shares
-    the cores among them)."""
+    the cores among them). `tracked_from`: where its tracker (spec.tracker) follows it from (dpgrid.tracking.Place;
+    None: the folder that holds out_dir)."""
     out = Path(out_dir)
     created = outermost_missing(out) if created == "unknown" else created
     check_writable(out)
@@ -199,16 +202,18 @@ def train(spec, out_dir, progress: bool = True, on_lock=None, created="unknown",
     with locked(out):
         try:
             with threads.using(threads.choose(spec.train.threads, spec.plan.model_parameters, parallel_jobs)), \
-                    threads.exact_cuda(), threads.reusing_freed_memory():
-                return train_grid(spec, out, progress, on_lock)
+                    threads.exact_cuda(), threads.reusing_freed_memory(), follow(spec, out, tracked_from) as follower:
+                return train_grid(spec, out, progress, on_lock, follower)
         except DpgridError:
             remove_created(out, created)
             raise
 
 
-def train_grid(spec, out: Path, progress: bool, on_lock=None) -> "Trained":
+def train_grid(spec, out: Path, progress: bool, on_lock=None, follower=None) -> "Trained":
     """train's work, with the directory's lock held. Everything that can refuse the grid is asked before
-    anything is written: the data, the model on it, the directory's config, data and release."""
+    anything is written: the data, the model on it, the directory's config, data and release. `follower`: what tells
+    its tracker (dpgrid.tracking), once the grid trains, each run committed and its end."""
+    follower = follower or Follower()
     data = data_mod.load(spec.dataset, spec.data_root, spec.train.device)
     check_loaded(spec, data.n_train)  # the plan's N is the data's, before an observer adds to them
     data = spec.observer.training_data(data) if spec.observer is not None else data
@@ -246,7 +251,9 @@ def train_grid(spec, out: Path, progress: bool, on_lock=None) -> "Trained":
             say(plan_header(spec))
             if quiet:
                 say(f"{plan.selection.replace('_', ' ')}: training; its epsilon covers {plan.method.covers}")
-        trained += train_phase(spec, out, data, phase, done, progress, quiet, per_sample_methods, engine, checkpoint)
+            follower.started()
+        trained += train_phase(spec, out, data, phase, done, progress, quiet, per_sample_methods, engine, checkpoint,
+                               follower)
         work += phase.runs
     if not trained and work and not quiet:
         say(f"nothing to train: every run of this grid has finished ({len(work)} runs, checked against their seal)")
@@ -264,6 +271,7 @@ def train_grid(spec, out: Path, progress: bool, on_lock=None) -> "Trained":
     line = release_when_finished(out, spec, runs, summary, work, record)
     if ended:
         ledger.record_release(out, spec)
+    follower.ended(summary)
     return Trained(summary, line, quiet, (released or {}).get("final"))
 
 
@@ -323,8 +331,9 @@ def proved_engine(spec, data, checkpoint: dict = None) -> EngineChoice:
 
 
 def train_phase(spec, out: Path, data, phase: Phase, done: set, progress: bool, quiet: bool, per_sample_methods: MethodChoice,
-                engine: EngineChoice = None, checkpoint: dict = None) -> int:
-    """Train a phase's runs that are not `done`, committing each run's row as it finishes; how many it trained."""
+                engine: EngineChoice = None, checkpoint: dict = None, follower=None) -> int:
+    """Train a phase's runs that are not `done`, committing each run's row as it finishes (and telling `follower`,
+    the grid's tracker); how many it trained."""
     plan, work = spec.plan, phase.runs
     if phase.train_rows is not None:
         data = data_mod.Data(data.x_train[phase.train_rows], data.y_train[phase.train_rows], data.x_test, data.y_test,
@@ -362,6 +371,8 @@ def train_phase(spec, out: Path, data, phase: Phase, done: set, progress: bool, 
             committed = commit_run(out / "runs.csv", row)
             ledger.record(out, spec, committed)
             seal.seal(out)
+            if follower is not None:
+                follower.committed(row, result.curve)
             finished += 1
             if not quiet:
                 report_run(plan, config["config_id"], seed, result, finished, total)

@@ -12,6 +12,7 @@ subprocess (ru_maxrss above the set-up).
     python scripts/bench.py --secure --no-opacus --strategies fixed_threshold   # the cost of secure mode
     python scripts/bench.py --grid [--models mlp bag_of_words cnn] [--parallel-runs auto] [--json]  # whole grids
     python scripts/bench.py --grid --side-by-side 2 [--models mlp cnn]  # two grids' processes at once on one device
+    python scripts/bench.py --trackers [--repeats 5] [--record]  # the default job with and without each tracker
     PYTHONPATH=examples python scripts/bench.py --searchpath file://$PWD/examples/dpgrid_example/conf \
         --strategies fixed_threshold per_layer --no-opacus       # a plugin's strategies, from its config folder
 
@@ -469,7 +470,48 @@ def bench_side_by_side(models: list, jobs: int, repeats: int, setting: str = "au
     return rows
 
 
+TRACKERS = ("none", "mlflow", "tensorboard")
+TRACKER_TARGET = 1.05  # the most a tracker may add to the default job, as a ratio of whole-process times
+
+
+def bench_trackers(repeats: int, trackers=TRACKERS) -> dict:
+    """The default job (`dpgrid run`, digits) as whole processes without a tracker and with each, interleaved round by
+    round (a busy machine slows them alike): the median seconds of each (wall, and CPU of the grid's process and its
+    tracker's worker together), and the median of each round's wall ratio to the job without one. Each run trains
+    into a fresh directory; a tracker's store is kept between runs, as a user's is."""
+    import shutil
+    import tempfile
+
+    folder = tempfile.mkdtemp(prefix="dpgrid-trackers-")
+    seconds, cpu = {t: [] for t in trackers}, {t: [] for t in trackers}
+    try:
+        for repeat in range(repeats + 1):  # the first round is a warm-up: imports cached, stores made
+            for tracker in trackers:
+                here = os.path.join(folder, tracker)
+                shutil.rmtree(os.path.join(here, "outputs", "digits"), ignore_errors=True)
+                os.makedirs(here, exist_ok=True)
+                command = [sys.executable, "-m", "dpgrid", "run", *([] if tracker == "none" else [f"tracker={tracker}"])]
+                start, used = time.perf_counter(), resource.getrusage(resource.RUSAGE_CHILDREN)
+                subprocess.run(command, cwd=here, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+                after = resource.getrusage(resource.RUSAGE_CHILDREN)  # the grid's process and its tracker's worker
+                if repeat:
+                    seconds[tracker].append(time.perf_counter() - start)
+                    cpu[tracker].append(after.ru_utime + after.ru_stime - used.ru_utime - used.ru_stime)
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
+    rows = []
+    for tracker in trackers:
+        ratios = [a / b for a, b in zip(seconds[tracker], seconds["none"])]
+        rows.append({"tracker": tracker, "seconds": statistics.median(seconds[tracker]),
+                     "cpu_s": statistics.median(cpu[tracker]),
+                     "min_s": min(seconds[tracker]), "max_s": max(seconds[tracker]), "repeats": repeats,
+                     "ratio_to_none": statistics.median(ratios), "target": TRACKER_TARGET,
+                     "met": statistics.median(ratios) <= TRACKER_TARGET})
+    return {"job": "dpgrid run (the default job: online on digits, k = 7, 5 seeds)", "trackers": rows}
+
+
 RECORD = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "benchmarks", "steps.json")
+TRACKER_RECORD = os.path.join(os.path.dirname(RECORD), "trackers.json")
 DRIFT = 0.10  # a ratio that moved by more than this (relative) against the record is flagged
 
 
@@ -566,6 +608,8 @@ def main():
     strategies_found = dp_sgd_strategies()
     parser = argparse.ArgumentParser(description=" ".join(__doc__.split("\n\n")[0].split()))
     parser.add_argument("--searchpath", help="a config folder (file://...) whose strategies join the benchmark")
+    parser.add_argument("--trackers", action="store_true", help="time the default job (`dpgrid run`) without a tracker "
+                        "and with tracker=mlflow and tracker=tensorboard, as whole processes (--repeats rounds)")
     parser.add_argument("--steps", type=int, default=7, help="timed steps per method, at least (median reported)")
     parser.add_argument("--seconds", type=float, default=3.0,
                         help="small models repeat until the non-private steps take about this long")
@@ -612,6 +656,24 @@ def main():
     warnings.filterwarnings("ignore")
     if args.profile:
         profile(*args.profile, args.engine)
+        return
+    if args.trackers:
+        found = {"machine": {"cpu": cpu_name(), "cores": os.cpu_count(), "torch": torch.__version__,
+                             "load_average": os.getloadavg()[0]},
+                 **bench_trackers(args.repeats), "commit": commit(),
+                 "command": "python scripts/bench.py " + " ".join(sys.argv[1:]), "date": time.strftime("%Y-%m-%d")}
+        if args.record:
+            with open(args.record if args.record != RECORD else TRACKER_RECORD, "w") as f:
+                json.dump(found, f, indent=2)
+        if args.json:
+            print(json.dumps(found, indent=2))
+            return
+        print(f"machine: {found['machine']}\n{found['job']}")
+        print(f"{'tracker':<12} {'median s':>9} {'min s':>7} {'max s':>7} {'cpu s':>7} {'ratio':>7} {'target':>7}")
+        for r in found["trackers"]:
+            print(f"{r['tracker']:<12} {r['seconds']:>9.2f} {r['min_s']:>7.2f} {r['max_s']:>7.2f} {r['cpu_s']:>7.2f} "
+                  f"{r['ratio_to_none']:>7.3f} {r['target']:>6.2f}{'' if r['met'] else '!'}")
+        print("ratio: the median over rounds of each round's time over the job's without a tracker (! over target)")
         return
     if args.grid:
         machine = {"cpu": cpu_name(), "device": device_name(), "cores": os.cpu_count(),

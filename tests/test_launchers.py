@@ -523,3 +523,26 @@ def test_the_launcher_check_knows_the_keys_of_dpgrids_launcher_config():
 
     added = set(OmegaConf.structured(DpgridSlurmConf).keys()) - set(OmegaConf.structured(SlurmQueueConf).keys())
     assert added == set(DPGRID_SLURM_KEYS)
+
+
+def test_a_slurm_sweep_logs_each_grid_from_its_job_under_the_sweeps_parent_run(slurm, tmp_path, monkeypatch):
+    """tracker=mlflow: the submitting process holds the sweep's run, each job its grid's run and nested runs, written
+    side by side into one store; the sweep ends once every job has, and nothing is left RUNNING."""
+    pytest.importorskip("mlflow")
+    from mlflow.tracking import MlflowClient
+
+    monkeypatch.setattr(slurm_module, "POLL_S", 0.2)
+    slurm("run", 4270)
+    sweep = tmp_path / "sweep"
+    r = dpgrid("run", *SWEEP, "tracker=mlflow", f"hydra.sweep.dir={sweep}")
+    assert r.returncode == 0, r.stderr
+    client = MlflowClient(f"sqlite:///{sweep / 'mlflow.db'}")
+    runs = client.search_runs([client.get_experiment_by_name("dpgrid").experiment_id], max_results=1000)
+    by_kind = {}
+    for run in runs:
+        by_kind.setdefault(run.data.tags["dpgrid.kind"], []).append(run)
+    parent = by_kind["sweep"][0].info.run_id
+    assert len(by_kind["sweep"]) == 1 and len(by_kind["grid"]) == 2
+    assert {g.data.tags["mlflow.parentRunId"] for g in by_kind["grid"]} == {parent}
+    assert len(by_kind["run"]) == 2 * 2 * 1 * 2  # two grids of k = 2 (2 x 2 configurations), one seed
+    assert {run.info.status for run in runs} == {"FINISHED"}

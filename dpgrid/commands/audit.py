@@ -146,7 +146,10 @@ def audit_command(args: list) -> int:
     write_json(out / MARKER, {**started, "seed": seed})  # first: the directory is this audit's from now on
     spec = replace(spec, observer=AuditSpec(threat, m, coins, seed, spec.plan.sample_rate, spec.dataset.classes))
     start = time.perf_counter()
-    train(spec, out / "grid", progress=True)
+    from dpgrid.tracking import Place, audited
+
+    place = Place(Path(str(cfg.hydra.sweep.dir)).absolute())  # a tracker's local store: beside the outputs
+    train(spec, out / "grid", progress=True, tracked_from=place)
     runs = grid_runs(spec, out / "grid")
     scores, released = canary_scores(spec, out / "grid", data, runs)
     claimed = spec.plan.epsilon_with_seeds if spec.plan.private and spec.plan.epsilon_spent is not None else None
@@ -166,6 +169,7 @@ def audit_command(args: list) -> int:
               "dataset": spec.plan.dataset, "selection": spec.plan.selection, "seed": seed,
               "seconds": round(time.perf_counter() - start, 1), "grid": str(out / "grid"), "overrides": overrides}
     write_json(out / "audit.json", record)
+    audited(spec, out / "grid", record, place)  # its tracker's run of the grid (tracker=...): the bound and verdict
     print(summary_line(record))
     if record["mechanism"] is not None:
         print(mechanism_line(record["mechanism"]))

@@ -65,7 +65,12 @@ def run_command(args: list) -> None:
             created = {out: outermost_missing(out) for out in checked}
             register()  # the schema and resolvers Hydra's own composition needs
             sys.argv = ["dpgrid run", *args]
-            with kept_if_nothing_queued(overrides), launcher_errors_raised():
+            from dpgrid import tracking
+            from dpgrid.config.compose import compose, sweep_jobs
+
+            first = compose(sweep_jobs(overrides)[0], with_hydra=True)  # the sweep's tracker and folder
+            with kept_if_nothing_queued(overrides), launcher_errors_raised(), \
+                    tracking.sweep(first.get("tracker"), first.hydra.sweep.dir, overrides):
                 hydra.main(version_base="1.3", config_path=config_dir(), config_name="config")(
                     grid_job(created, checked=checked))()
         FINISHED.append(True)
@@ -164,7 +169,7 @@ def grid_job(created: dict, spec=None, checked: dict = None):
                 raise
             with run_log(out / "cli.log"):
                 trained = train(grid, out, on_lock=hydra_record(OmegaConf.to_yaml(cfg)), created=created.get(out),
-                                parallel_jobs=parallel_jobs(HydraConfig.get().launcher))
+                                parallel_jobs=parallel_jobs(HydraConfig.get().launcher), tracked_from=tracked_from())
         except DpgridError as e:  # refused: nothing written into another grid's directory (files.Busy)
             fail(e)
         except BaseException as e:
@@ -185,6 +190,19 @@ def grid_job(created: dict, spec=None, checked: dict = None):
         if spec is not None:  # one grid: the command is done (a sweep is once its last job is)
             FINISHED.append(out)
     return task
+
+
+def tracked_from():
+    """Where a job's tracker follows its grid from: the outputs' root (hydra.sweep.dir, the local store's folder) and,
+    in a sweep, the sweep's folder (its parent run)."""
+    from hydra.core.hydra_config import HydraConfig
+    from hydra.types import RunMode
+
+    from dpgrid.tracking import Place
+
+    hydra_cfg = HydraConfig.get()
+    root = Path(str(hydra_cfg.sweep.dir)).absolute()
+    return Place(root, root if hydra_cfg.mode == RunMode.MULTIRUN else None)
 
 
 def taken(args: list, flag: str, usage: str) -> list:

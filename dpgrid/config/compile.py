@@ -70,6 +70,7 @@ class GridSpec:
     study: Any = Study()        # dpgrid.specs.Study: the study's name, budget and ledger (dpgrid.results.study)
     validation: str = "test"    # data.validation: test, or test_half (dpgrid.data.test_halves)
     observer: Any = None        # what watches its runs (dpgrid.training.observer.RunObserver: `dpgrid audit`'s canaries), or None
+    tracker: Any = None         # dpgrid.plugins.Target of tracker=... (dpgrid.tracking), or None: what follows the grid
 
     def announce(self) -> "GridSpec":
         """Show the grid's warnings (once: a grid is compiled once); returns the spec."""
@@ -94,6 +95,9 @@ def compile(cfg, n_train: int = None, plan: bool = True, before_plan=None) -> Gr
     selection_cls, selection = selection_of(cfg.privacy.selection)  # its keys typed: a misspelt one is refused first
     warnings = check_config(cfg, n_train)  # first, and before torch is imported: a bad value is refused at once
     selection_cls.check_options(Reader(cfg))
+    from dpgrid.tracking import compiled as compiled_tracker
+
+    tracker = compiled_tracker(cfg.get("tracker"))  # its package installed, else one line naming the extra
     from dpgrid.config.grid import configurations, select, size
     from dpgrid.plugins import arguments
     from dpgrid.strategies import resolve
@@ -142,7 +146,7 @@ def compile(cfg, n_train: int = None, plan: bool = True, before_plan=None) -> Gr
         data_root=str(cfg.data.root), protocol=str(cfg.protocol), overwrite=bool(cfg.overwrite), stopping_seed=int(privacy["stopping_seed"]),
         privacy=MappingProxyType(privacy), settings=MappingProxyType(plain),
         config_hash=config_hash(identity_settings(plain, start), strategy_cls.private, selection_cls.accounts_seeds),
-        warnings=tuple(warnings), study=study_of(Reader(cfg)),
+        warnings=tuple(warnings), study=study_of(Reader(cfg)), tracker=tracker,
         validation=Reader(cfg).choice("data.validation", VALIDATION) if "validation" in cfg.data else "test")
     if before_plan is not None:
         before_plan(spec)

@@ -46,7 +46,7 @@ def group_options(args=()) -> str:
     adds."""
     searchpath = [a.partition("=")[2] for a in args if a.partition("=")[0].lstrip("+") == "hydra.searchpath"]
     return "\n".join(f"{group.replace('/', '.')}: {', '.join(options(group, searchpath[-1] if searchpath else None))}"
-                     for group in ("dataset", "strategy", "model", "protocol", "privacy/selection"))
+                     for group in ("dataset", "strategy", "model", "protocol", "privacy/selection", "tracker"))
 
 
 def command_help(command: str, args=()) -> str:
@@ -80,7 +80,7 @@ def settings(composed=None) -> str:
     groups = re.findall(r"^  - ([\w/]+): (\w+)\s*#\s*(.*)$", text, re.M)  # the documented groups of the defaults list
     lines = ["  {} = {}: {}".format(group.replace("/", "."), *rest) for group, *rest in groups]
     lines += [f"  {key} = {resolved(composed, key, value)}: {comment}" for key, value, comment in documented(text)]
-    return "\n".join(lines + protocol_settings(groups) + selection_settings())
+    return "\n".join(lines + protocol_settings(groups) + selection_settings() + tracker_settings())
 
 
 def resolved(composed, key: str, written: str) -> str:
@@ -105,6 +105,13 @@ def selection_settings() -> list:
         lines += [f"  privacy.selection.{key} = {value}: {comment} (privacy.selection={path.stem})"
                   for key, value, comment in keys]
     return lines
+
+
+def tracker_settings() -> list:
+    """The keys of each tracker option (tracker.KEY), with their defaults and comments."""
+    return [f"  tracker.{key} = {value}: {comment} (tracker={path.stem})"
+            for path in sorted((Path(config_dir()) / "tracker").glob("*.yaml"))
+            for key, value, comment in documented(path.read_text()) if key != "_target_"]
 
 
 def protocol_settings(groups: list) -> list:

@@ -13,8 +13,9 @@ from dpgrid import MOVED_MODULES
 
 
 # Settings that cannot change what a run computes. data.root: the data's content is recorded instead
-# (plan.json's data_files), so a moved data directory resumes and a changed file is named.
-NOT_HASHED = ("train.device", "train.engine", "train.per_sample_method", "train.conv_method", "train.threads", "train.parallel_runs",
+# (plan.json's data_files), so a moved data directory resumes and a changed file is named. tracker: what follows the
+# grid, which changes no result.
+NOT_HASHED = ("tracker", "train.device", "train.engine", "train.per_sample_method", "train.conv_method", "train.threads", "train.parallel_runs",
               "train.cuda_graphs",
               "train.save_models", "grid.only",
               "overwrite", "grid.allow_large", "data.root", "data.check_before_queue",

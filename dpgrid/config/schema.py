@@ -2,7 +2,7 @@
 `dpgrid_schema` and listed first in conf/config.yaml's defaults: a misspelt key or a value of the wrong
 type is refused when the config is composed. The defaults and their documentation stay in
 conf/config.yaml; ranges that a type cannot express are checked in dpgrid.config.checks. The option groups
-(strategy, dataset, model, privacy/selection) are open: each option brings its own keys."""
+(strategy, dataset, model, privacy/selection, tracker) are open: each option brings its own keys."""
 
 from dataclasses import dataclass, field
 from typing import Any, Optional
@@ -74,6 +74,7 @@ class DpgridConfig:
     dataset: Any = MISSING
     strategy: Any = MISSING
     model: Any = MISSING
+    tracker: Any = None  # an option of conf/tracker (its _target_ and keys), or None: no tracker
 
 
 def number(value) -> str:

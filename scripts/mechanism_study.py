@@ -104,7 +104,8 @@ def main() -> None:
     print(markdown(detected))
     alarms = built_in.assign(alarm=built_in.verdict == "differs").groupby("grid", sort=False).agg(
         alarms=("alarm", "sum"), audits=("alarm", "size"), noise_ratio=("noise_ratio", "median"),
-        contribution=("contribution", "median"), spread=("spread", "median"), overlap=("overlap", "median")).reset_index()
+        contribution=("contribution", "median"), spread=("spread", "median"),
+        overlap=("overlap", "median")).reset_index()
     print(markdown(alarms))
     print(f"false alarms: {int(built_in.verdict.eq('differs').sum())} of {len(built_in)} audits")
 

@@ -295,7 +295,8 @@ def test_bad_audit_options_are_one_line(tmp_path, args, message):
 
 def test_the_canaries_trace_each_steps_batch_size_and_overlap(tmp_path):
     """GradientCanaries keeps what the sampler drew (each step's real batch size and how many of its examples the step
-    before's batch held too), as the mechanism test reads it back (RunSteps); a step the strategy refused is not kept."""
+    before's batch held too), as the mechanism test reads it back (RunSteps); a step the strategy refused is not
+    kept."""
     import torch
 
     from dpgrid.audit.canaries import AuditSpec, GradientCanaries, draw_coins

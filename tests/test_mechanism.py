@@ -118,7 +118,8 @@ def test_adams_first_moment_without_momentum_and_a_wrongly_stated_momentum():
     wrong = simulated(rng, mu=0.9)
     stated = wrong.stated.copy()
     stated[:, 1] = 0.0  # the strategy says plain SGD, its moves carry momentum
-    found, said = verdicts([RunSteps(wrong.moves, wrong.joins, wrong.batch_sizes, wrong.overlaps, stated, wrong.included, 2.0)])
+    found, said = verdicts([RunSteps(wrong.moves, wrong.joins, wrong.batch_sizes, wrong.overlaps, stated,
+                                     wrong.included, 2.0)])
     assert said["independent"] == "differs"
 
 
@@ -127,7 +128,8 @@ def test_a_strategy_whose_update_is_not_linear_has_its_sampling_measured_and_say
     run = simulated(rng)
     stated = run.stated.copy()
     stated[:, 1:] = np.nan  # DPAdam's linear_step() is None
-    found, said = verdicts([RunSteps(run.moves, run.joins, run.batch_sizes, run.overlaps, stated, run.included, 2.0)], DPAdam)
+    found, said = verdicts([RunSteps(run.moves, run.joins, run.batch_sizes, run.overlaps, stated, run.included, 2.0)],
+                           DPAdam)
     assert list(said) == ["sampling", "batch_sizes", "overlap"] and found["verdict"] == "as planned"
     assert "DPAdam's update is not linear" in found["not_measured"]
     assert "only its sampling is measured" in summary_line(found)

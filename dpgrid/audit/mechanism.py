@@ -56,9 +56,10 @@ from scipy import special, stats
 @dataclass(frozen=True)
 class RunSteps:
     """One watched run's steps (dpgrid.audit.canaries.GradientCanaries.finish): `moves` (T, 2m) what each step moved
-    the coordinates; `joins` (T, m) the canaries of each step's batch; `batch_sizes` (T,) the real
-    examples of each; `overlaps` (T,) how many of them were in the step before's batch too (0 at the first); `stated` (T, 3) C_t, mu, a_t as the strategy stated them before the step; `included` (m,) the
-    coins; `noise_multiplier` the plan's nu of the run's gradient query."""
+    the coordinates; `joins` (T, m) the canaries of each step's batch; `batch_sizes` (T,) the real examples of each;
+    `overlaps` (T,) how many of those the step before's batch held too (0 at the first); `stated` (T, 3) C_t, mu, a_t
+    as the strategy stated them before the step; `included` (m,) the coins; `noise_multiplier` the plan's nu of the
+    run's gradient query."""
     moves: np.ndarray
     joins: np.ndarray
     batch_sizes: np.ndarray
@@ -167,7 +168,8 @@ def size_test(sizes: np.ndarray, n: int, q: float, significance: float) -> tuple
     m4 = s2 * (1 + 3 * (n - 2) * q * (1 - q))
     mean, variance = len(sizes) * s2, len(sizes) * (m4 - s2 ** 2)
     shape, scale = mean ** 2 / variance, variance / mean
-    p = min(1.0, 2 * min(float(special.gammainc(shape, spread / scale)), float(special.gammaincc(shape, spread / scale))))
+    below, above = float(special.gammainc(shape, spread / scale)), float(special.gammaincc(shape, spread / scale))
+    p = min(1.0, 2 * min(below, above))
     # a spread lambda times the binomial's scales S by lambda: the lambdas whose law holds S within its central range
     interval = [spread / (scale * float(special.gammainccinv(shape, significance / 2))),
                 spread / (scale * float(special.gammaincinv(shape, significance / 2)))]
@@ -212,8 +214,8 @@ def measure(runs: list, n_train: int, batch_size: int, sample_rate: float, confi
                               significance, "the rate q at which real examples joined the batches (binomial)")
     spread, interval, p = size_test(np.concatenate(pooled.sizes), n_train, sample_rate, significance)
     tests["batch_sizes"] = entry(spread, interval, 1.0, p, significance,
-                                 "the batch sizes' spread around N q over a Poisson batch's, the binomial N q (1 - q) a "
-                                 "step (0: a fixed size)")
+                                 "the batch sizes' spread around N q over a Poisson batch's, the binomial N q (1 - q) "
+                                 "a step (0: a fixed size)")
     rate, interval, p = overlap_test(np.concatenate(pooled.overlaps), n_train, significance)
     tests["overlap"] = entry(rate, interval, sample_rate, p, significance,
                              "the share of a batch's examples also in the next batch (independent draws: q; one "

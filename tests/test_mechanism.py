@@ -173,6 +173,18 @@ def test_batches_of_a_fixed_size_or_cut_from_a_permutation_are_flagged(sampler, 
     assert "differs from the plan" in summary_line(found)
 
 
+def test_a_plan_of_shuffled_batches_has_no_poisson_sampling_to_test():
+    """train.sampling=shuffle claims no epsilon and says its batches are shuffled: the audit does not hold them to
+    Poisson batches' spread and overlap, and says it did not."""
+    rng = np.random.default_rng(10)
+    runs = [simulated(rng, sampler="shuffled"), simulated(rng, sampler="shuffled")]
+    found = measure(runs, N, B, Q, 0.95, FixedThreshold, {}, poisson=False)
+    assert found["verdict"] == "as planned" and not {"batch_sizes", "overlap"} & set(found["tests"])
+    assert found["significance_each"] == pytest.approx(0.05 / 6)
+    assert "shuffled, not Poisson batches" in summary_line(found) and "the sampling rate" in summary_line(found)
+    assert verdicts(runs)[0]["verdict"] == "differs"  # the same batches under a plan that claims Poisson sampling
+
+
 def digits_batches(rng, sampler: str, steps: int) -> tuple:
     """Batch sizes and overlaps of one run on digits (N = 1,437, B = 128) as `sampler` draws them: the default
     audit's (1 epoch: T = 12 steps)."""

@@ -198,11 +198,13 @@ def entry(estimate, interval, planned, p: float, significance: float, what: str)
 
 
 def measure(runs: list, n_train: int, batch_size: int, sample_rate: float, confidence: float,
-            strategy_cls, queries: dict) -> dict:
-    """The mechanism test over the watched runs (RunSteps): audit.json's `mechanism`."""
+            strategy_cls, queries: dict, poisson: bool = True) -> dict:
+    """The mechanism test over the watched runs (RunSteps): audit.json's `mechanism`. `poisson` False: the plan's
+    batches are not Poisson batches and it claims no epsilon for them (train.sampling=shuffle): their spread and
+    overlap are not tested, and the record says so."""
     pooled = pool(runs, n_train, batch_size)
     linear = bool(runs) and all(run.linear for run in runs)
-    sampling = ["sampling", "batch_sizes", "overlap"]
+    sampling = ["sampling", "batch_sizes", "overlap"] if poisson else ["sampling"]
     measured = [*sampling, "noise_multiplier", "sensitivity", "canary_sampling", "gaussian", "independent"] \
         if linear else sampling
     significance = (1 - confidence) / len(measured)
@@ -212,14 +214,15 @@ def measure(runs: list, n_train: int, batch_size: int, sample_rate: float, confi
     low, high = test.proportion_ci(1 - significance, method="wilson")  # thousands of trials: exact enough, fast
     tests["sampling"] = entry(pooled.sampled / pooled.trials, [low, high], sample_rate, float(test.pvalue),
                               significance, "the rate q at which real examples joined the batches (binomial)")
-    spread, interval, p = size_test(np.concatenate(pooled.sizes), n_train, sample_rate, significance)
-    tests["batch_sizes"] = entry(spread, interval, 1.0, p, significance,
-                                 "the batch sizes' spread around N q over a Poisson batch's, the binomial N q (1 - q) "
-                                 "a step (0: a fixed size)")
-    rate, interval, p = overlap_test(np.concatenate(pooled.overlaps), n_train, significance)
-    tests["overlap"] = entry(rate, interval, sample_rate, p, significance,
-                             "the share of a batch's examples also in the next batch (independent draws: q; one "
-                             "permutation cut into batches: 0)")
+    if poisson:
+        spread, interval, p = size_test(np.concatenate(pooled.sizes), n_train, sample_rate, significance)
+        tests["batch_sizes"] = entry(spread, interval, 1.0, p, significance,
+                                     "the batch sizes' spread around N q over a Poisson batch's, the binomial "
+                                     "N q (1 - q) a step (0: a fixed size)")
+        rate, interval, p = overlap_test(np.concatenate(pooled.overlaps), n_train, significance)
+        tests["overlap"] = entry(rate, interval, sample_rate, p, significance,
+                                 "the share of a batch's examples also in the next batch (independent draws: q; one "
+                                 "permutation cut into batches: 0)")
     if linear and not sum(len(v) for v in pooled.noise) and pooled.noiseless:
         tests["noise_multiplier"] = entry(0.0, [0.0, 0.0], 1.0, 0.0, significance, "nu_eff / nu_plan: the canaries "
                                           "moved and the controls never did: no noise was added")
@@ -259,6 +262,8 @@ def measure(runs: list, n_train: int, batch_size: int, sample_rate: float, confi
             "query": gradient if linear else None, "not_measured_queries": others if linear else sorted([gradient, *others]),
             "not_measured": None if linear else (f"{strategy_cls.__name__}'s update is not linear in its noisy "
                                                  "gradient (linear_step() is None): only its sampling is measured"),
+            "not_measured_sampling": None if poisson else ("the plan's batches are shuffled, not Poisson batches, and "
+                                                           "claim no epsilon: their spread and overlap are not tested"),
             "joins": int(sum(len(v) for v in pooled.noise)), "runs": len(runs)}
 
 
@@ -285,11 +290,11 @@ def summary_line(mechanism: dict) -> str:
     confidence = f"{mechanism['confidence']:.0%} confidence"
     if differing:
         return f"mechanism differs from the plan at {confidence}: " + "; ".join(said(n) for n in differing)
+    sampling = "Poisson sampling (rate, batch sizes, overlap)" if "overlap" in tests else "the sampling rate"
+    shuffled = f"; {mechanism['not_measured_sampling']}" if mechanism.get("not_measured_sampling") else ""
     if "noise_multiplier" not in tests:
-        return (f"mechanism: Poisson sampling (rate, batch sizes, overlap) as planned at {confidence}; "
-                f"{mechanism['not_measured']}")
+        return f"mechanism: {sampling} as planned at {confidence}; {mechanism['not_measured']}{shuffled}"
     n, c = tests["noise_multiplier"], tests["sensitivity"]
     return (f"mechanism as planned at {confidence}: noise multiplier {n['estimate']:.3g}x the plan's, a canary added "
-            f"{c['estimate']:.3g}x the threshold, Poisson sampling (rate, batch sizes, overlap), Gaussian and "
-            f"independent noise ({mechanism['joins']:,} "
-            f"joins of {mechanism['runs']} runs)")
+            f"{c['estimate']:.3g}x the threshold, {sampling}, Gaussian and independent noise ({mechanism['joins']:,} "
+            f"joins of {mechanism['runs']} runs){shuffled}")

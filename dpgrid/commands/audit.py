@@ -198,7 +198,7 @@ def mechanism(spec, grid: Path, runs, coins: tuple, n_train: int, confidence: fl
     steps = [RunSteps.load(grid / "audit" / f"{row.config_id}_seed{row.seed}_steps.npz", coins, getattr(row, column))
              for row in runs.itertuples()]
     return measure(steps, n_train, spec.plan.batch_size, spec.plan.sample_rate, confidence, spec.strategy_cls,
-                   dict(spec.plan.per_query))
+                   dict(spec.plan.per_query), poisson=spec.plan.sampling == "poisson")
 
 
 def check_traces(out: Path, runs) -> None:

@@ -4,7 +4,7 @@ drawn once and reused, each example counted in two steps as if sampled at 2q, ba
 from a permutation per epoch, these two at 1 epoch too) at epsilon 1, 4 and 8, and every built-in DP-SGD strategy
 (secure mode too) over many seeds, each audit a k = 2 grid on digits, 1 seed, 10 epochs unless said.
 
-    python scripts/mechanism_study.py [--seeds 20] [--bug-seeds 5] [--jobs 2] [--secure NAME ...]  # ~40 min, 2 cores
+    python scripts/mechanism_study.py [--seeds 20] [--bug-seeds 5] [--jobs 2] [--secure NAME ...]  # ~40 min on 2 idle cores
 
 Writes docs/audit/mechanism_detection.csv and docs/audit/mechanism_false_alarms.csv and prints both as markdown.
 """

@@ -6,7 +6,7 @@ caught. Each grid is the default audit's of a k = 2 grid on digits (N = 1,437, B
 T = 12; 10 epochs: T = 113), pooled as the audit pools them, each test at its share of the audit's 95 % (0.05 over
 the 8 tests of a linear strategy), and at 5 % alone.
 
-    python scripts/sampling_study.py [--grids 1000] [--plugin-grids 100]   # about 5 minutes on 2 CPU cores
+    python scripts/sampling_study.py [--grids 1000] [--plugin-grids 100]   # about 20 minutes on 2 busy CPU cores
 
 Writes docs/audit/sampling.csv and prints it as markdown.
 """

@@ -205,6 +205,8 @@ def check_traces(out: Path, runs) -> None:
     """Refuse to resume an unfinished audit whose grid holds a run without this audit's trace of it (its canary scores
     and its steps, as dpgrid.audit.canaries writes them): a grid trained by `dpgrid run`, or by an earlier dpgrid,
     beside the marker. The audit would otherwise score canaries that run never saw."""
+    import zipfile
+
     import numpy as np
 
     from dpgrid.audit.canaries import STEP_TRACE
@@ -213,9 +215,12 @@ def check_traces(out: Path, runs) -> None:
         name = f"{row.config_id}_seed{row.seed}"
         scores, steps = out / "grid" / "audit" / f"{name}.npy", out / "grid" / "audit" / f"{name}_steps.npz"
         missing = [p.name for p in (scores, steps) if not p.is_file()]
-        if not missing:
-            with np.load(steps) as trace:
-                missing = [f"{steps.name}'s {key}" for key in STEP_TRACE if key not in trace.files]
+        try:
+            if not missing:
+                with np.load(steps) as trace:
+                    missing = [f"{steps.name}'s {key}" for key in STEP_TRACE if key not in trace.files]
+        except (OSError, ValueError, EOFError, zipfile.BadZipFile):
+            missing = [f"a readable {steps.name}"]
         if missing:
             raise DpgridError(f"{out} holds an unfinished audit (its marker {MARKER}, no audit.json) beside a grid whose "
                               f"run {row.config_id} seed {row.seed} has no trace of it ({', '.join(missing)} missing in "

@@ -1,9 +1,10 @@
 """What `dpgrid audit`'s mechanism test catches and how often it raises a false alarm (docs/audit.md, "The mechanism
 test"): the plugins of tests/audited (noise at 0.8x and 0.5x the plan, clipping at 1.25x and 2x the threshold, noise
-drawn once and reused, each example counted in two steps as if sampled at 2q) at epsilon 1, 4 and 8, and every
-built-in DP-SGD strategy (secure mode too) over many seeds, each audit a k = 2 grid on digits, 1 seed, 10 epochs.
+drawn once and reused, each example counted in two steps as if sampled at 2q, batches of a fixed size and batches cut
+from a permutation per epoch, these two at 1 epoch too) at epsilon 1, 4 and 8, and every built-in DP-SGD strategy
+(secure mode too) over many seeds, each audit a k = 2 grid on digits, 1 seed, 10 epochs unless said.
 
-    python scripts/mechanism_study.py [--seeds 20] [--bug-seeds 5] [--jobs 2] [--secure NAME ...]  # ~30 min, 2 cores
+    python scripts/mechanism_study.py [--seeds 20] [--bug-seeds 5] [--jobs 2] [--secure NAME ...]  # ~40 min on 2 idle cores
 
 Writes docs/audit/mechanism_detection.csv and docs/audit/mechanism_false_alarms.csv and prints both as markdown.
 """
@@ -30,7 +31,11 @@ BUGS = {"noise 0.8x": ["strategy=scaled_noise", "strategy.noise_scale=0.8"],
         "clip 1.25x": ["strategy=loose_clip", "strategy.clip_scale=1.25"],
         "clip 2x": ["strategy=loose_clip", "strategy.clip_scale=2"],
         "noise reused": ["strategy=reused_noise"],
-        "sampled at 2q": ["strategy=echoed_batch"]}
+        "sampled at 2q": ["strategy=echoed_batch"],
+        "fixed-size batches": ["strategy=fixed_size_batches"],
+        "fixed-size batches, 1 epoch": ["strategy=fixed_size_batches", "train.epochs=1"],
+        "shuffled batches": ["strategy=shuffled_batches"],
+        "shuffled batches, 1 epoch": ["strategy=shuffled_batches", "train.epochs=1"]}
 
 
 def built_ins(secure: list) -> dict:
@@ -46,7 +51,8 @@ def built_ins(secure: list) -> dict:
 
 def audit(tmp: str, name: str, overrides: list, epsilon: float, seed: int) -> dict:
     out = Path(tmp) / f"{name.replace(' ', '_').replace(',', '')}_{epsilon}_{seed}"
-    command = [sys.executable, "-m", "dpgrid", "audit", "grid.k=2", "train.seeds=1", "train.epochs=10", "train.threads=1",
+    epochs = [] if any(o.startswith("train.epochs=") for o in overrides) else ["train.epochs=10"]
+    command = [sys.executable, "-m", "dpgrid", "audit", "grid.k=2", "train.seeds=1", *epochs, "train.threads=1",
                f"privacy.epsilon={epsilon}", "--seed", str(seed), f"hydra.run.dir={out}",
                f"hydra.searchpath=[file://{AUDITED / 'conf'}]", *overrides]
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(AUDITED), os.environ.get("PYTHONPATH", "")])}
@@ -60,6 +66,7 @@ def audit(tmp: str, name: str, overrides: list, epsilon: float, seed: int) -> di
                 differs=" ".join(n for n, t in tests.items() if t["verdict"] == "differs"),
                 noise_ratio=round(tests.get("noise_multiplier", {}).get("estimate", float("nan")), 3),
                 contribution=round(tests.get("sensitivity", {}).get("estimate", float("nan")), 3),
+                spread=round(tests["batch_sizes"]["estimate"], 3), overlap=round(tests["overlap"]["estimate"], 4),
                 bound=round(found["epsilon_lower_bound"], 3), fdp=round(found["epsilon_fdp"]["epsilon_lower_bound"], 3),
                 claimed=round(found["epsilon_claimed"], 3), seconds=round(time.perf_counter() - start, 1))
 
@@ -92,11 +99,13 @@ def main() -> None:
     built_in.to_csv(OUT / "mechanism_false_alarms.csv", index=False)
     detected = bugs.assign(caught=bugs.verdict == "differs").groupby(["grid", "epsilon"], sort=False).agg(
         caught=("caught", "sum"), audits=("caught", "size"), noise_ratio=("noise_ratio", "median"),
-        contribution=("contribution", "median"), seconds=("seconds", "median")).reset_index()
+        contribution=("contribution", "median"), spread=("spread", "median"), overlap=("overlap", "median"),
+        seconds=("seconds", "median")).reset_index()
     print(markdown(detected))
     alarms = built_in.assign(alarm=built_in.verdict == "differs").groupby("grid", sort=False).agg(
         alarms=("alarm", "sum"), audits=("alarm", "size"), noise_ratio=("noise_ratio", "median"),
-        contribution=("contribution", "median")).reset_index()
+        contribution=("contribution", "median"), spread=("spread", "median"),
+        overlap=("overlap", "median")).reset_index()
     print(markdown(alarms))
     print(f"false alarms: {int(built_in.verdict.eq('differs').sum())} of {len(built_in)} audits")
 

@@ -149,9 +149,11 @@ def test_the_fdp_estimate_stays_below_a_gaussian_mechanisms_epsilon_and_shows_mo
 
 
 def audit(tmp_path, strategy, *extra, epsilon=1, canaries=500, seed=1, epochs=5, exit_code=0):
+    """`dpgrid audit` of a k = 2 grid of `strategy` (tests/audited's plugins too); canaries=None: the default count."""
     out = tmp_path / strategy
+    count = ["--canaries", canaries] if canaries is not None else []
     r = run_dpgrid("audit", f"strategy={strategy}", "grid.k=2", "train.seeds=1", f"train.epochs={epochs}",
-                   f"privacy.epsilon={epsilon}", "--canaries", canaries, "--seed", seed, f"hydra.run.dir={out}",
+                   f"privacy.epsilon={epsilon}", *count, "--seed", seed, f"hydra.run.dir={out}",
                    f"hydra.searchpath=[file://{AUDITED / 'conf'}]", *extra, path=[AUDITED])
     assert r.returncode == exit_code, r.stderr
     return json.loads((out / "audit.json").read_text()), r
@@ -185,6 +187,25 @@ def test_the_mechanism_test_catches_the_bugs_plugins_make(tmp_path, strategy, ov
 
 
 @pytest.mark.slow
+@pytest.mark.parametrize("epochs", [1, 10])
+@pytest.mark.parametrize("strategy, flagged", [("fixed_size_batches", {"batch_sizes"}),
+                                               ("shuffled_batches", {"batch_sizes", "overlap"})])
+def test_batches_of_a_fixed_size_or_shuffled_are_caught_at_the_default_settings(tmp_path, strategy, flagged, epochs):
+    """A plugin that draws round(q N) examples a step (afresh, or one permutation per epoch cut into batches) while
+    claiming Poisson sampling: the mean rate is q, as planned; the spread of the sizes (none) and, shuffled, the
+    overlap of consecutive batches (none within an epoch) are not. The default audit (1,000 canaries, 95%)."""
+    found, r = audit(tmp_path, strategy, canaries=None, seed=0, epochs=epochs, exit_code=1)
+    tests = found["mechanism"]["tests"]
+    assert found["canaries"] == 1000 and found["confidence"] == 0.95
+    assert flagged <= {name for name, t in tests.items() if t["verdict"] == "differs"}, tests
+    assert tests["sampling"]["verdict"] == "as planned" and tests["batch_sizes"]["estimate"] < 0.01
+    assert "the batch sizes varied 0x as much as Poisson batches'" in r.stdout.splitlines()[-1]
+    # the plugin's sampler served its own run only: this process samples honestly again
+    honest, _ = audit(tmp_path / "after", "fixed_threshold", epochs=1, canaries=100)
+    assert honest["mechanism"]["tests"]["batch_sizes"]["verdict"] == "as planned", honest["mechanism"]["tests"]
+
+
+@pytest.mark.slow
 @pytest.mark.parametrize("strategy", ["fixed_threshold", "online", "fixed_quantile", "adamwosm", "dpadam"])
 def test_the_built_in_strategies_are_not(tmp_path, strategy):
     found, r = audit(tmp_path, strategy)
@@ -192,6 +213,7 @@ def test_the_built_in_strategies_are_not(tmp_path, strategy):
     assert found["epsilon_fdp"]["epsilon_lower_bound"] <= found["epsilon_claimed"], found
     assert found["mechanism"]["verdict"] == "as planned", found["mechanism"]
     assert {"epsilon_lower_bound", "epsilon_claimed", "confidence", "canaries", "threat_model"} <= set(found)
+    assert {"sampling", "batch_sizes", "overlap"} <= set(found["mechanism"]["tests"])
     assert r.stdout.startswith("audit (white-box, 500 canaries, 1 released of ")
     assert "mechanism as planned at 95% confidence" in r.stdout or "only its sampling is measured" in r.stdout
 
@@ -227,8 +249,39 @@ def test_the_audit_writes_only_its_own_directory(tmp_path):
     assert {p: p.stat().st_mtime_ns for p in run.rglob("*")} == before
 
 
+@pytest.mark.slow
+def test_an_unfinished_audit_beside_a_grid_it_did_not_trace_is_one_line(tmp_path):
+    """The same command resumes an unfinished audit (its marker, no audit.json); where the grid beside the marker holds
+    runs this audit left no trace of (a grid of `dpgrid run`, or of an earlier dpgrid's audit), it is refused in one
+    line saying what the directory holds and what to do, and nothing there is touched."""
+    args = ["grid.k=2", "train.seeds=1", "train.epochs=1", "--canaries", 100, "--seed", 3, f"hydra.run.dir={tmp_path}"]
+    assert run_dpgrid("audit", *args).returncode == 0
+    (tmp_path / "audit.json").unlink()
+    resumed = run_dpgrid("audit", *args)  # stopped after its grid: the same command ends it
+    assert resumed.returncode == 0 and (tmp_path / "audit.json").exists(), resumed.stderr
+    (tmp_path / "audit.json").unlink()
+    steps = sorted((tmp_path / "grid" / "audit").glob("*_steps.npz"))[0]
+    with np.load(steps) as trace:  # an earlier dpgrid's trace: no overlaps
+        np.savez_compressed(steps, **{k: trace[k] for k in trace.files if k != "overlaps"})
+    before = {p: p.stat().st_mtime_ns for p in tmp_path.rglob("*")}
+    refused = run_dpgrid("audit", *args)
+    assert refused.returncode == 2 and one_line(refused.stderr), refused.stderr
+    assert {p: p.stat().st_mtime_ns for p in tmp_path.rglob("*")} == before
+    assert "holds an unfinished audit" in refused.stderr and "overlaps missing" in refused.stderr
+    assert "pass overwrite=true" in refused.stderr
+    for trace in (tmp_path / "grid" / "audit").iterdir():  # the grid of a run that was not audited
+        trace.unlink()
+    refused = run_dpgrid("audit", *args)
+    assert refused.returncode == 2 and one_line(refused.stderr) and "has no trace of it" in refused.stderr
+    assert {p: p.stat().st_mtime_ns for p in tmp_path.rglob("*") if p.is_file()} == \
+        {p: t for p, t in before.items() if p.is_file()}  # but the traces this test removed
+    assert run_dpgrid("audit", *args, "overwrite=true").returncode == 0  # what the line says to do
+
+
 @pytest.mark.parametrize("args, message", [
     (["--canaries", "5"], "--canaries must be at least 20"),
+    (["--seed", "-1"], "--seed must be a whole number >= 0, got -1"),
+    (["--seed", "one"], "--seed must be int, got 'one'"),
     (["--threat", "grey"], "--threat must be one of white_box, black_box"),
     (["--confidence", "1.5"], "--confidence must be in [0.5, 1)"),
     (["--seeds", "3"], "unknown option --seeds"),
@@ -238,3 +291,42 @@ def test_bad_audit_options_are_one_line(tmp_path, args, message):
     r = run_dpgrid("audit", *args, f"hydra.run.dir={tmp_path / 'a'}")
     assert r.returncode == 2 and one_line(r.stderr) and message in r.stderr, r.stderr
     assert not (tmp_path / "a").exists()
+
+
+def test_the_canaries_trace_each_steps_batch_size_and_overlap(tmp_path):
+    """GradientCanaries keeps what the sampler drew (each step's real batch size and how many of its examples the step
+    before's batch held too), as the mechanism test reads it back (RunSteps); a step the strategy refused is not
+    kept."""
+    import torch
+
+    from dpgrid.audit.canaries import AuditSpec, GradientCanaries, draw_coins
+    from dpgrid.audit.mechanism import RunSteps
+    from dpgrid.training.persample import PerSampleGrads
+
+    class Engine:  # the real examples' gradients do not matter here
+        def gradients(self, data, indices):
+            b = len(indices[0])
+            return PerSampleGrads(b, lambda: torch.ones(b), lambda w: [torch.zeros(len(w), 1)])
+
+    class Strategy:
+        finished = False
+
+        def run_state(self, run=0):
+            return [], 1.0, 0.1
+
+        def linear_step(self):
+            return 0.0, 0.1
+
+    coins = draw_coins(40, 0)
+    watched = GradientCanaries(Engine(), AuditSpec("white_box", 40, coins, 0, 0.1), ("c", 0), torch.zeros(1))
+    strategy = Strategy()
+    drawn = [[0, 1, 2, 5], [1, 5, 7], [], [3, 7], [7, 3, 9]]
+    for step, batch in enumerate(drawn, 1):
+        strategy.finished = step == len(drawn)  # the last step refused: its budget would be exceeded
+        watched.gradients(None, [torch.tensor(batch, dtype=torch.int64)])
+        watched.before_step(step, strategy)
+        watched.after_step(step, strategy)
+    watched.finish(tmp_path, "c", 0)
+    run = RunSteps.load(tmp_path / "audit" / "c_seed0_steps.npz", coins, 1.0)
+    assert run.batch_sizes.tolist() == [4, 3, 0, 2] and run.overlaps.tolist() == [0, 2, 0, 0]
+    assert len(run.moves) == len(run.joins) == len(run.stated) == 4

@@ -24,6 +24,7 @@ from dpgrid.training.observer import RunObserver, Watcher
 from dpgrid.training.persample import PerSampleGrads
 
 THREATS = ("white_box", "black_box")
+STEP_TRACE = ("moves", "joins", "batch_sizes", "overlaps", "stated")  # a run's steps as the mechanism test reads them
 GRADIENT_NORM = 1e6  # a white-box canary's gradient norm: far above any threshold, so clipping alone bounds it
 
 
@@ -98,8 +99,10 @@ class GradientCanaries(Watcher):
     that no example ever touches (what the noise alone does: the mechanism test's, dpgrid.audit.mechanism). Each
     step keeps its move of the coordinates (`moves`; the coordinates are set back to 0 after each step, so that a
     move is never lost below the rounding of a large coordinate: the model never reads them, no update depends on
-    them), the canaries of its batch (`joined`), its real batch's size and what the strategy states it uses
-    (`stated`: C_t, and its linear_step (mu, a), NaN where it has none)."""
+    them), the canaries of its batch (`joined`), its real batch's size, how many of its real examples the step before's
+    batch held too (`overlaps`: what tells independent Poisson batches from batches cut from a permutation or drawn at
+    a fixed size, dpgrid.audit.mechanism) and what the strategy states it uses (`stated`: C_t, and its linear_step
+    (mu, a), NaN where it has none). The sizes and overlaps are the sampler's draws, as the audit's own trace."""
 
     def __init__(self, engine, audit: AuditSpec, names: tuple, like: torch.Tensor):
         from dpgrid.privacy.randomness import derive_seed
@@ -108,7 +111,8 @@ class GradientCanaries(Watcher):
         self.coordinates = torch.zeros(2 * audit.canaries, dtype=like.dtype, device=like.device)
         self.included = torch.tensor(audit.coins, device=like.device)
         self.sampling = torch.Generator().manual_seed(derive_seed("audit", audit.seed, *names))
-        self.moves, self.joined, self.batch_sizes, self.stated = [], [], [], []
+        self.moves, self.joined, self.batch_sizes, self.overlaps, self.stated = [], [], [], [], []
+        self.previous = None  # the step before's batch (indices of the real examples)
 
     @property
     def engine(self):
@@ -119,7 +123,10 @@ class GradientCanaries(Watcher):
         return [self.coordinates]
 
     def gradients(self, data, indices: list) -> PerSampleGrads:
-        self.batch_sizes.append(len(indices[0]))
+        batch = indices[0].cpu()
+        self.batch_sizes.append(len(batch))
+        self.overlaps.append(int(torch.isin(batch, self.previous).sum()) if self.previous is not None else 0)
+        self.previous = batch
         base = self.inner.gradients(data, indices)
         joins = seeded_coins(self.audit.canaries, self.audit.sample_rate, self.sampling)
         rows = (joins.to(self.included.device) & self.included).nonzero().squeeze(1)
@@ -133,7 +140,7 @@ class GradientCanaries(Watcher):
 
     def after_step(self, step: int, strategy) -> None:
         if strategy.finished:  # refused: nothing moved, the step is not one
-            for kept in (self.joined, self.batch_sizes, self.stated):
+            for kept in (self.joined, self.batch_sizes, self.overlaps, self.stated):
                 kept.pop()
             return
         with torch.no_grad():
@@ -148,16 +155,18 @@ class GradientCanaries(Watcher):
 
     def finish(self, out, config_id: str, seed: int) -> None:
         """The run's canary scores (what the attacker reads) and what the mechanism test reads (the coordinates'
-        moves, the joins, the real batch sizes, what the strategy stated), beside the run's results (out/audit/)."""
+        moves, the joins, the real batch sizes and overlaps, what the strategy stated), beside the run's results
+        (out/audit/)."""
         m = 2 * self.audit.canaries
         moves = torch.stack(self.moves).numpy() if self.moves else np.zeros((0, m), dtype=np.float32)
         keep_scores(out, config_id, seed, self.scores(moves))
         joins = np.zeros((len(self.joined), self.audit.canaries), dtype=bool)
         for step, rows in enumerate(self.joined):
             joins[step, rows] = True
-        np.savez_compressed(out / "audit" / f"{config_id}_seed{seed}_steps.npz", moves=moves, joins=joins,
-                            batch_sizes=np.array(self.batch_sizes, dtype=np.int64),
-                            stated=np.array(self.stated, dtype=float).reshape(-1, 3))
+        trace = dict(moves=moves, joins=joins, batch_sizes=np.array(self.batch_sizes, dtype=np.int64),
+                     overlaps=np.array(self.overlaps, dtype=np.int64),
+                     stated=np.array(self.stated, dtype=float).reshape(-1, 3))
+        np.savez_compressed(out / "audit" / f"{config_id}_seed{seed}_steps.npz", **trace)
 
 
 def joined(base: PerSampleGrads, rows: torch.Tensor, coordinates: torch.Tensor) -> PerSampleGrads:

@@ -26,6 +26,15 @@ correlated, which the independence test sees). The tests, each at (1 - confidenc
 - sampling: (1) the real examples of all batches, a binomial count of N T trials at q; (2) where a canary's signal
   appears: u on the included canaries' coordinates at the steps they did NOT join has mean 0; their sum over the sum
   at the joins is x, and the canaries join at q (1 + x) in effect (a sum reused in the next step doubles it).
+- batch sizes: a Poisson batch's size b_t is Binomial(N, q), independently each step; S = sum_t (b_t - N q)^2 has
+  mean T s2 and variance T (m4 - s2^2), s2 = N q (1 - q) and m4 = s2 (1 + 3 (N - 2) q (1 - q)) the binomial's central
+  moments, and is compared two-sided with the Gamma law of that mean and variance (chi^2 matched to the first two
+  exact moments: the binomial's kurtosis included). A fixed size has S near 0.
+- overlap: given the sizes, independent Poisson batches are independent uniform subsets of them, so o_t = |B_t and
+  B_{t-1}| is Hypergeometric(N, b_{t-1}, b_t), independently over t (o_{t+1} depends on B_t only through b_t).
+  sum_t o_t against its exact mean sum b_{t-1} b_t / N and variance sum b_{t-1} b_t (N - b_{t-1}) (N - b_t) /
+  (N^2 (N - 1)), normal (hundreds of steps), two-sided: batches cut from one permutation per epoch share nothing.
+  Conditioned on the sizes, it is independent of the size test.
 - Gaussian: the D'Agostino-Pearson K^2 of each step's control innovations (scale-free), summed over the steps against
   chi^2 with 2 T degrees of freedom.
 - independent: the correlation of consecutive steps' standardised control innovations, two-sided against 0 (noise
@@ -47,12 +56,14 @@ from scipy import special, stats
 @dataclass(frozen=True)
 class RunSteps:
     """One watched run's steps (dpgrid.audit.canaries.GradientCanaries.finish): `moves` (T, 2m) what each step moved
-    the coordinates; `joins` (T, m) the canaries of each step's batch; `batch_sizes` (T,) the real
-    examples of each; `stated` (T, 3) C_t, mu, a_t as the strategy stated them before the step; `included` (m,) the
-    coins; `noise_multiplier` the plan's nu of the run's gradient query."""
+    the coordinates; `joins` (T, m) the canaries of each step's batch; `batch_sizes` (T,) the real examples of each;
+    `overlaps` (T,) how many of those the step before's batch held too (0 at the first); `stated` (T, 3) C_t, mu, a_t
+    as the strategy stated them before the step; `included` (m,) the coins; `noise_multiplier` the plan's nu of the
+    run's gradient query."""
     moves: np.ndarray
     joins: np.ndarray
     batch_sizes: np.ndarray
+    overlaps: np.ndarray
     stated: np.ndarray
     included: np.ndarray
     noise_multiplier: float
@@ -60,8 +71,8 @@ class RunSteps:
     @classmethod
     def load(cls, file, included, noise_multiplier: float) -> "RunSteps":
         with np.load(file) as f:
-            return cls(f["moves"], f["joins"], f["batch_sizes"], f["stated"], np.asarray(included, bool),
-                       float(noise_multiplier))
+            return cls(f["moves"], f["joins"], f["batch_sizes"], f["overlaps"], f["stated"],
+                       np.asarray(included, bool), float(noise_multiplier))
 
     @property
     def linear(self) -> bool:
@@ -97,15 +108,20 @@ class Pooled:
     lag_terms: int = 0
     sampled: int = 0   # real examples over all batches
     trials: int = 0    # N T
+    sizes: list = None     # each run's batch sizes b_t
+    overlaps: list = None  # each run's (o_t, b_{t-1}, b_t) from its second step on
     kurtosis: list = None
     noiseless: int = 0  # joins that moved their canary at steps where no control moved (no noise at all)
 
 
 def pool(runs: list, n_train: int, batch_size: int) -> Pooled:
-    pooled = Pooled([], [], [], kurtosis=[])
+    pooled = Pooled([], [], [], kurtosis=[], sizes=[], overlaps=[])
     for run in runs:
         pooled.sampled += int(run.batch_sizes.sum())
         pooled.trials += n_train * len(run.batch_sizes)
+        sizes = run.batch_sizes.astype(np.int64)
+        pooled.sizes.append(sizes)
+        pooled.overlaps.append(np.column_stack([run.overlaps[1:], sizes[:-1], sizes[1:]]).astype(np.int64))
         if not run.linear:
             continue
         m = run.joins.shape[1]
@@ -142,18 +158,55 @@ def mean_test(values: np.ndarray, planned: float, significance: float, sided: st
     return mean, se, p
 
 
+def size_test(sizes: np.ndarray, n: int, q: float, significance: float) -> tuple:
+    """(the sizes' spread over the binomial's, its interval, p-value): S = sum (b_t - N q)^2 against the Gamma law of
+    its exact mean and variance under b_t ~ Binomial(N, q) (module docstring), two-sided."""
+    s2 = n * q * (1 - q)
+    spread = float(((sizes - n * q) ** 2).sum())
+    if s2 <= 0 or not len(sizes):  # q = 1 (or no step): every batch is the whole set
+        return (0.0 if s2 <= 0 else math.nan), None, float(spread == 0)
+    m4 = s2 * (1 + 3 * (n - 2) * q * (1 - q))
+    mean, variance = len(sizes) * s2, len(sizes) * (m4 - s2 ** 2)
+    shape, scale = mean ** 2 / variance, variance / mean
+    below, above = float(special.gammainc(shape, spread / scale)), float(special.gammaincc(shape, spread / scale))
+    p = min(1.0, 2 * min(below, above))
+    # a spread lambda times the binomial's scales S by lambda: the lambdas whose law holds S within its central range
+    interval = [spread / (scale * float(special.gammainccinv(shape, significance / 2))),
+                spread / (scale * float(special.gammaincinv(shape, significance / 2)))]
+    return spread / mean, interval, p
+
+
+def overlap_test(overlaps: np.ndarray, n: int, significance: float) -> tuple:
+    """(the share of a batch's examples also in the next, its interval, p-value): rows (o_t, b_{t-1}, b_t); o_t is
+    Hypergeometric(N, b_{t-1}, b_t) given the sizes, independently over t (module docstring); the sum against its
+    exact mean and variance, normal with a continuity correction, two-sided."""
+    o, before, after = overlaps.T.astype(np.float64)
+    mean = float((before * after).sum() / n)
+    variance = float((before * after * (n - before) * (n - after)).sum() / (n ** 2 * (n - 1))) if n > 1 else 0.0
+    shared, out_of = float(o.sum()), float(before.sum())
+    rate = shared / out_of if out_of else math.nan
+    if variance <= 0:
+        return rate, None, float(shared == mean)
+    z = max(abs(shared - mean) - 0.5, 0.0) / math.sqrt(variance)
+    half = float(stats.norm.isf(significance / 2)) * math.sqrt(variance) / out_of
+    return rate, [rate - half, rate + half], float(2 * stats.norm.sf(z))
+
+
 def entry(estimate, interval, planned, p: float, significance: float, what: str) -> dict:
     return {"estimate": estimate, "interval": interval, "planned": planned, "p_value": p,
             "verdict": "differs" if p < significance else "as planned", "what": what}
 
 
 def measure(runs: list, n_train: int, batch_size: int, sample_rate: float, confidence: float,
-            strategy_cls, queries: dict) -> dict:
-    """The mechanism test over the watched runs (RunSteps): audit.json's `mechanism`."""
+            strategy_cls, queries: dict, poisson: bool = True) -> dict:
+    """The mechanism test over the watched runs (RunSteps): audit.json's `mechanism`. `poisson` False: the plan's
+    batches are not Poisson batches and it claims no epsilon for them (train.sampling=shuffle): their spread and
+    overlap are not tested, and the record says so."""
     pooled = pool(runs, n_train, batch_size)
     linear = bool(runs) and all(run.linear for run in runs)
-    measured = ["noise_multiplier", "sensitivity", "sampling", "canary_sampling", "gaussian", "independent"] \
-        if linear else ["sampling"]
+    sampling = ["sampling", "batch_sizes", "overlap"] if poisson else ["sampling"]
+    measured = [*sampling, "noise_multiplier", "sensitivity", "canary_sampling", "gaussian", "independent"] \
+        if linear else sampling
     significance = (1 - confidence) / len(measured)
     z = float(stats.norm.isf(significance / 2))
     tests = {}
@@ -161,6 +214,15 @@ def measure(runs: list, n_train: int, batch_size: int, sample_rate: float, confi
     low, high = test.proportion_ci(1 - significance, method="wilson")  # thousands of trials: exact enough, fast
     tests["sampling"] = entry(pooled.sampled / pooled.trials, [low, high], sample_rate, float(test.pvalue),
                               significance, "the rate q at which real examples joined the batches (binomial)")
+    if poisson:
+        spread, interval, p = size_test(np.concatenate(pooled.sizes), n_train, sample_rate, significance)
+        tests["batch_sizes"] = entry(spread, interval, 1.0, p, significance,
+                                     "the batch sizes' spread around N q over a Poisson batch's, the binomial "
+                                     "N q (1 - q) a step (0: a fixed size)")
+        rate, interval, p = overlap_test(np.concatenate(pooled.overlaps), n_train, significance)
+        tests["overlap"] = entry(rate, interval, sample_rate, p, significance,
+                                 "the share of a batch's examples also in the next batch (independent draws: q; one "
+                                 "permutation cut into batches: 0)")
     if linear and not sum(len(v) for v in pooled.noise) and pooled.noiseless:
         tests["noise_multiplier"] = entry(0.0, [0.0, 0.0], 1.0, 0.0, significance, "nu_eff / nu_plan: the canaries "
                                           "moved and the controls never did: no noise was added")
@@ -200,12 +262,16 @@ def measure(runs: list, n_train: int, batch_size: int, sample_rate: float, confi
             "query": gradient if linear else None, "not_measured_queries": others if linear else sorted([gradient, *others]),
             "not_measured": None if linear else (f"{strategy_cls.__name__}'s update is not linear in its noisy "
                                                  "gradient (linear_step() is None): only its sampling is measured"),
+            "not_measured_sampling": None if poisson else ("the plan's batches are shuffled, not Poisson batches, and "
+                                                           "claim no epsilon: their spread and overlap are not tested"),
             "joins": int(sum(len(v) for v in pooled.noise)), "runs": len(runs)}
 
 
 NAMES = {"noise_multiplier": "noise multiplier {e:.3g}x the plan's ({lo:.3g}-{hi:.3g})",
          "sensitivity": "a canary added {e:.3g}x the stated threshold ({lo:.3g}-{hi:.3g})",
          "sampling": "real examples joined at q = {e:.4g} (plan {p:.4g})",
+         "batch_sizes": "the batch sizes varied {e:.3g}x as much as Poisson batches' ({lo:.3g}-{hi:.3g})",
+         "overlap": "consecutive batches shared {e:.3g} of their examples (independent draws: q = {p:.4g})",
          "canary_sampling": "canaries reached the moves at {e:.4g} (plan q = {p:.4g})",
          "gaussian": "the noise is not Gaussian (excess kurtosis {e:.3g}, p = {pv:.2g})",
          "independent": "consecutive steps' noise correlates ({e:.3g})"}
@@ -224,9 +290,11 @@ def summary_line(mechanism: dict) -> str:
     confidence = f"{mechanism['confidence']:.0%} confidence"
     if differing:
         return f"mechanism differs from the plan at {confidence}: " + "; ".join(said(n) for n in differing)
+    sampling = "Poisson sampling (rate, batch sizes, overlap)" if "overlap" in tests else "the sampling rate"
+    shuffled = f"; {mechanism['not_measured_sampling']}" if mechanism.get("not_measured_sampling") else ""
     if "noise_multiplier" not in tests:
-        return f"mechanism: sampling as planned at {confidence}; {mechanism['not_measured']}"
+        return f"mechanism: {sampling} as planned at {confidence}; {mechanism['not_measured']}{shuffled}"
     n, c = tests["noise_multiplier"], tests["sensitivity"]
     return (f"mechanism as planned at {confidence}: noise multiplier {n['estimate']:.3g}x the plan's, a canary added "
-            f"{c['estimate']:.3g}x the threshold, sampling, Gaussian and independent noise ({mechanism['joins']:,} "
-            f"joins of {mechanism['runs']} runs)")
+            f"{c['estimate']:.3g}x the threshold, {sampling}, Gaussian and independent noise ({mechanism['joins']:,} "
+            f"joins of {mechanism['runs']} runs){shuffled}")

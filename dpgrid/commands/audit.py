@@ -49,6 +49,8 @@ def parse(args: list) -> tuple:
         raise DpgridError(f"dpgrid audit: --threat must be one of {', '.join(THREATS)}, got {options['--threat']!r}")
     if options["--canaries"] < 20:
         raise DpgridError(f"dpgrid audit: --canaries must be at least 20, got {options['--canaries']}")
+    if options["--seed"] is not None and options["--seed"] < 0:
+        raise DpgridError(f"dpgrid audit: --seed must be a whole number >= 0, got {options['--seed']}")
     if not 0.5 <= options["--confidence"] < 1:
         raise DpgridError(f"dpgrid audit: --confidence must be in [0.5, 1), got {options['--confidence']}")
     return options, overrides
@@ -142,6 +144,8 @@ def audit_command(args: list) -> int:
         secrets.randbits(62)
     coins = draw_coins(m, seed)
     spec = compile(cfg, data.n_train).announce()  # N the data's, whatever the coins: q, nu and N do not move with them
+    if resumed is not None and threat == "white_box":
+        check_traces(out, grid_runs(spec, out / "grid"))
     out.mkdir(parents=True, exist_ok=True)
     write_json(out / MARKER, {**started, "seed": seed})  # first: the directory is this audit's from now on
     spec = replace(spec, observer=AuditSpec(threat, m, coins, seed, spec.plan.sample_rate, spec.dataset.classes))
@@ -224,7 +228,34 @@ def mechanism(spec, grid: Path, runs, coins: tuple, n_train: int, confidence: fl
     steps = [RunSteps.load(grid / "audit" / f"{row.config_id}_seed{row.seed}_steps.npz", coins, getattr(row, column))
              for row in runs.itertuples()]
     return measure(steps, n_train, spec.plan.batch_size, spec.plan.sample_rate, confidence, spec.strategy_cls,
-                   dict(spec.plan.per_query))
+                   dict(spec.plan.per_query), poisson=spec.plan.sampling == "poisson")
+
+
+def check_traces(out: Path, runs) -> None:
+    """Refuse to resume an unfinished audit whose grid holds a run without this audit's trace of it (its canary scores
+    and its steps, as dpgrid.audit.canaries writes them): a grid trained by `dpgrid run`, or by an earlier dpgrid,
+    beside the marker. The audit would otherwise score canaries that run never saw."""
+    import zipfile
+
+    import numpy as np
+
+    from dpgrid.audit.canaries import STEP_TRACE
+
+    for row in runs.itertuples():
+        name = f"{row.config_id}_seed{row.seed}"
+        scores, steps = out / "grid" / "audit" / f"{name}.npy", out / "grid" / "audit" / f"{name}_steps.npz"
+        missing = [p.name for p in (scores, steps) if not p.is_file()]
+        try:
+            if not missing:
+                with np.load(steps) as trace:
+                    missing = [f"{steps.name}'s {key}" for key in STEP_TRACE if key not in trace.files]
+        except (OSError, ValueError, EOFError, zipfile.BadZipFile):
+            missing = [f"a readable {steps.name}"]
+        if missing:
+            raise DpgridError(f"{out} holds an unfinished audit (its marker {MARKER}, no audit.json) beside a grid whose "
+                              f"run {row.config_id} seed {row.seed} has no trace of it ({', '.join(missing)} missing in "
+                              f"grid/audit): that grid was not trained by this audit, or by an earlier dpgrid; pass "
+                              "overwrite=true to run the audit afresh there, or choose another hydra.run.dir")
 
 
 TRACE_BYTES = 40  # per canary and step: its and its control's moves kept in float32 (8), read in float64 (16 + 16)

@@ -67,3 +67,54 @@ class EchoedBatch(FixedThreshold):
         echoed = [c + p for c, p in zip(clipped, getattr(self, "previous", None) or [0] * len(clipped))]
         self.previous = [c.clone() for c in clipped]
         self.descend(self.noisy_mean(echoed, self.noise.noise_multiplier * self.clip), self.lr)
+
+
+class OwnBatches(FixedThreshold):
+    """A plugin that brings its own batches and still claims fixed_threshold's Poisson epsilon. The Strategy interface
+    gives no say over the batches (the training loop draws them, dpgrid.training.train.batches); a plugin package that
+    replaces that sampler, as one porting its data loader from another library might, changes them all the same. This
+    one replaces it for the next sampler made only (the sampler of the run it is built for: a run's sampler is made
+    after its strategy, and an audit trains one run at a time), so that the process trains honestly afterwards (the
+    tests audit in their own process)."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        from dpgrid.training import train
+
+        honest = train.batches
+
+        def own(n, sample_rate, batch_size, sampling, source):
+            train.batches = honest
+            return self.batches(n, round(sample_rate * n), source)
+
+        train.batches = own
+
+    @staticmethod
+    def batches(n: int, size: int, source):
+        raise NotImplementedError
+
+
+class FixedSizeBatches(OwnBatches):
+    """Draws exactly round(q N) examples each step, without replacement, afresh each step: the mean count is q N as
+    planned, the size never varies (jax_privacy #84: fixed batches void the subsampled Gaussian's guarantee)."""
+
+    @staticmethod
+    def batches(n: int, size: int, source):
+        from dpgrid.privacy.randomness import permutation
+
+        while True:
+            yield permutation(n, source)[:size]
+
+
+class ShuffledBatches(OwnBatches):
+    """Shuffles once per epoch and cuts the permutation into batches of round(q N): each example is in exactly one
+    batch per epoch, consecutive batches share none (dpgrid's own train.sampling=shuffle, which claims no epsilon)."""
+
+    @staticmethod
+    def batches(n: int, size: int, source):
+        from dpgrid.privacy.randomness import permutation
+
+        while True:
+            order = permutation(n, source)
+            for start in range(0, n - size + 1, size):
+                yield order[start:start + size]

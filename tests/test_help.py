@@ -58,7 +58,7 @@ def test_help_imports_no_torch():
 
 
 def test_the_audits_verdict_is_said_in_words():
-    from dpgrid.commands.audit import verdict_line
+    from dpgrid.audit.verdict import verdict_line
 
     record = {"epsilon_claimed": 2.0, "epsilon_lower_bound": 0.4, "confidence": 0.95,
               "mechanism": {"verdict": "as planned"}}
@@ -78,5 +78,5 @@ def test_the_console_names_the_proved_engine_in_one_line(tmp_path):
     r = dpgrid("run", "grid.k=2", "train.seeds=1", "train.epochs=1", f"hydra.run.dir={tmp_path / 'grid'}")
     assert r.returncode == 0, r.stderr
     engine = [line for line in r.stderr.splitlines() if line.startswith("per-sample engine: ")]
-    assert len(engine) == 1 and "proved against torch.func" in engine[0]
+    assert len(engine) == 1 and "proved against per-sample autograd" in engine[0] and "in train mode" in engine[0]
     assert engine[0] in (tmp_path / "grid" / "cli.log").read_text()

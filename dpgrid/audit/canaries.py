@@ -197,3 +197,23 @@ def joined(base: PerSampleGrads, rows: torch.Tensor, coordinates: torch.Tensor) 
         return list(base._group_sum_fn(w[:b, :-1])) + [canary_sum(w[b:, -1][None])[0]]
 
     return PerSampleGrads(b + k, norms, sums, group_norms, group_sums, device=coordinates.device)
+
+
+def untraced(grid, runs) -> str:
+    """The first run of `runs` (runs.csv's rows) without the trace an audited run leaves in grid/audit (its canary
+    scores and its steps, with every STEP_TRACE key), in words; '' where each has it."""
+    import zipfile
+
+    for row in runs.itertuples():
+        name = f"{row.config_id}_seed{row.seed}"
+        scores, steps = grid / "audit" / f"{name}.npy", grid / "audit" / f"{name}_steps.npz"
+        missing = [p.name for p in (scores, steps) if not p.is_file()]
+        try:
+            if not missing:
+                with np.load(steps) as trace:
+                    missing = [f"{steps.name}'s {key}" for key in STEP_TRACE if key not in trace.files]
+        except (OSError, ValueError, EOFError, zipfile.BadZipFile):
+            missing = [f"a readable {steps.name}"]
+        if missing:
+            return f"run {row.config_id} seed {row.seed} has no trace of it ({', '.join(missing)} missing in grid/audit)"
+    return ""

@@ -18,6 +18,7 @@ from dataclasses import replace
 from pathlib import Path
 
 from dpgrid import DpgridError
+from dpgrid.audit.verdict import summary_line, verdict_line
 from dpgrid.results.files import write_json
 
 OPTIONS = {"--canaries": int, "--threat": str, "--confidence": float, "--seed": int}
@@ -185,29 +186,6 @@ def audit_command(args: list) -> int:
     return 1 if falsified or (record["mechanism"] or {}).get("verdict") == "differs" else 0
 
 
-def verdict_line(record: dict) -> str:
-    """In words, whether the claim and the mechanism stand (the audit's exit status follows it)."""
-    claimed, bound = record["epsilon_claimed"], record["epsilon_lower_bound"]
-    confidence = f"{record['confidence']:.0%} confidence"
-    if claimed is None:
-        claim = "no epsilon is claimed, so none is tested"
-    elif bound > claimed:
-        claim = (f"the claim does NOT stand: the lower bound {bound:.3g} exceeds the claimed epsilon {claimed:.4g} at "
-                 f"{confidence}")
-    else:
-        claim = (f"the claim stands: the lower bound {bound:.3g} does not exceed the claimed epsilon {claimed:.4g} (one "
-                 "attack's evidence, not a proof of the claim)")
-    mechanism = record["mechanism"]
-    if mechanism is None:
-        works = "the mechanism was not tested (only the white box tests it: --threat white_box)"
-    elif mechanism.get("verdict") == "differs":
-        works = f"the mechanism does NOT stand: it differs from the plan at {confidence} (the line above says where)"
-    else:
-        works = "the mechanism stands: what was measured of it is as planned"
-    failed = (claimed is not None and bound > claimed) or (mechanism or {}).get("verdict") == "differs"
-    return f"verdict: {claim}; {works}" + (" (exit 1)" if failed else "")
-
-
 def grid_runs(spec, grid: Path):
     """The audited grid's runs.csv, read once (checked row by row, as every reader of a grid's rows:
     dpgrid.results.runs.read_runs) for the scores, the mechanism test and the count; empty where no run was committed."""
@@ -232,30 +210,16 @@ def mechanism(spec, grid: Path, runs, coins: tuple, n_train: int, confidence: fl
 
 
 def check_traces(out: Path, runs) -> None:
-    """Refuse to resume an unfinished audit whose grid holds a run without this audit's trace of it (its canary scores
-    and its steps, as dpgrid.audit.canaries writes them): a grid trained by `dpgrid run`, or by an earlier dpgrid,
-    beside the marker. The audit would otherwise score canaries that run never saw."""
-    import zipfile
+    """Refuse to resume an unfinished audit whose grid holds a run without this audit's trace of it: a grid trained by
+    `dpgrid run`, or by an earlier dpgrid, beside the marker. The audit would otherwise score canaries that run never
+    saw."""
+    from dpgrid.audit.canaries import untraced
 
-    import numpy as np
-
-    from dpgrid.audit.canaries import STEP_TRACE
-
-    for row in runs.itertuples():
-        name = f"{row.config_id}_seed{row.seed}"
-        scores, steps = out / "grid" / "audit" / f"{name}.npy", out / "grid" / "audit" / f"{name}_steps.npz"
-        missing = [p.name for p in (scores, steps) if not p.is_file()]
-        try:
-            if not missing:
-                with np.load(steps) as trace:
-                    missing = [f"{steps.name}'s {key}" for key in STEP_TRACE if key not in trace.files]
-        except (OSError, ValueError, EOFError, zipfile.BadZipFile):
-            missing = [f"a readable {steps.name}"]
-        if missing:
-            raise DpgridError(f"{out} holds an unfinished audit (its marker {MARKER}, no audit.json) beside a grid whose "
-                              f"run {row.config_id} seed {row.seed} has no trace of it ({', '.join(missing)} missing in "
-                              f"grid/audit): that grid was not trained by this audit, or by an earlier dpgrid; pass "
-                              "overwrite=true to run the audit afresh there, or choose another hydra.run.dir")
+    found = untraced(out / "grid", runs)
+    if found:
+        raise DpgridError(f"{out} holds an unfinished audit (its marker {MARKER}, no audit.json) beside a grid whose "
+                          f"{found}: that grid was not trained by this audit, or by an earlier dpgrid; pass "
+                          "overwrite=true to run the audit afresh there, or choose another hydra.run.dir")
 
 
 TRACE_BYTES = 40  # per canary and step: its and its control's moves kept in float32 (8), read in float64 (16 + 16)
@@ -277,15 +241,6 @@ def check_memory(canaries: int, threat: str, steps: int) -> None:
         raise DpgridError(f"dpgrid audit: --canaries={canaries} white-box canaries would keep {need / 2 ** 30:,.1f} GiB of "
                           f"trace over a run's T = {steps} steps, more than half of this machine's available memory "
                           f"({2 * free / 2 ** 30:,.1f} GiB): at most {most:,} canaries here")
-
-
-def summary_line(record: dict) -> str:
-    claimed = f"epsilon = {record['epsilon_claimed']:.4g}" if record["epsilon_claimed"] is not None else "no epsilon"
-    return (f"audit ({record['threat_model'].replace('_', '-')}, {record['canaries']} canaries, "
-            f"{len(record['released_runs'])} released of {record['runs']} runs): epsilon >= "
-            f"{record['epsilon_lower_bound']:.3g} at {record['confidence']:.0%} confidence ({record['correct']} of "
-            f"{record['guesses']} guesses right; Gaussian f-DP estimate {record['epsilon_fdp']['epsilon_lower_bound']:.3g}); "
-            f"claimed {claimed}, delta = {record['delta']:g}")
 
 
 def canary_scores(spec, grid: Path, data, runs) -> tuple:

@@ -13,6 +13,7 @@ USAGE = """usage: dpgrid run [-m] [OVERRIDES...]     run one private grid (-m: H
        dpgrid tables [--mix-budgets] [--out DIR] [RESULTS_DIR]  tables and figures (default outputs/, into its tables/)
        dpgrid model RUN_DIR [--seed S] [--out FILE]  the model a grid released, what covers it (--out: a copy)
        dpgrid audit [--canaries M] [--threat white_box|black_box] [OVERRIDES...]  a measured lower bound on epsilon
+       dpgrid budget [--dataset NAME] [--study NAME] [--forget]  what the study spent on each dataset, composed
        dpgrid --version
        dpgrid COMMAND --help   one command's own options
 

@@ -19,8 +19,9 @@ largest a CUDA-padded batch's capacity), on a float64 copy:
    call's output differs at another example while its inputs do not (its own forward mixes them). Which dimension of
    a tensor holds the samples is found as the fast engine's layout is, by a third forward one example larger.
 
-Only public examples (the test split) are read, so the outcome spends no privacy. Cost: five forwards without
-gradients per grid, two at each end and one to locate (scripts/bench.py's `proof` row measures it).
+Only public examples (the test split) are read, so the outcome spends no privacy. Cost: four forwards without
+gradients per grid, two at each end (and, where they show mixing, three more with every module's call recorded, to
+locate it; scripts/bench.py's `proof` row measures it).
 A model whose forward mixes samples only at batch sizes strictly between the two ends (a window made to deceive) is not
 seen; any mixing at either end, in either mode dpgrid trains in, is.
 """
@@ -70,9 +71,10 @@ def tensors_of(value) -> tuple:
     return ()
 
 
-def recorded_forward(model: nn.Module, x: torch.Tensor, seed: int, state: dict) -> tuple:
-    """(the model's output, [Call of every module call]): one forward without gradients from the buffers `state`, its
-    random draws seeded with `seed` (on the CPU and on x's CUDA device)."""
+def recorded_forward(model: nn.Module, x: torch.Tensor, seed: int, state: dict, record: bool = True) -> tuple:
+    """(the model's output, [Call of every module call], empty unless `record`): one forward without gradients from the
+    buffers `state`, its random draws seeded with `seed` (on the CPU and on x's CUDA device). Recording keeps a copy of
+    every module's inputs and outputs: only asked for where the outputs showed mixing."""
     calls, open_calls, counter = [], {}, [0]
 
     def before(module, inputs):
@@ -87,7 +89,7 @@ def recorded_forward(model: nn.Module, x: torch.Tensor, seed: int, state: dict) 
         calls.append(call)
 
     handles = [h for m in model.modules() for h in (m.register_forward_pre_hook(before),
-                                                    m.register_forward_hook(after))]
+                                                    m.register_forward_hook(after))] if record else []
     devices = [x.device] if x.device.type == "cuda" else []
     try:
         model.load_state_dict(state)
@@ -193,7 +195,7 @@ def mixing(model: nn.Module, x: torch.Tensor, sizes: tuple) -> str:
     names = {m: name or "the model" for name, m in twin.named_modules()}
     for seed, size in enumerate(sizes):
         batch = public_batch(x, size)
-        out, calls = recorded_forward(twin, batch, seed, state)
+        out, _ = recorded_forward(twin, batch, seed, state, record=False)
         changed_buffer = buffer_changes(twin, state)
         if changed_buffer:
             module_name, _, buffer = changed_buffer.rpartition(".")
@@ -203,11 +205,13 @@ def mixing(model: nn.Module, x: torch.Tensor, sizes: tuple) -> str:
                     "carries, and which no per-sample engine (torch.func neither) clips; use a module without batch "
                     "statistics (GroupNorm or LayerNorm for BatchNorm)")
         changed = replacement(batch, size - 1)
-        other, changed_calls = recorded_forward(twin, changed, seed, state)
+        other, _ = recorded_forward(twin, changed, seed, state, record=False)
         outputs = tensors_of(out), tensors_of(other)
         if not outputs[0] or any(t.shape[:1] != (size,) for t in outputs[0]):
             continue  # an output without the batch first: the loss refuses it (the model does not fit its data)
         if any(differs_beside(s, t, 0, size - 1) for s, t in zip(*outputs)):
+            del out, other  # the two forwards again, every module's call recorded, to find where
+            calls, changed_calls = (recorded_forward(twin, b, seed, state)[1] for b in (batch, changed))
             where = where_mixed(twin, batch, changed, calls, changed_calls, seed, state)
             return (f"model: changing one example of a batch of {size} changes the others' outputs in training: {where}; "
                     "DP-SGD's clipping bounds one example's own gradient only, and no per-sample engine (torch.func "

@@ -5,6 +5,7 @@ Output directory: resolved `config.yaml`, `plan.json`, `runs.csv` (one row per f
 commit record), `curves.csv` (every validation), `summary.csv` (per configuration, best marked).
 """
 
+import contextlib
 from dataclasses import dataclass
 from pathlib import Path
 from types import MappingProxyType
@@ -232,14 +233,15 @@ def train_grid(spec, out: Path, progress: bool, on_lock=None, follower=None) -> 
     ledger.check(out, spec, record)
     check_release(out, spec, record)
     check_sealed(out, spec)
-    if spec.to_train:  # its spending on the data, in the study's ledger, before it trains (privacy.study_budget)
-        study.enter(spec, out, data_files)
-    done = ledger.committed_runs(out, spec)  # before anything is rewritten: a secure grid's damage is refused untouched
-    if (out / "runs.csv").exists():  # as checked and repaired: what this command vouches for
-        seal.seal(out)
-    if on_lock:
-        on_lock(out)
-    write_header(out, spec, record)
+    # its spending on the data: privacy.study_budget asked before anything is written, the study's ledger entry
+    # written with the grid's header, before it trains
+    with study.entering(spec, out, data_files) if spec.to_train else contextlib.nullcontext():
+        done = ledger.committed_runs(out, spec)  # before anything is rewritten: a secure grid's damage refused untouched
+        if (out / "runs.csv").exists():  # as checked and repaired: what this command vouches for
+            seal.seal(out)
+        if on_lock:
+            on_lock(out)
+        write_header(out, spec, record)
     procedure = procedure_of(plan.method)
     # A selection's console and cli.log say nothing that depends on the candidates: not their number
     # (a bar's total, a line per run) nor their scores. Those stay in the private files.
@@ -249,6 +251,8 @@ def train_grid(spec, out: Path, progress: bool, on_lock=None, follower=None) -> 
         if number == 0:  # after the first phase's draw, which may refuse the grid
             ledger.record_draws(out, spec)
             say(plan_header(spec))
+            if engine is not None:
+                say(engine.said)
             if quiet:
                 say(f"{plan.selection.replace('_', ' ')}: training; its epsilon covers {plan.method.covers}")
             follower.started()
@@ -314,8 +318,8 @@ def refuse_or_resume(out: Path, spec, found: str) -> None:
 
 
 def proved_engine(spec, data, checkpoint: dict = None) -> EngineChoice:
-    """The engine the grid trains with, proved on its first batch of public examples (dpgrid.training.proof): said in
-    one line on the console and in cli.log."""
+    """The engine the grid trains with, proved on its first batch of public examples (dpgrid.training.proof) before
+    anything is written; the grid says it (`said`) under its plan's header."""
     model = initial_model(spec, 0, data.x_train.device, checkpoint)
     could_stack = (spec.observer is None and spec.train.parallel_runs != "1"
                    and not why_not_stacked(model, spec.strategy_cls))
@@ -324,10 +328,8 @@ def proved_engine(spec, data, checkpoint: dict = None) -> EngineChoice:
     padded = data.x_train.device.type == "cuda"  # where a batch may be padded to its capacity (dpgrid.training.graphs)
     sizes = check_sizes(plan.batch_size, plan.sample_rate, plan.n_train,
                         (lambda size: capacity(size, plan.batch_size)) if padded else None)
-    choice = choose_engine(model, data.task, data.x_test, data.y_test, setting, could_stack, spec.train.parallel_runs,
-                           sizes)
-    say(choice.said)
-    return choice
+    return choose_engine(model, data.task, data.x_test, data.y_test, setting, could_stack, spec.train.parallel_runs,
+                         sizes)
 
 
 def train_phase(spec, out: Path, data, phase: Phase, done: set, progress: bool, quiet: bool, per_sample_methods: MethodChoice,

@@ -152,10 +152,12 @@ def composed(accounts: list, delta: float) -> dict:
     return found
 
 
-def enter(spec, out: Path, data_files: dict) -> str:
-    """Before the grid in `out` trains: its entry in its dataset's ledger (once: the same entry for a resumed grid),
-    after privacy.study_budget's check, under the dataset folder's lock; a line for the console, '' when nothing is
-    said. DpgridError in one line where the grid would take the study past its budget: nothing is then written."""
+@contextmanager
+def entering(spec, out: Path, data_files: dict):
+    """Around the first writes of the grid in `out`: under its dataset folder's lock, privacy.study_budget's check
+    before (a DpgridError in one line where the grid would take the study past its budget: nothing is written), the
+    grid's entry in its dataset's ledger after, once (a resumed grid keeps the entry it has): the check and the entry
+    it admits are one step for concurrent grids."""
     entry = entry_of(spec, out, data_files)
     folder = ledger_root(spec.study.ledger) / entry["data"]
     with locked_dataset(folder):
@@ -173,8 +175,13 @@ def enter(spec, out: Path, data_files: dict) -> str:
                     f"{'of study ' + repr(spec.study.name) + ' ' if spec.study.name else ''}have spent epsilon = {spent} "
                     f"(delta = {delta:g}, the study's ledger: dpgrid budget); this grid would take it to "
                     f"{after['rdp']:.4g}, past the budget ({max(0.0, budget - before['rdp']):.4g} left); nothing was written")
+        yield
         path = folder / entry_name(entry)
-        if path.exists():  # a resumed grid (or another job of a split one): entered once, when it was first
-            return ""
-        write_json(path, entry)
-    return ""
+        if not path.exists():  # a resumed grid (or another job of a split one): entered once, when it was first
+            write_json(path, entry)
+
+
+def enter(spec, out: Path, data_files: dict) -> None:
+    """The grid's entry in its dataset's ledger, after the study budget's check (entering, with nothing around)."""
+    with entering(spec, out, data_files):
+        pass

@@ -290,3 +290,31 @@ def test_training_runs_the_model_in_the_mode_the_checks_proved(tmp_path):
     train(spec, tmp_path / "grid", progress=False)
     assert SEEN_MODES and all(SEEN_MODES), \
         f"{SEEN_MODES.count(False)} of {len(SEEN_MODES)} training forwards ran in eval mode"
+
+
+class OutOfMemoryAbove(nn.Module):
+    """Runs out of memory on float64 batches above 200 examples, as a GPU does where training's float32 batch fits and
+    the checks' float64 copy at B + 7 sd, or the proof's with its per-sample autograd graph, does not (measured on one
+    H200: a 21M-parameter ViT on 32 x 32 images trains at B = 4096 in 80 GiB, float32; the proof at 4544 runs out of
+    its 140 GiB)."""
+
+    def __init__(self):
+        super().__init__()
+        self.fc = nn.Linear(64, 10)
+
+    def forward(self, x):
+        if x.dtype == torch.float64 and len(x) > 200:
+            raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 866.00 MiB")
+        return self.fc(x)
+
+
+@pytest.mark.xfail(strict=True, reason="review of issue 73: the checks and the proof (find_layout) run outside any "
+                                       "guard: running out of memory there is a traceback")
+def test_checks_that_do_not_fit_in_memory_end_in_one_line():
+    public, labels = digits(40, seed=1)
+    try:
+        choose_engine(OutOfMemoryAbove(), "classification", public.float(), labels, "auto", False, "auto", (150, 300))
+    except DpgridError as refused:
+        assert "\n" not in str(refused)
+    except Exception as error:  # noqa: BLE001 (what the grid would end in)
+        assert False, f"a traceback: {type(error).__name__}: {str(error).splitlines()[0]}"

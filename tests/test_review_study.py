@@ -157,3 +157,17 @@ def test_a_subsample_tunings_reported_score_is_the_report_halfs(tmp_path):
     assert row["validation"] == "test_half"  # what the tables' note then says of the value
     assert (released, row["value"], trained.final["score"]) == pytest.approx((reported,) * 3), \
         f"reported {released:.4g} (the selection half's best values' mean), the report half measured {reported:.4g}"
+
+
+@pytest.mark.xfail(strict=True, reason="review of issue 75: a tracker publishes summary.csv's mean and std (the "
+                                       "selection half's) as the grid's best, and each run's best_value")
+def test_a_tracker_publishes_the_report_halfs_score_under_test_half():
+    """data.validation=test_half: what a tracker (MLflow, TensorBoard) shows as the grid's best configuration's score
+    is a reported score, and must be the report half's, as the tables' and model.json's are."""
+    from dpgrid.tracking.published import best_of
+
+    summary = pd.DataFrame([{"config_id": "lr0_clip0", "mean": 91.0, "std": 1.0, "report_mean": 88.5,
+                             "report_std": 1.5, "best": True}])
+    published = best_of(summary)
+    assert 88.5 in published.values() and 91.0 not in published.values(), \
+        f"published {published}: the selection half's mean as the best score"

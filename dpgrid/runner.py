@@ -235,7 +235,8 @@ def train_grid(spec, out: Path, progress: bool, on_lock=None, follower=None) -> 
     check_sealed(out, spec)
     # its spending on the data: privacy.study_budget asked before anything is written, the study's ledger entry
     # written with the grid's header, before it trains
-    with study.entering(spec, out, data_files) if spec.to_train else contextlib.nullcontext():
+    with study.entering(spec, out, study.training_files(data_files, data.train_files)) \
+            if spec.to_train else contextlib.nullcontext():
         done = ledger.committed_runs(out, spec)  # before anything is rewritten: a secure grid's damage refused untouched
         if (out / "runs.csv").exists():  # as checked and repaired: what this command vouches for
             seal.seal(out)
@@ -339,7 +340,7 @@ def train_phase(spec, out: Path, data, phase: Phase, done: set, progress: bool, 
     plan, work = spec.plan, phase.runs
     if phase.train_rows is not None:
         data = data_mod.Data(data.x_train[phase.train_rows], data.y_train[phase.train_rows], data.x_test, data.y_test,
-                             data.task, data.files, data.x_report, data.y_report)
+                             data.task, data.files, data.x_report, data.y_report, data.train_files)
     todo = [(c, s) for c, s in work if (c["config_id"], s) not in done]
     ledger.check_untrained(out, spec, todo)
     total = len(work)

@@ -33,8 +33,6 @@ def composed(ledger, delta=1e-5) -> float:
     return study.composed(study.accounts_of(entries(ledger)), delta)["rdp"]
 
 
-@pytest.mark.xfail(strict=True, reason="review of issue 75: an entry is named by the run directory and config hash, "
-                                       "so a secure grid trained again there (a new release) is not entered again")
 @pytest.mark.parametrize("how", ["folder deleted", "overwrite=true"])
 def test_a_secure_grid_trained_again_in_its_directory_is_counted_again(tmp_path, how):
     """privacy.secure_rng=true: training the grid again draws new batches and noise, a second release on the same
@@ -58,8 +56,6 @@ def test_a_secure_grid_trained_again_in_its_directory_is_counted_again(tmp_path,
         f"two releases on the same data, the study composes {composed(ledger, spec.plan.delta):.4g} (one: {once:.4g})"
 
 
-@pytest.mark.xfail(strict=True, reason="review of issue 75: the entry's epsilon ignores the task's disclosure, which "
-                                       "makes the release claim no epsilon")
 def test_a_grid_whose_release_no_epsilon_covers_makes_the_study_infinite(tmp_path):
     """The PUR track's logistic task evaluates its risk on the training set and standardises with its statistics:
     the release claims no epsilon (model.json's covered_by is null). The study's whole cost is then unbounded, as with
@@ -73,22 +69,34 @@ def test_a_grid_whose_release_no_epsilon_covers_makes_the_study_infinite(tmp_pat
         f"the ledger counts this grid as epsilon = {entries(tmp_path / 'ledger')[0]['epsilon']:.4g}"
 
 
-@pytest.mark.xfail(strict=True, reason="review of issue 75: the data's identity digests every file a loader reads, "
-                                       "public ones included (the test split, GloVe's vectors)")
-def test_the_same_training_file_is_one_dataset_whatever_public_files_are_read_beside_it():
-    """dataset=ag_news with dataset.load.glove=PATH lists GloVe's file among its files; dataset=ag_news_tokens (or
-    ag_news without it) reads the same AG News training split. Both train on the same private examples, so they are
-    one dataset's spending."""
-    train_split = {"bytes": 29_470_338, "sha256": "a" * 64}
-    test_split = {"bytes": 1_857_427, "sha256": "b" * 64}
-    with_glove = {"ag_news/train.parquet": train_split, "ag_news/test.parquet": test_split,
-                  "glove:glove.6B.50d.txt": {"bytes": 171_350_079, "sha256": "c" * 64}}
-    without = {"ag_news/train.parquet": train_split, "ag_news/test.parquet": test_split}
-    assert study.data_identity(None, with_glove, 120_000) == study.data_identity(None, without, 120_000)
+def test_the_same_training_file_is_one_dataset_whatever_public_files_are_read_beside_it(tmp_path):
+    """dataset=ag_news with dataset.load.glove=PATH reads GloVe's file beside AG News's; without it, the packaged
+    vectors. Both train on the same private examples, so they are one dataset's spending; another training file is
+    another dataset."""
+    from dpgrid.data import fingerprint
+    from dpgrid.data.datasets import load_ag_news
+
+    root = tmp_path / "data"
+    (root / "ag_news_csv").mkdir(parents=True)
+    rows = ['"1","Wall St. rises","Stocks climbed on Monday"', '"2","Team wins final","The home side scored twice"',
+            '"3","New chip unveiled","A faster processor ships"', '"4","Rain expected","Storms move east"']
+    (root / "ag_news_csv" / "train.csv").write_text("\n".join(rows * 3) + "\n")
+    (root / "ag_news_csv" / "test.csv").write_text("\n".join(rows) + "\n")
+    glove = tmp_path / "glove.txt"
+    glove.write_text("\n".join(f"{w} " + " ".join(["0.1"] * 50) for w in ("stocks", "team", "chip", "rain")) + "\n")
+
+    def identity(data):
+        files = study.training_files(fingerprint(data.files), data.train_files)
+        return study.data_identity(None, files, len(data.x_train))
+
+    with_glove, packaged = load_ag_news(root, glove=str(glove)), load_ag_news(root)
+    assert set(with_glove.files) != set(packaged.files)  # GloVe's file read beside the first
+    before = identity(packaged)
+    assert identity(with_glove) == before
+    (root / "ag_news_csv" / "train.csv").write_text("\n".join(rows * 2) + "\n")
+    assert identity(load_ag_news(root)) != before
 
 
-@pytest.mark.xfail(strict=True, reason="review of issue 75: a study budget composes only the grids entered under "
-                                       "the same privacy.study name, without saying what it leaves out")
 def test_a_study_budget_counts_the_grids_already_on_the_data(tmp_path):
     """Grids run before a study was named trained on the same private data. A new study name must not start a fresh
     budget silently: the grid that would take the data's composed epsilon past the budget is refused (or the line
@@ -105,8 +113,6 @@ def test_a_study_budget_counts_the_grids_already_on_the_data(tmp_path):
                      "privacy.study_budget=3.5")
 
 
-@pytest.mark.xfail(strict=True, reason="review of issue 75: an entry is named by its run directory, so the jobs of "
-                                       "one grid split into two directories each enter the whole grid")
 def test_a_grid_split_across_directories_is_counted_once(tmp_path):
     """grid.only splits one grid (one noise plan, each configuration trained once) across jobs; written into two
     directories, the ledger holds the whole grid twice."""
@@ -118,8 +124,6 @@ def test_a_grid_split_across_directories_is_counted_once(tmp_path):
         f"one grid of epsilon {parts[0].plan.epsilon_with_seeds:.3g} composed as {composed(ledger):.3g}"
 
 
-@pytest.mark.xfail(strict=True, reason="review of issue 75: dpgrid budget --forget reads every entry first and "
-                                       "refuses on the damaged one it was told to forget")
 def test_a_damaged_entry_is_forgotten_as_its_refusal_says(tmp_path, capsys):
     """A damaged entry refuses every grid on its dataset: "restore it from a copy, or forget it (dpgrid budget
     --forget)". That command must then work."""

@@ -88,14 +88,17 @@ def test_a_study_budget_refuses_the_grid_that_would_pass_it_before_anything_is_w
     ledger = tmp_path / "ledger"
     train(spec_of(ledger=ledger, **{"privacy.study": "s1"}), tmp_path / "a", progress=False)
     over = spec_of("online", ledger=ledger, **{"privacy.study": "s1", "privacy.study_budget": 3.5})
-    with pytest.raises(DpgridError, match=r"^privacy.study_budget=3.5: 1 grid\(s\) on digits of study 's1' have spent "
-                                          r"epsilon = 3 .*this grid would take it to 3\.\d+, past the budget \(0\.5\d* left\)"
+    with pytest.raises(DpgridError, match=r"^privacy.study_budget=3.5: 1 grid\(s\) on digits have spent "
+                                          r"epsilon = 3 .*this grid would take it to 3\.\d+ \(delta = 1e-05\), past the budget \(0\.5\d* left\)"
                        ) as refused:
         train(over, tmp_path / "b", progress=False)
     assert "\n" not in str(refused.value)
     assert not (tmp_path / "b").exists() and len(entries(ledger)) == 1
     other = spec_of("online", ledger=ledger, **{"privacy.study": "s2", "privacy.study_budget": 3.5})
-    train(other, tmp_path / "c", progress=False)  # another study's budget: scoped by name
+    with pytest.raises(DpgridError, match=r"^privacy.study_budget=3.5: 1 grid\(s\) on digits"):
+        train(other, tmp_path / "c", progress=False)  # another study's name: the same data, the same budget
+    roomy = spec_of("online", ledger=ledger, **{"privacy.study": "s2", "privacy.study_budget": 5})
+    train(roomy, tmp_path / "c", progress=False)
     assert len(entries(ledger)) == 2
 
 
@@ -113,9 +116,9 @@ def test_a_fine_tuned_grid_counts_its_checkpoint_once(tmp_path):
 
 
 def enter_one(args):
-    """A process entering one grid in the ledger (a sweep's job)."""
-    ledger, out, budget = args
-    spec = spec_of(ledger=ledger, **({"privacy.study_budget": budget} if budget else {}))
+    """A process entering one grid in the ledger (a sweep's job: each its own grid, here by its epsilon)."""
+    ledger, out, budget, epsilon = args
+    spec = spec_of(ledger=ledger, **{"privacy.epsilon": epsilon, **({"privacy.study_budget": budget} if budget else {})})
     try:
         study.enter(spec, out, {})
         return "entered"
@@ -125,12 +128,12 @@ def enter_one(args):
 
 @pytest.mark.slow
 def test_concurrent_grids_lose_no_entry_and_a_budget_admits_exactly_what_fits(tmp_path):
-    """Eight processes enter eight grids at once: eight entries. Then eight more at once under a budget that two more
+    """Eight processes enter eight grids (epsilons a millionth apart: other grids, the same cost) at once: eight entries. Then eight more at once under a budget that two more
     grids fit: exactly two are admitted (the check and the entry are one step, under the dataset's lock)."""
     ledger = tmp_path / "ledger"
     context = multiprocessing.get_context("spawn")
     with context.Pool(4) as pool:
-        assert pool.map(enter_one, [(ledger, tmp_path / f"g{n}", None) for n in range(8)]) == ["entered"] * 8
+        assert pool.map(enter_one, [(ledger, tmp_path / f"g{n}", None, 3 + n * 1e-6) for n in range(8)]) == ["entered"] * 8
         assert len(entries(ledger)) == 8
         spec = spec_of(ledger=ledger)
         one = spec.plan.epsilon_with_seeds
@@ -139,7 +142,8 @@ def test_concurrent_grids_lose_no_entry_and_a_budget_admits_exactly_what_fits(tm
         ten = study.composed([{"epsilon": one, "delta": 1e-5, "events": events + 2 * spec_events(spec)}], 1e-5)["rdp"]
         eleven = study.composed([{"epsilon": one, "delta": 1e-5, "events": events + 3 * spec_events(spec)}], 1e-5)["rdp"]
         budget = (ten + eleven) / 2
-        said = pool.map(enter_one, [(ledger, tmp_path / f"h{n}", budget) for n in range(8)])
+        said = pool.map(enter_one, [(ledger, tmp_path / f"h{n}", budget, 3 + (8 + n) * 1e-6)
+                                      for n in range(8)])
     assert said.count("entered") == 2 and len(entries(ledger)) == 10
 
 

@@ -74,7 +74,7 @@ def with_input_canaries(audit, data: Data, classes: int) -> Data:
     x, y = input_canaries(audit, data, classes)
     included = torch.from_numpy(audit.included).to(x.device)
     return Data(torch.cat([data.x_train, x[included]]), torch.cat([data.y_train, y[included]]), data.x_test,
-                data.y_test, data.task, data.files, data.x_report, data.y_report)
+                data.y_test, data.task, data.files, data.x_report, data.y_report, data.train_files)
 
 
 def gradient_canaries(audit, engine, runs: list, phase, model) -> "GradientCanaries | None":

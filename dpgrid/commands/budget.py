@@ -8,8 +8,9 @@ from pathlib import Path
 
 from dpgrid import DpgridError
 
-USAGE = ("usage: dpgrid budget [--dataset NAME] [--study NAME] [--since DATE] [--delta D] [--ledger DIR] [--json]\n"
-         "       dpgrid budget --forget [--dataset NAME] [--study NAME] [--before DATE] [--ledger DIR]")
+USAGE = ("usage: dpgrid budget [--dataset NAME] [--data KEY] [--study NAME] [--since DATE] [--delta D] [--ledger DIR] "
+         "[--json]\n"
+         "       dpgrid budget --forget [--dataset NAME] [--data KEY] [--study NAME] [--before DATE] [--ledger DIR]")
 HELP = f"""{USAGE}
 
 Every grid that trains on a dataset is entered in that dataset's ledger on this machine (a private working file,
@@ -20,13 +21,16 @@ are not recorded, a selection's, add their epsilon and delta), the study's whole
 without differential privacy makes it infinite.
 
   --dataset NAME   only the datasets of this config name
-  --study NAME     only the grids of this study (privacy.study=NAME when they ran)
+  --data KEY       only the data of this local identity (the folder dpgrid budget names beside a dataset)
+  --study NAME     only the grids of this study (privacy.study=NAME when they ran; a study budget counts every grid
+                   on the data, whatever its study)
   --since DATE     only the grids entered on or after DATE (YYYY-MM-DD)
   --delta D        compose at this delta
   --ledger DIR     the ledger's folder (default: privacy.study_ledger's: $DPGRID_LEDGER, else the user's data folder)
   --json           one JSON object
   --forget         take the chosen grids out of the ledger, saying which (their spending is no longer composed:
-                   the data were used all the same); with --before DATE, only those entered before DATE
+                   the data were used all the same); with --before DATE, only those entered before DATE; a damaged
+                   entry is forgotten with its data's other entries when --data KEY (or nothing) chooses them
 
 privacy.study_budget=EPS refuses, before it trains, a grid that would take its study past EPS on its dataset.
 The ledger cannot see data copied under another fingerprint (edited or converted files) or grids run elsewhere."""
@@ -61,8 +65,8 @@ def budget_command(args: list) -> None:
     args = list(args)
     forget, as_json = "--forget" in args, "--json" in args
     args = [a for a in args if a not in ("--forget", "--json")]
-    dataset, study, since, before, delta, ledger = (taken(args, f) for f in ("--dataset", "--study", "--since",
-                                                                               "--before", "--delta", "--ledger"))
+    dataset, data, study, since, before, delta, ledger = (taken(args, f) for f in (
+        "--dataset", "--data", "--study", "--since", "--before", "--delta", "--ledger"))
     if args:
         raise DpgridError(f"dpgrid budget takes no {args[0]!r}; {USAGE.splitlines()[0]}")
     since, before = (date(v, f) if v else None for v, f in ((since, "--since"), (before, "--before")))
@@ -78,9 +82,11 @@ def budget_command(args: list) -> None:
     root = ledger_root(ledger)
     folders = sorted(p for p in root.iterdir() if p.is_dir()) if root.is_dir() else []
     chosen = []
-    for folder in folders:
-        entries = [e for e in read_entries(folder)
-                   if (dataset is None or e.get("dataset") == dataset) and (study is None or e.get("study") == study)
+    unfiltered = dataset is None and study is None and since is None and before is None
+    for folder in [f for f in folders if data is None or f.name == data]:
+        entries = [e for e in read_entries(folder, damaged_too=forget)
+                   if (e.get("damaged") and unfiltered) or not e.get("damaged") and
+                   (dataset is None or e.get("dataset") == dataset) and (study is None or e.get("study") == study)
                    and (since is None or e.get("when", "")[:10] >= since)
                    and (before is None or e.get("when", "")[:10] < before)]
         if entries:
@@ -128,7 +134,9 @@ def forgot(chosen: list, root: Path) -> None:
             for e in entries:
                 with environment(folder / e["file"]):
                     (folder / e["file"]).unlink(missing_ok=True)
-        print(f"forgot {len(entries)} grid(s) on {entries[0]['dataset']} (data {folder.name}): "
-              + "; ".join(f"{e.get('when', '?')[:10]} {e.get('grid')}" for e in entries)
+        named = next((e["dataset"] for e in entries if not e.get("damaged")), "its dataset")
+        print(f"forgot {len(entries)} grid(s) on {named} (data {folder.name}): "
+              + "; ".join(f"{e.get('when', '?')[:10]} {e.get('grid')}" if not e.get("damaged") else
+                          f"the damaged entry {e['file']}" for e in entries)
               + ". Their spending is no longer composed by dpgrid budget or privacy.study_budget; the data were used "
                 "all the same.", file=sys.stdout)

@@ -37,6 +37,9 @@ class Data:
     # whole test set selects and reports
     x_report: torch.Tensor = None
     y_report: torch.Tensor = None
+    # the names (keys of `files`) that hold the training split: the data's private identity (the study's ledger keys
+    # a dataset by them, so that another test split or another copy of a public resource is the same data); None: all
+    train_files: tuple = None
 
     @property
     def n_train(self) -> int:
@@ -46,7 +49,7 @@ class Data:
         """The same data with every floating-point tensor in float64 (labels stay integers)."""
         up = lambda t: t if t is None or not t.is_floating_point() else t.double()  # noqa: E731
         return Data(up(self.x_train), up(self.y_train), up(self.x_test), up(self.y_test), self.task, self.files,
-                    up(self.x_report), up(self.y_report))
+                    up(self.x_report), up(self.y_report), self.train_files)
 
 
 VALIDATION = ("test", "test_half")  # data.validation: what chooses the best configuration and the default seed
@@ -79,7 +82,7 @@ def test_halves(data: Data, dataset_name: str) -> Data:
         raise DpgridError(f"data.validation=test_half: the test split of {dataset_name} holds {n} example(s), too few "
                           "to split in two halves; use data.validation=test")
     return Data(data.x_train, data.y_train, data.x_test[selection], data.y_test[selection], data.task, data.files,
-                data.x_test[report], data.y_test[report])
+                data.x_test[report], data.y_test[report], data.train_files)
 
 
 def load(dataset, root, device="cpu") -> Data:
@@ -100,7 +103,7 @@ def load(dataset, root, device="cpu") -> Data:
         # Published constants, never statistics computed here from the private training set.
         mean, std = float(dataset.mean), float(dataset.std)
         x_tr, x_te = (x_tr - mean) / std, (x_te - mean) / std
-    return Data(x_tr, y_tr, x_te, y_te, dataset.task, data.files)
+    return Data(x_tr, y_tr, x_te, y_te, dataset.task, data.files, train_files=data.train_files)
 
 
 def check_loaded(dataset, root, x_tr, y_tr, x_te, y_te) -> None:

@@ -71,7 +71,8 @@ def load_idx(root, folder: str) -> Data:
     raw = Path(root) / folder / "raw"
     (x_tr, y_tr), (x_te, y_te) = (load_idx_split(raw, split) for split in ("train", "test"))
     files = {f"{folder}/raw/{name}": raw / name for pair in IDX_FILES.values() for name in pair}
-    return Data(x_tr, y_tr, x_te, y_te, "classification", files)
+    return Data(x_tr, y_tr, x_te, y_te, "classification", files,
+                train_files=tuple(f"{folder}/raw/{name}" for name in IDX_FILES["train"]))
 
 
 def load_idx_split(folder: Path, split: str):
@@ -189,8 +190,8 @@ def embed(texts, word_index, vectors, max_words: int) -> torch.Tensor:
 
 
 def read_ag_news(root, glove=None) -> tuple:
-    """(train (texts, labels), test (texts, labels), GloVe's (word index, vectors), the files read) of AG News in
-    either layout: what both of its encodings start from."""
+    """(train (texts, labels), test (texts, labels), GloVe's (word index, vectors), the files read, the training
+    split's first) of AG News in either layout: what both of its encodings start from."""
     root = Path(root)
     (train, train_path), (test, test_path) = read_ag_news_split(root, "train"), read_ag_news_split(root, "test")
     files = {str(p.relative_to(root)): p for p in (train_path, test_path)}
@@ -206,7 +207,8 @@ def load_ag_news(root, max_words: int = 15, glove=None) -> Data:
     Reader({"max_words": max_words}, "dataset.load.").whole("max_words")
     train, test, (word_index, vectors), files = read_ag_news(root, glove)
     return Data(embed(train[0], word_index, vectors, max_words), torch.from_numpy(train[1]),
-                embed(test[0], word_index, vectors, max_words), torch.from_numpy(test[1]), "classification", files)
+                embed(test[0], word_index, vectors, max_words), torch.from_numpy(test[1]), "classification", files,
+                train_files=tuple(files)[:1])
 
 
 def token_ids(texts, word_index, vocabulary: int, max_tokens: int) -> torch.Tensor:
@@ -231,7 +233,7 @@ def load_ag_news_tokens(root, max_tokens: int = 32, vocabulary: int = 20000, glo
     train, test, (word_index, _), files = read_ag_news(root, glove)
     return Data(token_ids(train[0], word_index, vocabulary, max_tokens), torch.from_numpy(train[1]),
                 token_ids(test[0], word_index, vocabulary, max_tokens), torch.from_numpy(test[1]), "classification",
-                files)
+                files, train_files=tuple(files)[:1])
 
 
 # --- digits (embedded) ------------------------------------------------------------------------------

@@ -68,8 +68,24 @@ def read_ledger(path: Path) -> dict:
     release = ledger.get("release")
     if not (release is None or (isinstance(release, dict) and all(isinstance(v, str) for v in release.values()))):
         raise Lost(damaged(path, "release is not a map of released files to checksums"))
+    release_id = ledger.get("release_id")
     return {"committed": committed, "files": files, "released": released,
-            **({"release": release} if release is not None else {})}
+            **({"release": release} if release is not None else {}),
+            **({"release_id": release_id} if isinstance(release_id, str) else {})}
+
+
+def fresh() -> dict:
+    """A new secure grid's ledger: nothing committed, drawn or released, and the id of this release (the study's
+    ledger enters each release of a secure grid apart: dpgrid.results.study)."""
+    import secrets
+
+    return {"committed": 0, "files": {}, "released": False, "release_id": secrets.token_hex(8)}
+
+
+def release_id(out: Path) -> str:
+    """The id of the secure grid's release in `out` (its ledger's; '' for a ledger of an earlier dpgrid)."""
+    path = Path(out) / LEDGER
+    return read_ledger(path).get("release_id", "") if path.exists() else ""
 
 
 def damaged(path: Path, why: str) -> str:
@@ -95,7 +111,7 @@ def check(out: Path, spec, plan: dict) -> None:
         if started:
             return start_over(out, spec, f"{path} is missing but {out} holds this secure grid's {', '.join(started)}: "
                                          "what it committed and released cannot be known")
-        write_json(path, {"committed": 0, "files": {}, "released": False})  # before plan.json: a grid begins here
+        write_json(path, fresh())  # before plan.json: a grid begins here
         return
     committed = max(ledger["committed"], rows or 0)
     problem = ""
@@ -146,7 +162,7 @@ def start_over(out: Path, spec, problem: str, said: bool = False) -> None:
     warnings.warn(f"overwrite=true: {problem.split('; ')[0]}; the release's files are deleted and its runs trained "
                   f"anew: {NEW_RELEASE}", stacklevel=3)
     delete_release(out)
-    write_json(Path(out) / LEDGER, {"committed": 0, "files": {}, "released": False})
+    write_json(Path(out) / LEDGER, fresh())
 
 
 def update(out: Path, spec, **changes) -> None:

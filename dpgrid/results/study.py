@@ -14,10 +14,11 @@ grid (`entry`): what it spends on the dataset (its release's epsilon and delta, 
 steps that compose to it, where it records them), when it was first entered, its run directory, command, config hash
 and study name, and, where it was fine-tuned from a private checkpoint whose data may share examples with these, the
 checkpoint's accounts. An entry is written before the grid trains (a grid killed halfway has spent what it trained,
-and is counted whole), by write-then-rename, named by the grid's run directory and config hash: a resumed grid, or the
-jobs of a grid split with grid.only, write the same entry once; concurrent grids (a sweep, SLURM jobs) write
-different files, under a lock (flock) on the dataset's folder, so that a study budget's check and the entry it admits
-are one step and no entry is lost. What it cannot see: the same data copied under another fingerprint (edited files,
+and is counted whole), by write-then-rename, named by what makes it one release (`entry_of`): a resumed grid, the jobs
+of a grid split with grid.only, a seeded grid run again in another folder (the same runs) write the same entry once;
+a secure grid's new release (its noise drawn anew) and another audit write another. Concurrent grids (a sweep, SLURM
+jobs) write different files, under a lock (flock) on the dataset's folder, so that a study budget's check and the
+entry it admits are one step and no entry is lost. What it cannot see: the same data copied under another fingerprint (edited files,
 another format), and grids run on other machines (their ledgers are theirs).
 """
 
@@ -48,11 +49,18 @@ def ledger_root(setting=None) -> Path:
     return Path(base) / "dpgrid" / "ledger"
 
 
+def training_files(data_files: dict, train_files) -> dict:
+    """The fingerprint of the files that hold the training split (a loader's `Data.train_files`; all of them where it
+    does not say): what the ledger keys the data by, whatever public files are read beside them."""
+    return {name: data_files[name] for name in train_files} if train_files else dict(data_files)
+
+
 def data_identity(dataset, data_files: dict, n_train: int) -> str:
-    """The dataset's local identity: a digest of its files' fingerprint (sizes and SHA-256s), or, where the loader reads
-    no file, of its loader, arguments and N."""
+    """The dataset's local identity: a digest of its training files' contents (their SHA-256s, whatever their names or
+    folders: a copy of the same bytes, or another dataset config reading them, is the same data), or, where the loader
+    reads no file, of its loader, arguments and N."""
     if data_files:
-        basis = {"files": {name: f["sha256"] for name, f in sorted(data_files.items())}}
+        basis = {"files": sorted(f["sha256"] for f in data_files.values())}
     else:
         basis = {"loader": dataset.load.target, "arguments": json.loads(json.dumps(dict(dataset.load.arguments),
                                                                                     default=str)), "n_train": n_train}
@@ -63,15 +71,25 @@ def entry_of(spec, out: Path, data_files: dict, command: str = None) -> dict:
     """What the grid in `out` spends on its dataset, as its ledger entry."""
     from dpgrid.privacy.provenance import release_cover
 
+    from dpgrid.data import tasks
+    from dpgrid.results import ledger
+
     plan = spec.plan
     cover = release_cover(spec)
-    private = plan.private and plan.epsilon_spent is not None
+    # a task whose own figures are computed from the private data (the PUR track's): no epsilon covers its release
+    private = plan.private and plan.epsilon_spent is not None and not tasks.get(spec.dataset.task).disclosure
     own = {"epsilon": plan.epsilon_with_seeds, "delta": plan.delta} if private else None
     checkpoint = None
     provenance = spec.start.init_provenance
     if provenance is not None and provenance.private and not spec.start.init_disjoint:
         checkpoint = {"config_hash": provenance.config_hash, "accounts": [dict(a) for a in provenance.accounts]}
+    # What makes two grids one release: a seeded grid's runs follow from public names, so the same config (and seed
+    # count) trains the same runs wherever it runs, and spends once; a secure grid's each release draws new noise
+    # (its ledger's release id); an audit's canaries are its seed's.
+    release = [spec.config_hash, plan.seeds, ledger.release_id(out) if ledger.kept(spec) else "",
+               getattr(spec.observer, "seed", "")]
     return {"dataset": plan.dataset, "data": data_identity(spec.dataset, data_files, plan.n_train),
+            "release": release,
             "study": spec.study.name, "when": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
             "grid": str(Path(out).absolute()), "command": command or " ".join(["dpgrid", *sys.argv[1:]]),
             "config_hash": spec.config_hash, "strategy": plan.strategy, "selection": plan.selection,
@@ -83,9 +101,9 @@ def entry_of(spec, out: Path, data_files: dict, command: str = None) -> dict:
 
 
 def entry_name(entry: dict) -> str:
-    """A grid's entry's file name: its run directory and config hash (a resumed grid, or a split one's jobs, write the
-    same)."""
-    return "entry-" + hashlib.sha256(f"{entry['grid']}|{entry['config_hash']}".encode()).hexdigest()[:16] + ".json"
+    """A grid's entry's file name, from what makes it one release (entry_of): a resumed grid, a split one's jobs, a
+    seeded grid run again elsewhere write the same; a secure grid's new release, another audit, another."""
+    return "entry-" + hashlib.sha256(json.dumps(entry["release"]).encode()).hexdigest()[:16] + ".json"
 
 
 @contextmanager
@@ -104,15 +122,22 @@ def locked_dataset(folder: Path):
         handle.close()
 
 
-def read_entries(folder: Path) -> list:
-    """The entries of one dataset's folder, oldest first; a damaged entry is named in one line."""
+def read_entries(folder: Path, damaged_too: bool = False) -> list:
+    """The entries of one dataset's folder, oldest first; a damaged entry is named in one line (`damaged_too`: kept,
+    as {"file", "damaged": True}, for --forget)."""
     entries = []
     for path in sorted(Path(folder).glob(ENTRY)):
         try:
             entry = json.loads(path.read_text())
+            if not isinstance(entry, dict) or not isinstance(entry.get("release"), list):
+                raise ValueError("not an entry")
         except (OSError, ValueError):
+            if damaged_too:
+                entries.append({"file": path.name, "damaged": True, "when": ""})
+                continue
             raise DpgridError(f"{path} is damaged (not the JSON dpgrid wrote): the study's ledger cannot compose it; "
-                              "restore it from a copy, or forget it (dpgrid budget --forget)") from None
+                              f"restore it from a copy, or forget it (dpgrid budget --forget --data {Path(folder).name})"
+                              ) from None
         entries.append({**entry, "file": path.name})
     return sorted(entries, key=lambda e: (e.get("when", ""), e["file"]))
 
@@ -163,18 +188,17 @@ def entering(spec, out: Path, data_files: dict):
     with locked_dataset(folder):
         entries = [e for e in read_entries(folder) if e["file"] != entry_name(entry)]
         budget = spec.study.budget
-        if budget is not None:
-            scoped = [e for e in entries if spec.study.name is None or e.get("study") == spec.study.name]
+        if budget is not None:  # every grid the ledger holds on these data: only dpgrid budget --forget scopes it
             delta = spec.plan.delta if spec.plan.private else 1e-5
-            before = composed(accounts_of(scoped), delta) if scoped else {"rdp": 0.0, "delta": 0.0}
-            after = composed(accounts_of([*scoped, entry]), delta)
+            before = composed(accounts_of(entries), delta) if entries else {"rdp": 0.0, "delta": delta}
+            after = composed(accounts_of([*entries, entry]), delta)
             if after["rdp"] > budget:
                 spent = f"{before['rdp']:.4g}" if math.isfinite(before["rdp"]) else "inf (a grid without differential privacy)"
                 raise DpgridError(
-                    f"privacy.study_budget={budget:g}: {len(scoped)} grid(s) on {entry['dataset']} "
-                    f"{'of study ' + repr(spec.study.name) + ' ' if spec.study.name else ''}have spent epsilon = {spent} "
-                    f"(delta = {delta:g}, the study's ledger: dpgrid budget); this grid would take it to "
-                    f"{after['rdp']:.4g}, past the budget ({max(0.0, budget - before['rdp']):.4g} left); nothing was written")
+                    f"privacy.study_budget={budget:g}: {len(entries)} grid(s) on {entry['dataset']} have spent epsilon "
+                    f"= {spent} (delta = {before['delta']:g}; the study's ledger: dpgrid budget); this grid would take "
+                    f"it to {after['rdp']:.4g} (delta = {after['delta']:g}), past the budget "
+                    f"({max(0.0, budget - before['rdp']):.4g} left); nothing was written")
         yield
         path = folder / entry_name(entry)
         if not path.exists():  # a resumed grid (or another job of a split one): entered once, when it was first

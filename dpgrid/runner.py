@@ -217,11 +217,11 @@ def train_grid(spec, out: Path, progress: bool, on_lock=None, follower=None) -> 
     follower = follower or Follower()
     data = data_mod.load(spec.dataset, spec.data_root, spec.train.device)
     check_loaded(spec, data.n_train)  # the plan's N is the data's, before an observer adds to them
+    if spec.validation == "test_half":  # one half of the public test set chooses, the other reports (an audit's
+        data = data_mod.test_halves(data, spec.plan.dataset)  # canaries are drawn from the choosing half)
     data = spec.observer.training_data(data) if spec.observer is not None else data
     if spec.train.float64:
         data = data.in_float64()
-    if spec.validation == "test_half":  # one half of the public test set chooses, the other reports
-        data = data_mod.test_halves(data, spec.plan.dataset)
     checkpoint = read_checkpoint(spec.start.init, spec.start.init_sha256) if spec.start.init else None  # once a grid
     check_fit(spec, data, checkpoint)
     # the engine, proved where training runs the model (a model that mixes samples is refused here), before anything

@@ -142,8 +142,6 @@ def test_a_damaged_entry_is_forgotten_as_its_refusal_says(tmp_path, capsys):
     assert not list(folder.glob(study.ENTRY))
 
 
-@pytest.mark.xfail(strict=True, reason="review of issue 75: a subsample tuning's final score is its runs' best_value "
-                                       "(the selection half), under data.validation=test_half too")
 def test_a_subsample_tunings_reported_score_is_the_report_halfs(tmp_path):
     """data.validation=test_half: every reported score is measured on the half that chose nothing. A subsample
     tuning's released final score (selection.json, the tables, the console) too."""
@@ -163,8 +161,6 @@ def test_a_subsample_tunings_reported_score_is_the_report_halfs(tmp_path):
         f"reported {released:.4g} (the selection half's best values' mean), the report half measured {reported:.4g}"
 
 
-@pytest.mark.xfail(strict=True, reason="review of issue 75: a tracker publishes summary.csv's mean and std (the "
-                                       "selection half's) as the grid's best, and each run's best_value")
 def test_a_tracker_publishes_the_report_halfs_score_under_test_half():
     """data.validation=test_half: what a tracker (MLflow, TensorBoard) shows as the grid's best configuration's score
     is a reported score, and must be the report half's, as the tables' and model.json's are."""

@@ -109,9 +109,11 @@ def release_record(plan, summary, final) -> dict:
 
 
 def final_score(final):
-    """The final model's score over its seeds (None before its runs)."""
+    """The final model's score over its seeds (None before its runs): under data.validation=test_half, the report
+    half's (its best step chosen on the other half), as every reported score."""
     if final is not None and len(final):
-        ok = final[~final.diverged.astype(bool)].best_value.astype(float)
+        column = "report_value" if "report_value" in final else "best_value"
+        ok = final[~final.diverged.astype(bool)][column].astype(float)
         return {"score": float(ok.mean()) if len(ok) else None,
                 "std": float(ok.std(ddof=0)) if len(ok) else None,
                 "seeds": int(len(ok)), "diverged": int(len(final) - len(ok))}

@@ -24,7 +24,7 @@ PLAN_FIELDS = ("dataset", "strategy", "k", "n_configs", "n_train", "batch_size",
                "accountant", "epsilon_spent", "epsilon_grid", "epsilon_per_run", "epsilon_with_seeds", "selection",
                "selection_accountant", "private", "model_parameters")
 # a committed run's row (dpgrid.runner.run_row): what it ended with (on the test set, or privatised), and its time
-RUN_FIELDS = ("best_value", "best_step", "final_clip", "final_lr", "steps", "seconds", "eval_seconds")
+RUN_FIELDS = ("best_value", "report_value", "best_step", "final_clip", "final_lr", "steps", "seconds", "eval_seconds")
 CURVE_KEYS = ("config_id", "seed", "step")  # a validation's identity; every other column of curves.csv is a value
 # what names a data file's content: never logged, whichever record carries it
 DATA_FINGERPRINT = "data_files"
@@ -107,7 +107,8 @@ def run_of(row: dict, curve: list, axes, metric: str) -> Run:
     """A committed run from its row (runs.csv's) and its validations (curves.csv's rows, or the run's result), named
     as a tracker shows them: test_<metric> (the value), test_loss, clip, lr and a strategy's own; best_test_<metric>."""
     params = {"config_id": row["config_id"], **{a: row[a] for a in axes if plain(row.get(a))}, "seed": int(row["seed"])}
-    names = {"value": f"test_{metric}", "best_value": f"best_test_{metric}"}
+    # report_value (data.validation=test_half): the report half's score at the step the selection half chose
+    names = {"value": f"test_{metric}", "best_value": f"best_test_{metric}", "report_value": f"report_test_{metric}"}
     values = {names.get(key, key): float(row[key]) for key in RUN_FIELDS if number(row.get(key))}
     points = tuple((int(point["step"]), {names.get(key, key): float(value) for key, value in point.items()
                                           if key not in CURVE_KEYS and number(value)}) for point in curve)
@@ -116,12 +117,14 @@ def run_of(row: dict, curve: list, axes, metric: str) -> Run:
 
 def best_of(summary) -> dict:
     """The best configuration's id, and its mean and std over seeds (summary.csv's best row, which a composition
-    publishes); {} where none is best."""
+    publishes: the report half's under data.validation=test_half); {} where none is best."""
     if summary is None or not len(summary) or "best" not in summary or not summary.best.astype(bool).any():
         return {}
     row = summary[summary.best.astype(bool)].iloc[0]
-    return {"config_id": str(row.config_id), **{f"best.{key}": float(row[key]) for key in ("mean", "std")
-                                                if number(row.get(key))}}
+    halves = "report_mean" in row  # data.validation=test_half: the report half's score, which chose nothing
+    return {"config_id": str(row.config_id), **{f"best.{key}": float(row[f"report_{key}" if halves else key])
+                                                for key in ("mean", "std")
+                                                if number(row.get(f"report_{key}" if halves else key))}}
 
 
 def release_of(statement: Path) -> Release | None:

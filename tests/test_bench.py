@@ -72,6 +72,7 @@ def test_the_profile_names_each_layers_per_sample_work_and_the_noise(monkeypatch
     every layer's norms, the noise draw and the clip weights, which the non-private baseline's do not; both hold the
     forwards and the backward; the rows add up to the totals."""
     monkeypatch.setattr(bench, "BATCH", 16)
+    monkeypatch.setattr(bench, "PROFILED", {})
     found = bench.profile("cnn", "fixed_threshold", "fast", steps=1)
     rows = {r["region"]: r for r in found["regions"]}
     for layer in ("0 (Conv2d)", "3 (Conv2d)"):

@@ -6,7 +6,7 @@ as Hydra's basic launcher trains them, unless hydra.launcher.side_by_side=N asks
 shared among them). On a GPU one grid of the paper's models leaves most of the device idle: its steps take a few
 milliseconds, bound by kernel launches and by the host (batches drawn, validation, Python), and the device waits in
 between. Grids side by side fill those gaps (four grids of the MNIST CNN trained 3.4x faster side by side than one after
-another on one H200, without CUDA graphs: docs/performance.md). So on CUDA `side_by_side=auto` places as many grids
+another on one H200, without CUDA graphs: docs/performance.md; the limits below are set, not measured). So on CUDA `side_by_side=auto` places as many grids
 at once as the device's free memory holds, each grid's need estimated from its model, data and batch (`grid_bytes`),
 at most one per core this process may use (each grid's process feeds the device from one) and at most
 MAX_SIDE_BY_SIDE. Each grid then trains in a process of its own (joblib's loky processes: a fresh interpreter, no
@@ -93,9 +93,9 @@ def grid_bytes(cfg, device, cache: dict) -> int:
     """What one grid of this config holds on the device at its peak, estimated before it trains: a process's CUDA
     context, its data, and its largest group's steps (each run's state and the activations of a Poisson batch padded
     to 1.5 B, dpgrid.training.stacked.bytes_per_run, held ACTIVATIONS_HELD times) with the per-sample forms' measured
-    workspace (dpgrid.training.rules.convolution.WORKSPACE_BYTES). The data is read once per dataset (`cache`). On
-    one H200 one MNIST CNN grid peaked at 2.5 GB of device memory, context included (docs/performance.md); this says
-    2.7 GiB."""
+    workspace (dpgrid.training.rules.convolution.WORKSPACE_BYTES). The data is read once per dataset (`cache`). One
+    MNIST cell (the CNN's runs one at a time) peaked at 2,511 MiB on an H100, its CUDA context included
+    (docs/performance.md); this says 3.0 GiB for an MNIST grid."""
     from dpgrid.config import compile
     from dpgrid.data import load
     from dpgrid.models import starting_model

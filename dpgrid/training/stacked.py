@@ -25,7 +25,7 @@ from torch import nn
 
 from dpgrid.privacy.randomness import to_device
 from dpgrid.training.graphs import padded_rows
-from dpgrid.training.persample import PerSampleGrads, check_model, per_sample_losses
+from dpgrid.training.persample import PerSampleGrads, check_model, per_sample_losses, summed
 from dpgrid.training.rules import MethodChoice, rule_for, why_unserved
 
 STATE_COPIES = 8  # tensors as large as the parameters a stacked step holds (weights, noise, sums, moments, ...)
@@ -236,7 +236,7 @@ class StackedEngine:
         padding = mask == 0
 
         def norms():
-            return torch.sqrt(sum(f.sq_norms() for f in factors)).masked_fill(padding, float("inf"))
+            return torch.sqrt(summed(f.sq_norms() for f in factors)).masked_fill(padding, float("inf"))
 
         def weighted_sums(w):  # w (m, G, b) -> per parameter (m, G, *shape)
             return [total for f in factors for total in f.weighted_sum(w.to(f.dtype))]

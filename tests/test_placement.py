@@ -203,3 +203,14 @@ def test_grids_side_by_side_give_the_numbers_they_give_one_after_another(tmp_pat
         assert a.best_value.tolist() == b.best_value.tolist() and len(a) >= 4
         record = OmegaConf.load(tmp_path / "together" / grid / ".hydra" / "hydra.yaml")
         assert record.hydra.launcher.side_by_side == 2
+
+
+@pytest.mark.slow
+def test_a_grid_that_ends_in_its_error_leaves_the_grids_beside_it_to_finish(tmp_path, capfd):
+    """Side by side, a grid refused on its data says so in its one line (from its own process), the grid beside it
+    trains to its end, and the sweep's exit code is the refused grid's."""
+    r = dpgrid("run", "-m", "dataset=mnist,digits", f"data.root={tmp_path / 'nowhere'}", "strategy=nodp", "grid.k=2",
+               "train.seeds=1", "train.epochs=1", "hydra.launcher.side_by_side=2", f"hydra.sweep.dir={tmp_path / 's'}")
+    said = r.stderr + capfd.readouterr().err  # the grids' processes write on the terminal's stderr itself
+    assert r.returncode == 2 and said.count("dpgrid: error: missing data file") == 1, said
+    assert (tmp_path / "s" / "digits" / "nodp" / "nonprivate" / "k2" / "summary.csv").is_file()

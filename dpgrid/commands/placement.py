@@ -142,7 +142,8 @@ def activation_elements(model, sample) -> int:
 
 def in_processes(launcher, job_overrides, initial_job_idx: int, count: int) -> list:
     """The grids in `count` processes at once (joblib's loky processes, as Hydra's joblib launcher runs them), each
-    told `count` through its Hydra record (hydra.launcher.side_by_side)."""
+    told `count` through its Hydra record (hydra.launcher.side_by_side). A grid that ends in its one-line error does
+    not stop the others; the sweep then ends with its exit code once they have finished."""
     from pathlib import Path
 
     from hydra.core.singleton import Singleton
@@ -150,19 +151,28 @@ def in_processes(launcher, job_overrides, initial_job_idx: int, count: int) -> l
 
     Path(str(launcher.config.hydra.sweep.dir)).mkdir(parents=True, exist_ok=True)
     state = Singleton.get_state()
-    return Parallel(n_jobs=count, backend="loky")(
+    returns = Parallel(n_jobs=count, backend="loky")(
         delayed(one_job)(initial_job_idx + at, list(overrides), launcher.hydra_context, launcher.config,
                          launcher.task_function, state, count)
         for at, overrides in enumerate(job_overrides))
+    ended = [r.code for r in returns if isinstance(r, SystemExit)]
+    if ended:  # each grid that ended so said why in its own line; the others have finished
+        raise SystemExit(next((code for code in ended if code), 0))
+    return returns
 
 
 def one_job(idx: int, overrides: list, hydra_context, config, task_function, state: dict, count: int):
-    """One grid in a worker process, as Hydra runs a sweep's job (its sweep config, its folder, its record)."""
+    """One grid in a worker process, as Hydra runs a sweep's job (its sweep config, its folder, its record), its
+    warnings said as `dpgrid` says them."""
+    import warnings
+
     from hydra.core.hydra_config import HydraConfig
     from hydra.core.singleton import Singleton
     from hydra.core.utils import run_job, setup_globals
     from omegaconf import open_dict
 
+    warnings.filterwarnings("ignore", module="opacus")  # as dpgrid.commands.cli.main
+    warnings.formatwarning = lambda message, *args, **kwargs: f"dpgrid: warning: {message}\n"
     setup_globals()
     Singleton.set_state(state)
     cfg = hydra_context.config_loader.load_sweep_config(config, overrides)
@@ -170,8 +180,11 @@ def one_job(idx: int, overrides: list, hydra_context, config, task_function, sta
         cfg.hydra.job.id, cfg.hydra.job.num = f"{cfg.hydra.job.name}_{idx}", idx
         cfg.hydra.launcher.side_by_side = count
     HydraConfig.instance().set_config(cfg)
-    return run_job(hydra_context=hydra_context, config=cfg, task_function=task_function, job_dir_key="hydra.sweep.dir",
-                   job_subdir_key="hydra.sweep.subdir")
+    try:
+        return run_job(hydra_context=hydra_context, config=cfg, task_function=task_function,
+                       job_dir_key="hydra.sweep.dir", job_subdir_key="hydra.sweep.subdir")
+    except SystemExit as ended:  # a grid refused or stopped (its line said): the grids beside it go on
+        return ended
 
 
 def placed(launcher) -> int:

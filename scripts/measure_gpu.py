@@ -39,7 +39,7 @@ ROOT = Path(__file__).resolve().parent.parent
 MODELS_CONV = ["cnn", "autoencoder", "bag_of_words"]
 MODELS_SEQ = ["transformer", "vit"]
 PROFILED = ["autoencoder", "bag_of_words", "transformer"]
-STRATEGIES = ["fixed_threshold", "online"]
+STRATEGIES = None  # fixed threshold and online (their config names, asked of the configs: `by_class`)
 SLICE = {"dataset": "mnist", "epsilon": 3, "k": 5, "epochs": 1, "device": "cuda"}
 TARGET_HOURS = 2.0
 # each part's cap in seconds, in order; a part gets its cap or what is left of the budget, whichever is less
@@ -122,6 +122,16 @@ def sweep_steps(dataset: str) -> dict:
     return steps
 
 
+def by_class(*classes) -> list:
+    """The names of the strategy configs whose `_target_` is each of these classes (no list of names here)."""
+    import dpgrid
+    from dpgrid import strategies
+    from dpgrid.config.groups import options
+
+    named = {strategies.resolve(dpgrid.compose([f"strategy={name}"]).strategy): name for name in options("strategy")}
+    return [named[cls] for cls in classes]
+
+
 def slice_strategies(dataset: str) -> list:
     """The strategies of the config group that train on the dataset's task (the paper's DP-SGD strategies and the
     non-private baseline; the noise schedules train logistic regression), asked of the configs."""
@@ -180,12 +190,12 @@ def extrapolated(wall: float, grids: list, sweep: dict) -> dict:
             "strategies_not_in_the_slice": missing, "target_hours": TARGET_HOURS}
 
 
-def alone_against(alone_wall: float, grids: list, found: dict) -> dict:
-    """What the slice would take one grid after another, from fixed_threshold's grid trained alone (`alone_wall`
-    seconds): each grid scaled from it by its run-steps and its relative cost (`extrapolated`), summed."""
+def alone_against(alone_wall: float, grids: list, found: dict, strategy: str) -> dict:
+    """What the slice would take one grid after another, from `strategy`'s grid trained alone (`alone_wall` seconds):
+    each grid scaled from it by its run-steps and its relative cost (`extrapolated`), summed."""
     relative = found["relative_cost_by_strategy"]
-    alone = next(g for g in grids if g["strategy"] == "fixed_threshold")
-    unit = alone_wall / (alone["run_steps"] * relative["fixed_threshold"])  # seconds per run-step at relative cost 1
+    alone = next(g for g in grids if g["strategy"] == strategy)
+    unit = alone_wall / (alone["run_steps"] * relative[strategy])  # seconds per run-step at relative cost 1
     apart = sum(unit * g["run_steps"] * relative[g["strategy"]] for g in grids)
     return {"wall_s": alone_wall, "run_steps": alone["run_steps"], "slice_one_after_another_s": apart,
             "placement_speedup": apart / found["slice_wall_s"],
@@ -241,6 +251,10 @@ def main(argv=None) -> int:
 
     if not torch.cuda.is_available():
         raise SystemExit("measure_gpu.py measures a CUDA device; this machine has none")
+    from dpgrid.strategies import FixedThreshold, Online
+
+    fixed_threshold, online = by_class(FixedThreshold, Online)
+    chosen = STRATEGIES or [fixed_threshold, online]
     for name in set(CAPS) - set(args.parts):
         CAPS[name] = 0  # skipped
     device = torch.cuda.get_device_name(0)
@@ -268,11 +282,11 @@ def main(argv=None) -> int:
         for name, models, extra in (("steps_conv", MODELS_CONV, ["--seconds", "1", "--warmup", "3"]),
                                     ("steps_seq", MODELS_SEQ, ["--steps", "5", "--seconds", "1", "--warmup", "2"])):
             code, text, _ = parts.run(name, bench("--cuda-graphs", "--no-memory", "--no-opacus", "--json", "--models",
-                                                  *models, "--strategies", *STRATEGIES, *extra))
+                                                  *models, "--strategies", *chosen, *extra))
             if code == 0:
                 steps.append(json.loads(text))
         code, text, _ = parts.run("profile", bench("--profile", "--json", "--models", *PROFILED,
-                                                   "--strategies", *STRATEGIES))
+                                                   "--strategies", *chosen))
         profiles = json.loads(text)["profiles"] if code == 0 else []
         if steps or profiles:
             record = {**(merged(steps) or {"machine": machine}), "profiles": profiles, **stamp,
@@ -309,12 +323,13 @@ def main(argv=None) -> int:
             grid_record.update(slice=grids, side_by_side=placed, extrapolation=found)
             alone_dir = Path(tempfile.mkdtemp(prefix="dpgrid-alone-"))
             alone = ["-m", "dpgrid", "run", f"dataset={SLICE['dataset']}", f"data.root={Path(args.data_root).resolve()}",
-                     "strategy=fixed_threshold", f"privacy.epsilon={SLICE['epsilon']}", f"grid.k={SLICE['k']}",
+                     f"strategy={fixed_threshold}", f"privacy.epsilon={SLICE['epsilon']}", f"grid.k={SLICE['k']}",
                      f"train.epochs={SLICE['epochs']}", f"train.device={SLICE['device']}", f"hydra.run.dir={alone_dir}/grid"]
             code, _, alone_wall = parts.run("alone", [sys.executable, *alone], least=60)
             if code == 0:
-                grid_record["fixed_threshold_alone"] = one = alone_against(alone_wall, grids, found)
-                parts.say(f"fixed_threshold's grid alone: {alone_wall:.1f} s for {one['run_steps']:,} run-steps; the "
+                grid_record["alone"] = one = {"strategy": fixed_threshold,
+                                              **alone_against(alone_wall, grids, found, fixed_threshold)}
+                parts.say(f"{fixed_threshold}'s grid alone: {alone_wall:.1f} s for {one['run_steps']:,} run-steps; the "
                           f"slice's {len(grids)} grids one after another, each scaled from it by its run-steps and "
                           f"relative cost: about {one['slice_one_after_another_s']:.0f} s against "
                           f"{found['slice_wall_s']:.0f} s as placed ({one['placement_speedup']:.2f}x); the sweep one "

@@ -135,7 +135,7 @@ def test_the_sweeps_cost_is_the_slices_time_per_run_step_times_the_sweeps_run_st
     grids = [{"strategy": "fixed_threshold", "run_steps": 1000, "run_seconds": 4.0},
              {"strategy": "nodp", "run_steps": 500, "run_seconds": 1.0}]
     found = measure_gpu.extrapolated(wall=3.0, grids=grids, sweep={"fixed_threshold": 10 ** 6, "nodp": 10 ** 5})
-    alone = measure_gpu.alone_against(4.0, grids, found)  # the baseline's grid: half the cost per run-step, half the steps
+    alone = measure_gpu.alone_against(4.0, grids, found, "fixed_threshold")  # the baseline's grid: half the cost per run-step, half the steps
     assert alone["slice_one_after_another_s"] == pytest.approx(4.0 + 4.0 / 4) and alone["placement_speedup"] == \
         pytest.approx(5.0 / 3.0)
 
@@ -171,7 +171,7 @@ def test_the_gpu_measurement_runs_whole_with_its_parts_on_the_cpu(tmp_path, monk
     assert {g["strategy"] for g in grid["slice"]} == set(measure_gpu.slice_strategies("digits"))
     sweep = grid["extrapolation"]["sweep_run_steps_by_strategy"]
     assert sweep == measure_gpu.sweep_steps("digits") and grid["extrapolation"]["sweep_run_steps"] == sum(sweep.values())
-    assert grid["fixed_threshold_alone"]["run_steps"] > 0
+    assert grid["alone"]["run_steps"] > 0 and grid["alone"]["placement_speedup"] > 0
     log = (out / "measure_gpu_log.txt").read_text()
     assert "GPU-hours" in log and "== tests: not asked for (--parts)" in log
     assert sorted(p.name for p in out.iterdir()) == ["grid_cuda_h100_sweep.json", "measure_gpu_log.txt",

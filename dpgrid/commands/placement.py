@@ -1,5 +1,6 @@
 """Where a sweep's grids train on this machine: hydra/launcher=dpgrid, the launcher `dpgrid run -m` uses unless told
-otherwise (hydra_plugins.dpgrid_launcher.LocalLauncher hands its launch to `launch` here).
+otherwise (hydra_plugins.dpgrid_launcher.LocalLauncher asks `side_by_side` here, and trains the grids `in_processes`
+where more than one go at once, else one after another as Hydra's basic launcher).
 
 On a CPU a grid takes every core (train.threads=auto), so the grids train one after another in this process, exactly
 as Hydra's basic launcher trains them, unless hydra.launcher.side_by_side=N asks for N at once (the cores are then
@@ -39,18 +40,6 @@ def check_setting(value) -> int:
     return int(text)
 
 
-def launch(launcher, job_overrides, initial_job_idx) -> list:
-    """The sweep's grids (Hydra's JobReturns, in order): one after another in this process where one at a time is
-    placed (Hydra's basic launcher), else `side_by_side` processes at once, said in one line."""
-    from hydra._internal.core_plugins.basic_launcher import BasicLauncher
-
-    count, line = side_by_side(launcher, job_overrides)
-    if count <= 1:
-        return BasicLauncher.launch(launcher, job_overrides, initial_job_idx)
-    print(f"dpgrid: {line}", file=sys.stderr, flush=True)
-    return in_processes(launcher, job_overrides, initial_job_idx, count)
-
-
 def side_by_side(launcher, job_overrides) -> tuple:
     """(how many of the sweep's grids train at once, the line that says so and why)."""
     grids, asked = len(job_overrides), check_setting(launcher.side_by_side)
@@ -67,8 +56,10 @@ def side_by_side(launcher, job_overrides) -> tuple:
     if len(devices) != 1 or next(iter(devices)).type != "cuda":  # a CPU, or grids spread over devices: one at a time
         return 1, ""
     device = next(iter(devices))
+    from dpgrid.config import compile
+
     read = {}  # each dataset's sizes, read once
-    return placed_on_gpu(grids, max(grid_bytes(cfg, device, read) for cfg in configs), device)
+    return placed_on_gpu(grids, max(grid_bytes(compile(cfg, plan=False), device, read) for cfg in configs), device)
 
 
 def placed_on_gpu(grids: int, need: int, device) -> tuple:
@@ -89,20 +80,19 @@ def placed_on_gpu(grids: int, need: int, device) -> tuple:
                    f"of its own; {SETTING}=N sets how many")
 
 
-def grid_bytes(cfg, device, cache: dict) -> int:
-    """What one grid of this config holds on the device at its peak, estimated before it trains: a process's CUDA
+def grid_bytes(spec, device, cache: dict) -> int:
+    """What one grid (`spec`, compiled with or without its plan) holds on the device at its peak, estimated before it
+    trains: a process's CUDA
     context, its data, and its largest group's steps (each run's state and the activations of a Poisson batch padded
     to 1.5 B, dpgrid.training.stacked.bytes_per_run, held ACTIVATIONS_HELD times) with the per-sample forms' measured
     workspace (dpgrid.training.rules.convolution.WORKSPACE_BYTES). The data is read once per dataset (`cache`). One
     MNIST cell (the CNN's runs one at a time) peaked at 2,511 MiB on an H100, its CUDA context included
     (docs/performance.md); this says 3.0 GiB for an MNIST grid."""
-    from dpgrid.config import compile
     from dpgrid.data import load
     from dpgrid.models import starting_model
     from dpgrid.training.rules.convolution import WORKSPACE_BYTES
     from dpgrid.training.stacked import bytes_per_run, group_size
 
-    spec = compile(cfg, plan=False)
     key = (spec.dataset.name, spec.data_root)
     if key not in cache:
         data = load(spec.dataset, spec.data_root)
@@ -140,24 +130,29 @@ def activation_elements(model, sample) -> int:
     return sum(total)
 
 
-def in_processes(launcher, job_overrides, initial_job_idx: int, count: int) -> list:
-    """The grids in `count` processes at once (joblib's loky processes, as Hydra's joblib launcher runs them), each
-    told `count` through its Hydra record (hydra.launcher.side_by_side). A grid that ends in its one-line error does
-    not stop the others; the sweep then ends with its exit code once they have finished."""
+def in_processes(launcher, job_overrides, initial_job_idx: int, count: int, line: str) -> list:
+    """The grids in `count` processes at once (joblib's loky processes, as Hydra's joblib launcher runs them), said in
+    `line` first, each told `count` through its Hydra record (hydra.launcher.side_by_side). A grid that ends in its
+    one-line error does not stop the others; once they have finished, the sweep ends in one line naming it, with its
+    exit code."""
     from pathlib import Path
 
     from hydra.core.singleton import Singleton
     from joblib import Parallel, delayed
 
+    print(f"dpgrid: {line}", file=sys.stderr, flush=True)
     Path(str(launcher.config.hydra.sweep.dir)).mkdir(parents=True, exist_ok=True)
     state = Singleton.get_state()
     returns = Parallel(n_jobs=count, backend="loky")(
         delayed(one_job)(initial_job_idx + at, list(overrides), launcher.hydra_context, launcher.config,
                          launcher.task_function, state, count)
         for at, overrides in enumerate(job_overrides))
-    ended = [r.code for r in returns if isinstance(r, SystemExit)]
-    if ended:  # each grid that ended so said why in its own line; the others have finished
-        raise SystemExit(next((code for code in ended if code), 0))
+    ended = [(overrides, r.code) for overrides, r in zip(job_overrides, returns) if isinstance(r, SystemExit)]
+    if ended:  # each said why in its own line, from its own process
+        codes = [code for _, code in ended if isinstance(code, int) and code]
+        raise DpgridError(f"{len(ended)} of the sweep's {len(job_overrides)} grids ended before finishing, each in its "
+                          f"line above ({' | '.join(' '.join(o) for o, _ in ended)}); the other grids finished",
+                          exit_code=codes[0] if codes else 1)
     return returns
 
 

@@ -2,7 +2,7 @@
 
 - LocalLauncher (hydra/launcher=dpgrid, what `dpgrid run -m` uses unless told otherwise): Hydra's basic launcher, one
   grid after another in this process, except where grids go side by side (several on one GPU, or
-  hydra.launcher.side_by_side=N): its launch is handed to dpgrid.commands.placement.launch. `dpgrid run` registers
+  hydra.launcher.side_by_side=N: dpgrid.commands.placement). `dpgrid run` registers
   it with Hydra itself, so that an editable install, whose namespace Hydra's discovery does not see, finds it too.
 - SlurmLauncher (hydra/launcher=slurm): the submitit plugin's, with its launch handed to
   dpgrid.commands.launchers.launch (one-line errors, why jobs are pending, what Ctrl-C leaves queued, several grids
@@ -20,9 +20,13 @@ class LocalLauncher(BasicLauncher):
         self.side_by_side = side_by_side  # auto | N: grids at once (dpgrid.commands.placement)
 
     def launch(self, job_overrides, initial_job_idx):
-        from dpgrid.commands.placement import launch
+        """One grid after another here (Hydra's basic launcher), or side by side where dpgrid places them so."""
+        from dpgrid.commands import placement
 
-        return launch(self, job_overrides, initial_job_idx)
+        count, line = placement.side_by_side(self, job_overrides)
+        if count <= 1:
+            return super().launch(job_overrides, initial_job_idx)
+        return placement.in_processes(self, job_overrides, initial_job_idx, count, line)
 
 
 try:

@@ -13,6 +13,8 @@ subprocess (ru_maxrss above the set-up).
     python scripts/bench.py --grid [--models mlp bag_of_words cnn] [--parallel-runs auto] [--json]  # whole grids
     python scripts/bench.py --grid --side-by-side 2 [--models mlp cnn]  # two grids' processes at once on one device
     python scripts/bench.py --trackers [--repeats 5] [--record]  # the default job with and without each tracker
+    python scripts/bench.py --profile autoencoder online [--device cuda] [--json]  # where its extra time goes, by region
+    python scripts/bench.py --device cuda --cuda-graphs --check benchmarks/steps_cuda_h100_captured.json  # a GPU record
     PYTHONPATH=examples python scripts/bench.py --searchpath file://$PWD/examples/dpgrid_example/conf \
         --strategies fixed_threshold per_layer --no-opacus       # a plugin's strategies, from its config folder
 

@@ -534,6 +534,12 @@ def device_name() -> str:
     return torch.cuda.get_device_name(DEVICE) if DEVICE.type == "cuda" else cpu_name()
 
 
+def device_type(machine: dict) -> str:
+    """cpu or cuda: where a record's steps ran (records made before it was written say it by a device that is no CPU)."""
+    return machine.get("device_type") or ("cuda" if machine.get("device", machine.get("cpu")) != machine.get("cpu")
+                                          else "cpu")
+
+
 def cpu_name() -> str:
     """The processor's model name (Linux's /proc/cpuinfo), else what platform says."""
     try:
@@ -893,10 +899,10 @@ def main():
         args.strategies = sorted(measured & set(strategies_found))
         args.no_opacus = not record.get("opacus")
         args.cuda_graphs = any(r["strategy"].endswith(GRAPHED) for r in record["results"])
-        if record["machine"].get("device_type", "cpu") != DEVICE.type:
+        if device_type(record["machine"]) != DEVICE.type:
             raise SystemExit(f"--check {args.check}: measured on {record['machine'].get('device')} "
-                             f"({record['machine'].get('device_type', 'cpu')}); check it with --device "
-                             f"{record['machine'].get('device_type', 'cpu')} on such a machine")
+                             f"({device_type(record['machine'])}); check it with --device "
+                             f"{device_type(record['machine'])} on such a machine")
     report = {"machine": {"cpu": cpu_name(), "device": device_name(), "device_type": DEVICE.type, "cores": os.cpu_count(),
                           "torch_threads": torch.get_num_threads(), "torch": torch.__version__,
                           "allocator": ALLOCATOR, "batch_size": BATCH, "engine": args.engine},

@@ -111,6 +111,13 @@ def test_a_cuda_record_is_not_checked_on_a_cpu(tmp_path, monkeypatch, capsys):
     assert "measured on NVIDIA H100 80GB HBM3 (cuda); check it with --device cuda" in str(stopped.value)
 
 
+def test_a_record_says_where_its_steps_ran():
+    """Records made before `device_type` was written say a GPU by a device that is not their CPU."""
+    assert bench.device_type({"cpu": "AMD EPYC", "device": "AMD EPYC"}) == "cpu"
+    assert bench.device_type({"cpu": "Intel Xeon", "device": "NVIDIA H100 80GB HBM3"}) == "cuda"
+    assert bench.device_type({"cpu": "Intel Xeon", "device": "NVIDIA H200", "device_type": "cuda"}) == "cuda"
+
+
 def test_the_records_are_named_by_the_gpus_model():
     assert measure_gpu.device_slug("NVIDIA H100 80GB HBM3") == "h100"
     assert measure_gpu.device_slug("NVIDIA H200") == "h200"

@@ -244,7 +244,7 @@ def main(argv=None) -> int:
     parser.add_argument("--data-root", default="./data", help="data.root: where MNIST's files are (MNIST/raw/)")
     parser.add_argument("--out", default="benchmarks", help="where the records go")
     parser.add_argument("--commit", default="", help="the commit measured (default: git's, where the tree has .git)")
-    parser.add_argument("--budget", type=float, default=450, help="seconds for all the parts together")
+    parser.add_argument("--budget", type=float, default=420, help="seconds for all the parts together")
     parser.add_argument("--parts", nargs="+", default=list(CAPS), choices=list(CAPS), help="the parts to run")
     args = parser.parse_args(argv)
     import torch

@@ -204,16 +204,17 @@ def train(spec, out_dir, progress: bool = True, on_lock=None, created="unknown",
         try:
             with threads.using(threads.choose(spec.train.threads, spec.plan.model_parameters, parallel_jobs)), \
                     threads.exact_cuda(), threads.reusing_freed_memory(), follow(spec, out, tracked_from) as follower:
-                return train_grid(spec, out, progress, on_lock, follower)
+                return train_grid(spec, out, progress, on_lock, follower, parallel_jobs)
         except DpgridError:
             remove_created(out, created)
             raise
 
 
-def train_grid(spec, out: Path, progress: bool, on_lock=None, follower=None) -> "Trained":
+def train_grid(spec, out: Path, progress: bool, on_lock=None, follower=None, parallel_jobs: int = 1) -> "Trained":
     """train's work, with the directory's lock held. Everything that can refuse the grid is asked before
     anything is written: the data, the model on it, the directory's config, data and release. `follower`: what tells
-    its tracker (dpgrid.tracking), once the grid trains, each run committed and its end."""
+    its tracker (dpgrid.tracking), once the grid trains, each run committed and its end. `parallel_jobs`: the grids
+    a launcher placed side by side with it (they share the device's memory)."""
     follower = follower or Follower()
     data = data_mod.load(spec.dataset, spec.data_root, spec.train.device)
     check_loaded(spec, data.n_train)  # the plan's N is the data's, before an observer adds to them
@@ -258,7 +259,7 @@ def train_grid(spec, out: Path, progress: bool, on_lock=None, follower=None) -> 
                 say(f"{plan.selection.replace('_', ' ')}: training; its epsilon covers {plan.method.covers}")
             follower.started()
         trained += train_phase(spec, out, data, phase, done, progress, quiet, per_sample_methods, engine, checkpoint,
-                               follower)
+                               follower, parallel_jobs)
         work += phase.runs
     if not trained and work and not quiet:
         say(f"nothing to train: every run of this grid has finished ({len(work)} runs, checked against their seal)")
@@ -334,7 +335,7 @@ def proved_engine(spec, data, checkpoint: dict = None) -> EngineChoice:
 
 
 def train_phase(spec, out: Path, data, phase: Phase, done: set, progress: bool, quiet: bool, per_sample_methods: MethodChoice,
-                engine: EngineChoice = None, checkpoint: dict = None, follower=None) -> int:
+                engine: EngineChoice = None, checkpoint: dict = None, follower=None, parallel_jobs: int = 1) -> int:
     """Train a phase's runs that are not `done`, committing each run's row as it finishes (and telling `follower`,
     the grid's tracker); how many it trained."""
     plan, work = spec.plan, phase.runs
@@ -349,7 +350,7 @@ def train_phase(spec, out: Path, data, phase: Phase, done: set, progress: bool, 
                disable=None if progress and not quiet else True)
     # Groups are fixed slices of the grid's runs, whatever is done: a group with a run left trains whole and
     # commits what is left, so a resumed grid's runs get the numbers of an uninterrupted one (padding, kernels).
-    size = stacking(spec, data, len(work), engine, checkpoint) if todo or quiet else 1
+    size = stacking(spec, data, len(work), engine, checkpoint, parallel_jobs) if todo or quiet else 1
     finished, said = total - len(todo), 0
     for start in range(0, len(work), size):
         group = work[start:start + size]
@@ -384,7 +385,7 @@ def train_phase(spec, out: Path, data, phase: Phase, done: set, progress: bool, 
     return len(todo)
 
 
-def stacking(spec, data, runs: int, engine: EngineChoice = None, checkpoint: dict = None) -> int:
+def stacking(spec, data, runs: int, engine: EngineChoice = None, checkpoint: dict = None, side_by_side: int = 1) -> int:
     """How many of the grid's `runs` train together (train.parallel_runs), said in one line: the groups' size, or
     why one at a time when stacking was asked for or would serve and cannot. A selection says it whatever the number
     of its runs, which depends on how many candidates were drawn (and prints nothing that does)."""
@@ -394,7 +395,7 @@ def stacking(spec, data, runs: int, engine: EngineChoice = None, checkpoint: dic
     if procedure.releases_best_only:  # a group holds one candidate's runs at most: asked as if there were two
         runs = 2 * spec.plan.seeds    # candidates, so that neither the group nor the line depends on how many were drawn
     size, why = group_size(spec.train.parallel_runs, initial_model(spec, 0, device, checkpoint), spec.strategy_cls, runs,
-                           spec.plan.batch_size, device, data.x_train[:1])
+                           spec.plan.batch_size, device, data.x_train[:1], side_by_side)
     if engine is not None and not engine.stacks and size > 1:
         size, why = 1, "the stacked engine did not prove itself on the first batch (the per-sample engine line above)"
     size = procedure.group_limit(spec.plan.seeds, size)

@@ -102,7 +102,8 @@ def main(argv=None, dpgrid=None):
     parser.add_argument("--data-root", default="./data", help="data.root: where the dataset's files are read from")
     parser.add_argument("--results", default="outputs", help="hydra.sweep.dir: the results tree")
     parser.add_argument("--launcher", choices=["basic", "local", "slurm"], default="basic",
-                        help="basic: one grid after another here; local: --jobs processes here; slurm: SLURM jobs")
+                        help="basic: here, as dpgrid run -m places grids (one after another on a CPU, side by side "
+                        "on a GPU); local: --jobs processes here; slurm: SLURM jobs")
     parser.add_argument("--jobs", type=int, default=2, help="parallel processes with --launcher local or --paper-cells "
                         "(with --paper-cells --launcher slurm: cells queued at once, each waited on by a light process)")
     parser.add_argument("--dry-run", action="store_true",

@@ -64,6 +64,7 @@ def run_command(args: list) -> None:
             checked = check_sweep(overrides)  # every job checked first; each job compiles again and must agree
             created = {out: outermost_missing(out) for out in checked}
             register()  # the schema and resolvers Hydra's own composition needs
+            register_launcher()
             sys.argv = ["dpgrid run", *args]
             from dpgrid import tracking
             from dpgrid.config.compose import compose, sweep_jobs
@@ -96,6 +97,16 @@ def run_command(args: list) -> None:
             with contextlib.suppress(BaseException), locked(out):
                 remove_created(out, created)
         raise
+
+
+def register_launcher() -> None:
+    """dpgrid's default launcher (hydra/launcher=dpgrid) made known to Hydra here: its plugin discovery does not see
+    the hydra_plugins namespace of an editable install (setuptools' default mode), and a sweep must run wherever
+    dpgrid does."""
+    from hydra.core.plugins import Plugins
+    from hydra_plugins.dpgrid_launcher import LocalLauncher
+
+    Plugins.instance().register(LocalLauncher)
 
 
 @contextlib.contextmanager

@@ -65,14 +65,22 @@ def hydra_record(config_yaml: str):
 
 
 def parallel_jobs(launcher) -> int:
-    """How many grids the sweep's launcher runs side by side on this machine: joblib's n_jobs (-1: every core);
-    1 for the basic launcher (one after another) and for SLURM (each job has its own allocation)."""
+    """How many grids the sweep's launcher runs side by side on this machine: dpgrid's as it placed them
+    (dpgrid.commands.placement), joblib's n_jobs (-1: every core); 1 for the basic launcher (one after another) and for
+    SLURM (each job has its own allocation)."""
+    if str(launcher.get("_target_", "")) == LOCAL_LAUNCHER:
+        from dpgrid.commands.placement import placed
+
+        return placed(launcher)
     n_jobs = launcher.get("n_jobs") if "joblib" in str(launcher.get("_target_", "")) else None
     if n_jobs is None:
         return 1
     from dpgrid.training.threads import available_cores
 
     return available_cores() if int(n_jobs) < 0 else max(1, int(n_jobs))
+
+
+LOCAL_LAUNCHER = "hydra_plugins.dpgrid_launcher.LocalLauncher"  # hydra/launcher=dpgrid, the default
 
 
 class Callbacks:

@@ -145,7 +145,18 @@ def memory_refusal(value) -> str:
 def check_launcher(launcher) -> None:
     """Refuse, before anything is queued, a sweep whose launcher is dpgrid's and which Hydra would not find (an editable
     install in setuptools' default mode hides the hydra_plugins namespace from Hydra's plugin discovery), or which
-    asks SLURM for what it would read otherwise (`+hydra.launcher.mem=8`: sbatch's megabytes)."""
+    asks SLURM for what it would read otherwise (`+hydra.launcher.mem=8`: sbatch's megabytes); and a setting
+    hydra/launcher=dpgrid (the default) does not have, or a side_by_side that is no number of grids."""
+    from dpgrid.commands.jobs import LOCAL_LAUNCHER
+
+    if str(launcher.get("_target_", "")) == LOCAL_LAUNCHER:
+        from dpgrid.commands.placement import SETTING, check_setting
+
+        for key in [k for k in launcher if k not in ("_target_", "side_by_side")]:
+            raise DpgridError(f"no setting 'hydra.launcher.{key}' of hydra/launcher=dpgrid; its setting: {SETTING} "
+                              "(auto or a number of grids)")
+        check_setting(launcher.get("side_by_side", "auto"))
+        return
     if str(launcher.get("_target_", "")) != DPGRID_LAUNCHER:
         return
     from hydra_plugins.hydra_submitit_launcher.config import SlurmQueueConf

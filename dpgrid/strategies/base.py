@@ -161,8 +161,7 @@ class Strategy:
                 out = view if run is None else view[run]
                 standard_normal(out.shape, generator, flat.device, flat.dtype, out=out)
         flat.mul_(self.per_run(std / self.batch_size, flat))
-        for view, s in zip(views, sums):
-            view.add_(s, alpha=1 / self.batch_size)
+        torch._foreach_add_(views, sums, alpha=1 / self.batch_size)  # each view.add_(s): on CUDA one or few kernels
         return flat, views
 
     def flatten(self, tensors: list) -> torch.Tensor:
@@ -179,8 +178,9 @@ class Strategy:
         if self.momentum:
             if self._velocity is None:
                 self._velocity = [torch.zeros_like(d) for d in direction]
-            for v, d in zip(self._velocity, direction):
-                v.mul_(self.momentum).add_(d)
+            # v.mul_(momentum).add_(d) for each parameter, the same numbers; on CUDA a few kernels for all of them
+            torch._foreach_mul_(self._velocity, self.momentum)
+            torch._foreach_add_(self._velocity, direction)
             direction = self._velocity
         for p, d in zip(self.params, direction):
             p.addcmul_(d, self.per_run(lr, p), value=-1)  # no lr * d temporary; lr stays a tensor (no host sync)

@@ -25,7 +25,7 @@ from torch import nn
 
 from dpgrid.privacy.randomness import to_device
 from dpgrid.training.graphs import padded_rows
-from dpgrid.training.persample import PerSampleGrads, check_model, per_sample_losses
+from dpgrid.training.persample import PerSampleGrads, check_model, per_sample_losses, summed
 from dpgrid.training.rules import MethodChoice, rule_for, why_unserved
 
 STATE_COPIES = 8  # tensors as large as the parameters a stacked step holds (weights, noise, sums, moments, ...)
@@ -126,11 +126,12 @@ def bytes_per_run(model: nn.Module, batch_size: int, elements: int) -> int:
 
 
 def group_size(setting: str, model: nn.Module, strategy_cls, runs: int, batch_size: int, device: torch.device,
-               sample: torch.Tensor = None) -> tuple:
+               sample: torch.Tensor = None, side_by_side: int = 1) -> tuple:
     """(how many runs train together, why one at a time or ''): train.parallel_runs as set (at most the runs
     left), or auto's choice: on a CPU, one at a time for compute-bound models (CPU_STACK_WORK multiply-adds per step),
-    else up to MAX_GROUP runs within a quarter of the free memory (a GPU's free memory on CUDA). `sample`: a training
-    example, for the sizes (per_sample_sizes)."""
+    else up to MAX_GROUP runs within a quarter of the free memory (a GPU's free memory on CUDA, shared among the
+    `side_by_side` grids a launcher places on it, which may all start at once). `sample`: a training example, for the
+    sizes (per_sample_sizes)."""
     why = why_not_stacked(model, strategy_cls)
     if why or runs <= 1:
         return 1, why
@@ -146,7 +147,8 @@ def group_size(setting: str, model: nn.Module, strategy_cls, runs: int, batch_si
     if device.type == "cpu" and work > CPU_STACK_WORK:
         return 1, (f"a step of this model is bound by its arithmetic on a CPU, {work:,} multiply-adds per step, "
                    "which stacking does not make cheaper; train.parallel_runs=N stacks N runs anyway")
-    fits = available_memory(device) // 4 // max(1, bytes_per_run(model, batch_size, elements))
+    share = max(1, side_by_side) if device.type == "cuda" else 1
+    fits = available_memory(device) // 4 // share // max(1, bytes_per_run(model, batch_size, elements))
     return max(1, min(runs, MAX_GROUP, fits)), ""
 
 
@@ -234,7 +236,7 @@ class StackedEngine:
         padding = mask == 0
 
         def norms():
-            return torch.sqrt(sum(f.sq_norms() for f in factors)).masked_fill(padding, float("inf"))
+            return torch.sqrt(summed(f.sq_norms() for f in factors)).masked_fill(padding, float("inf"))
 
         def weighted_sums(w):  # w (m, G, b) -> per parameter (m, G, *shape)
             return [total for f in factors for total in f.weighted_sum(w.to(f.dtype))]

@@ -33,6 +33,8 @@ class Data:
     y_test: torch.Tensor
     task: str              # a dpgrid.data.tasks name: "classification" (accuracy %) or "reconstruction" (MSE)
     files: dict = field(default_factory=dict)  # {name relative to data.root: path}: the data's identity
+    statistics: dict = field(default_factory=dict)  # {buffer name: tensor}: what the grid's models estimated of x_train
+                                                    # privately, once (dpgrid.models.inputs); every run starts with it
 
     @property
     def n_train(self) -> int:
@@ -41,7 +43,8 @@ class Data:
     def in_float64(self) -> "Data":
         """The same data with every floating-point tensor in float64 (labels stay integers)."""
         up = lambda t: t.double() if t.is_floating_point() else t  # noqa: E731
-        return Data(up(self.x_train), up(self.y_train), up(self.x_test), up(self.y_test), self.task, self.files)
+        return Data(up(self.x_train), up(self.y_train), up(self.x_test), up(self.y_test), self.task, self.files,
+                    {key: up(value) for key, value in self.statistics.items()})
 
 
 def load(dataset, root, device="cpu") -> Data:

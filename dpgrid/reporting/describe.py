@@ -23,6 +23,8 @@ def print_plan(spec, compare: bool, start: float) -> None:
                                                  if plan.selection != plan.method.name else "")
           + (f"; neighbouring datasets: {plan.method.adjacency}" if plan.private else ""))
     print_expected_time(spec, procedure.expected_runs(plan, len(spec.to_train) * spec.train.seeds))
+    if plan.statistics:
+        print(f"  {statistics_line(plan)}")
     print("\n".join(procedure.describe(plan)))  # the budget, the noise, the configurations
     if plan.epsilon_spent is not None and not plan.noise_per_run:  # one noise for the grid: its alternatives
         for name, value in plan.per_query.items():
@@ -33,6 +35,15 @@ def print_plan(spec, compare: bool, start: float) -> None:
             print_selection_comparison(plan)
             seconds = time.perf_counter() - start  # the timing line covers the comparison too
     print(f"  (planned in {seconds:.2f} s)")
+
+
+def statistics_line(plan) -> str:
+    """What the model estimates of the private data before training, and that every epsilon composes it."""
+    mechanisms = ", ".join(f"{count} x the Gaussian mechanism of multiplier {nu:g} on " +
+                           ("the whole training set" if q == 1 else f"a Poisson sample of rate {q:g}")
+                           for q, nu, count in plan.statistics)
+    return (f"the model's private statistics (its data normalisation), once for the grid: {mechanisms}; every epsilon "
+            "below composes them")
 
 
 def print_expected_time(spec, runs: int) -> None:
@@ -92,7 +103,8 @@ def print_comparison(plan) -> None:
     for accountant in ACCOUNTANTS:
         start = time.perf_counter()  # PLD and PRV calibrations take seconds to minutes: say what is running
         print(f"  ({accountant}: calibrating...)", file=sys.stderr, flush=True)
-        nus = [calibrate(plan.epsilon, plan.sample_rate, runs * plan.steps, plan.delta, accountant=accountant)
+        prior = {"prior": plan.statistics} if plan.statistics else {}  # a model's private statistics compose too
+        nus = [calibrate(plan.epsilon, plan.sample_rate, runs * plan.steps, plan.delta, accountant=accountant, **prior)
                for runs in (plan.composed_runs, per_config)]
         print(f"  {accountant:<11}{nus[0]:>13.4f}{nus[1]:>13.4f}   ({time.perf_counter() - start:.1f} s)", flush=True)
 
@@ -116,8 +128,11 @@ def print_selection_comparison(plan) -> None:
         print(f"  ({rule}: calibrating...)", file=sys.stderr, flush=True)
         for analysis in ("rdp", "profile"):
             try:
-                nus.append(f"{selection_noise(plan.sample_rate, steps, plan.epsilon, plan.delta, stopping, analysis):.4f}"
-                           if rule in COVERS[analysis] else "-")
+                served = rule in COVERS[analysis] and not (plan.statistics and analysis != "rdp")
+                prior = {"prior": plan.statistics} if plan.statistics else {}
+                nu = selection_noise(plan.sample_rate, steps, plan.epsilon, plan.delta, stopping, analysis,
+                                     **prior) if served else None
+                nus.append(f"{nu:.4f}" if served else "-")
             except DpgridError:
                 nus.append("unreachable")
         name = {"truncated_negative_binomial": f"truncated neg. binomial (eta {eta:g})",

@@ -51,15 +51,13 @@ def initial_model(spec, seed: int, device, checkpoint: dict = None, statistics: 
 def prepared_inputs(spec, data, progress: bool = False):
     """The data as the grid's models read them (dpgrid.models.inputs): a fixed front stage's features, computed once
     per dataset and kept, and the statistics the model estimates privately, once per grid, with noise named as the
-    runs' noise is (or the operating system's, privacy.secure_rng)."""
+    runs' noise is: every start of the grid (a resume, a job of a split grid) draws the same, so they are released
+    once (compile refuses them with privacy.secure_rng, whose noise a restart would draw afresh)."""
     model = build_model(spec.model)  # its structure: the stage and the statistics' modules
     if front_stage(model) is None and not statistics_modules(model):
         return data
-    if spec.train.secure_rng:
-        noise_source = SecureRandom()
-    else:
-        noise_source = torch.Generator(device=data.x_train.device)
-        noise_source.manual_seed(derive_seed(*seed_names(spec), "statistics"))
+    noise_source = torch.Generator(device=data.x_train.device)
+    noise_source.manual_seed(derive_seed(*seed_names(spec), "statistics"))
     data, said = prepared(spec, data, model, noise_source, progress)
     for line in said:
         say(line)

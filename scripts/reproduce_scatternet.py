@@ -44,8 +44,8 @@ def overrides(dataset: str, model: str, part: str, seeds: int, args) -> list:
     if part == "paper":
         lrs, clips = [float(s.lr)], [clip]
     else:
-        lrs = [b * s.batch_size / 512 for b in PROTOCOL.tuning.base_lrs]
-        clips = [float(c) for c in PROTOCOL.tuning.clips]
+        lrs = [b * s.batch_size / 512 for b in args.base_lrs]
+        clips = list(args.clips)
     steps_per_epoch = math.ceil({"cifar10": 50000}.get(dataset, 60000) / s.batch_size)
     norm = [f"model.{key}={s[key]}" for key in ("norm", "groups", "norm_noise") if key in s]
     selection = list(PROTOCOL.tuning.selections[part]) if part != "paper" else []
@@ -76,6 +76,8 @@ def cell(dataset: str, model: str, part: str, args) -> dict:
             "std": float(pd.Series(values).std(ddof=0)), "seeds": len(values),
             "values": " ".join(f"{v:.2f}" for v in values), "lr": chosen["configuration"].get("lr"),
             "clip": chosen["configuration"].get("clip"), "configurations": plan["n_configs"],
+            "grid_lrs": " ".join(f"{v:g}" for v in sorted({c["lr"] for c in plan["configurations"]})),
+            "grid_clips": " ".join(f"{v:g}" for v in sorted({c["clip"] for c in plan["configurations"]})),
             "noise_multiplier": plan["noise_multiplier"], "paper_nu": PROTOCOL.settings[dataset][model].paper_nu,
             "statistics": json.dumps(plan.get("statistics") or []), "epsilon_covered": chosen["covered_by"],
             "seconds": round(seconds, 1), "runs_seconds": round(float(result.runs.seconds.sum()), 1),
@@ -118,6 +120,10 @@ def main():
     parser.add_argument("--models", nargs="+", default=list(LABELS), choices=list(LABELS))
     parser.add_argument("--parts", nargs="+", default=list(PARTS), choices=PARTS)
     parser.add_argument("--seeds", type=int, default=int(PROTOCOL.seeds))
+    parser.add_argument("--base-lrs", nargs="+", type=float, default=list(PROTOCOL.tuning.base_lrs),
+                        help="the tuning grid's learning rates per 512 examples of batch (the authors' search)")
+    parser.add_argument("--clips", nargs="+", type=float, default=list(PROTOCOL.tuning.clips),
+                        help="the tuning grid's clipping thresholds")
     parser.add_argument("--results", default="outputs/scatternet")
     parser.add_argument("--out", default="docs/scatternet")
     parser.add_argument("--set", nargs="*", default=[], help="more overrides for every grid, e.g. train.device=cuda")

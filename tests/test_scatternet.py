@@ -189,6 +189,7 @@ def test_a_model_with_a_data_normalisation_plans_its_statistics():
 
 
 REFUSED = [({"privacy/selection": "subsample_tuning"}, "subsample_tuning does not account"),
+           ({"privacy.secure_rng": True}, "a second release"),
            ({"strategy": "nodp", "grid.k": 2}, "is not private"),
            ({"privacy/selection": "random_stopping", "privacy.selection.stopping": "liu_talwar"}, "liu_talwar"),
            ({"privacy/selection": "random_stopping", "privacy.selection.selection_accountant": "profile",
@@ -355,3 +356,29 @@ def test_cifar10_loads_from_the_python_batches(tmp_path):
         load_cifar10(tmp_path)
     with pytest.raises(DpgridError, match="missing data file"):
         load_cifar10(tmp_path / "elsewhere")
+
+
+@pytest.mark.slow
+def test_the_release_loads_without_dpgrid_on_kymatios_transform(tmp_path, monkeypatch):
+    """docs/scatternet.md's snippet: kymatio's Scattering2D, then plain PyTorch with the released weights, gives the
+    logits dpgrid.load_model gives."""
+    frontend = pytest.importorskip("kymatio.scattering2d.frontend.torch_frontend")
+    from safetensors.torch import load_file
+
+    from dpgrid.data.datasets import load_idx
+
+    monkeypatch.setenv("DPGRID_FEATURES", str(tmp_path / "features"))
+    root = tmp_path / "data"
+    make_idx_root(root, n_train=48, n_test=16)
+    cfg = load_cfg("mnist", "fixed_threshold", **{"model": "scatternet_linear", "dataset.n_train": "null",
+                                                  "data.root": str(root), "grid.k": 2, "train.seeds": 1,
+                                                  "train.steps": 2, "train.batch_size": 16})
+    dpgrid.run_grid(cfg, tmp_path / "grid", progress=False)
+    images = load_idx(root, "MNIST").x_test
+    scattering = frontend.ScatteringTorch2D(J=2, shape=(28, 28), L=8)
+    head = torch.nn.Sequential(torch.nn.Identity(), torch.nn.GroupNorm(27, 81, affine=False), torch.nn.Flatten(),
+                               torch.nn.Linear(81 * 7 * 7, 10))
+    head.load_state_dict(load_file(tmp_path / "grid" / "model" / "seed0.safetensors"))
+    plain = head(scattering(images).reshape(len(images), 81, 7, 7))
+    ours = dpgrid.load_model(tmp_path / "grid")(images)  # float32 rounding of the features, scaled by the weights
+    torch.testing.assert_close(plain, ours, atol=1e-4 * float(ours.abs().max()), rtol=1e-3)

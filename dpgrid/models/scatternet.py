@@ -63,7 +63,7 @@ class DataNormalization(PrivateStatistics):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         shape = (-1,) + (1,) * (x.dim() - 2)
         scale = torch.where(self.var != 0, torch.rsqrt(self.var + 1e-5), torch.zeros_like(self.var))
-        return (x - self.mean.view(shape)) * scale.view(shape)
+        return torch.addcmul((-self.mean * scale).view(shape), x, scale.view(shape))  # one pass over x
 
     def events(self) -> list:
         return [(1.0, self.noise_multiplier, 2)]

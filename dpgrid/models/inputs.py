@@ -61,7 +61,7 @@ class Chunks:
 def prepared(spec, data, model: nn.Module, noise_source, progress: bool = False) -> tuple:
     """(the data as the grid's models read it: features for a front stage, `statistics` estimated; the lines to say).
     `model`: one of the grid's models as built (its statistics not yet estimated); `noise_source`: the statistics'
-    noise, a seeded torch.Generator or a SecureRandom (the runner's, named as its runs' noise is)."""
+    noise, a seeded torch.Generator (the runner's, named as its runs' noise is)."""
     said = []
     stage = front_stage(model)
     if stage is not None:
@@ -82,11 +82,10 @@ def prepared(spec, data, model: nn.Module, noise_source, progress: bool = False)
             found = module.estimate(Chunks(model, position, data.x_train), Chunks(model, position, data.x_test), noise)
             statistics |= {f"{name}.{key}": value for key, value in found.items()}
             module.load_state_dict(found)  # a later module's inputs pass through this one as estimated
-        said.append(f"statistics: {', '.join(sorted(statistics))} estimated once for the grid ("
-                    + "; ".join(f"{type(m).__name__} {name}: " + ", ".join(
-                        f"{count} Gaussian mechanism(s) of multiplier {nu:g} on "
-                        + ("the whole data" if q == 1 else f"a Poisson sample of rate {q:g}") for q, nu, count in m.events())
-                                for _, name, m in modules) + "), composed into every epsilon the grid states")
+        from dpgrid.privacy import statistics_words
+
+        said.append(f"statistics: {', '.join(sorted(statistics))} estimated once for the grid by "
+                    f"{statistics_words(statistics_events(model))}, composed into every epsilon it states")
         data = replace(data, statistics=statistics)
     return data, said
 

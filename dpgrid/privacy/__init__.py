@@ -211,6 +211,13 @@ def make_plan(*, strategy_cls, options: dict, privacy: dict, problem: dict, n_tr
     return plan
 
 
+def statistics_words(events) -> str:
+    """A model's private statistics (Plan.statistics) in words: "2 x the Gaussian mechanism of multiplier 8 on the
+    whole training set"."""
+    return ", ".join(f"{count} x the Gaussian mechanism of multiplier {nu:g} on " +
+                     ("the whole training set" if q == 1 else f"a Poisson sample of rate {q:g}") for q, nu, count in events)
+
+
 def check_spent(plan: Plan) -> None:
     if not plan.epsilon_spent <= plan.epsilon:  # explicit: must hold under python -O too
         raise DpgridError(f"the calibrated noise spends epsilon = {plan.epsilon_spent:.6g} > the target "

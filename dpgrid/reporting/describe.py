@@ -39,11 +39,10 @@ def print_plan(spec, compare: bool, start: float) -> None:
 
 def statistics_line(plan) -> str:
     """What the model estimates of the private data before training, and that every epsilon composes it."""
-    mechanisms = ", ".join(f"{count} x the Gaussian mechanism of multiplier {nu:g} on " +
-                           ("the whole training set" if q == 1 else f"a Poisson sample of rate {q:g}")
-                           for q, nu, count in plan.statistics)
-    return (f"the model's private statistics (its data normalisation), once for the grid: {mechanisms}; every epsilon "
-            "below composes them")
+    from dpgrid.privacy import statistics_words
+
+    return (f"the model's private statistics (its data normalisation), once for the grid: "
+            f"{statistics_words(plan.statistics)}; every epsilon below composes them")
 
 
 def print_expected_time(spec, runs: int) -> None:

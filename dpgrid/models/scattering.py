@@ -13,7 +13,8 @@ multiple of 2^J (kymatio's `compute_padding`), subsampling is periodisation in F
 this module computes equals kymatio's output to float32 rounding (tests/test_scatternet.py compares them where kymatio is
 installed). It does not import kymatio: kymatio 0.3.0's `import kymatio.torch` fails with SciPy >= 1.15 (its 3-D module
 imports scipy.special.sph_harm, which SciPy removed), and a batch of images is one tensor expression here (every filter
-of an order at once), about 30 times faster on a CPU than kymatio's loop over filters.
+of an order at once): 9.5 times faster than kymatio's loop over filters on a busy 2-core CPU (scripts/bench.py
+--scattering, benchmarks/scattering_cpu.json).
 
 The features depend on no data: the stage is public (a dpgrid.models.stages.FixedFeatures), and a dataset's features are
 computed once and kept (dpgrid.data.features).

@@ -126,15 +126,22 @@ def image_of(image) -> tuple:
     return tuple(image)
 
 
+MAX_ANGLES = 32  # the second order holds L^2 paths per image channel
+
+
 def scattering_stage(image, J: int, L: int) -> tuple:
     """(the stage, K channels, (h, w)) for images [C, H, W]."""
     from dpgrid import DpgridError
 
     C, H, W = image_of(image)
-    try:
-        stage = Scattering2d(J, L, (H, W))
-    except ValueError as e:
-        raise DpgridError(f"model.J, model.L: {e}") from None
+    whole = lambda v: isinstance(v, int) and not isinstance(v, bool)  # noqa: E731
+    scales = [j for j in range(1, 12) if H % 2 ** j == 0 and W % 2 ** j == 0 and 2 ** j <= min(H, W)]
+    if not (whole(J) and J in scales):
+        raise DpgridError(f"model.J must be a whole number whose 2^J divides both sides of the {H} x {W} images: "
+                          f"{', '.join(map(str, scales)) or 'none'}; got {J!r}")
+    if not (whole(L) and 1 <= L <= MAX_ANGLES):
+        raise DpgridError(f"model.L must be a whole number of angles in 1..{MAX_ANGLES}, got {L!r}")
+    stage = Scattering2d(J, L, (H, W))
     return stage, stage.channels * C, stage.side
 
 

@@ -6,7 +6,7 @@ commit record), `curves.csv` (every validation), `summary.csv` (per configuratio
 """
 
 import contextlib
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from types import MappingProxyType
 
@@ -21,7 +21,7 @@ from dpgrid.results.curves import append_curves
 from dpgrid.results.files import (check_writable, environment, locked, outermost_missing, read_frame, read_json,
                                   remove_created, write_csv)
 from dpgrid.models.finetuning import read_checkpoint
-from dpgrid.models import default_dtype, starting_model
+from dpgrid.models import build_model, default_dtype, starting_model
 from dpgrid.training.rules import MethodChoice
 from dpgrid.training.persample import make_engine, trainable
 from dpgrid.training.apart import check_sizes
@@ -29,6 +29,7 @@ from dpgrid.training.graphs import capacity
 from dpgrid.training.proof import EngineChoice, choose_engine
 from dpgrid.results.procedure import Phase, procedure_of, seed_names
 from dpgrid.privacy.randomness import SecureRandom, derive_seed
+from dpgrid.models.inputs import front_stage, prepared, statistics_modules, with_statistics
 from dpgrid.results import ledger, seal, study
 from dpgrid.results.release import check_release, final_weights, keep_weights, release_when_finished
 from dpgrid.reporting.console import plan_header, report_run, say, say_methods
@@ -41,14 +42,30 @@ from dpgrid.training.stacked import StackedEngine, StackedModel, group_size, why
 from dpgrid.training.train import train_runs
 
 
-def initial_model(spec, seed: int, device, checkpoint: dict = None):
+def initial_model(spec, seed: int, device, checkpoint: dict = None, statistics: dict = None):
     """Seed s's starting point, the same for every strategy and configuration (a selection's candidates start their
     j-th seed from seed j's: the accounting method's start_seed); `checkpoint`: model.init's tensors, read once for
-    the grid (None: read here)."""
+    the grid (None: read here); `statistics`: what the grid estimated of its data for the model (Data.statistics)."""
     own = procedure_of(spec.plan.method).start_seed(seed, spec.plan.seeds)
     with torch.random.fork_rng(devices=[]), default_dtype(torch.float64 if spec.train.float64 else None):
         torch.manual_seed(derive_seed(spec.plan.dataset, "init", own))
-        return starting_model(spec, checkpoint).to(device)
+        return with_statistics(starting_model(spec, checkpoint), statistics).to(device)
+
+
+def prepared_inputs(spec, data, progress: bool = False):
+    """The data as the grid's models read them (dpgrid.models.inputs): a fixed front stage's features, computed once
+    per dataset and kept, and the statistics the model estimates privately, once per grid, with noise named as the
+    runs' noise is: every start of the grid (a resume, a job of a split grid) draws the same, so they are released
+    once (compile refuses them with privacy.secure_rng, whose noise a restart would draw afresh)."""
+    model = build_model(spec.model)  # its structure: the stage and the statistics' modules
+    if front_stage(model) is None and not statistics_modules(model):
+        return data
+    noise_source = torch.Generator(device=data.x_train.device)
+    noise_source.manual_seed(derive_seed(*seed_names(spec), "statistics"))
+    data, said = prepared(spec, data, model, noise_source, progress)
+    for line in said:
+        say(line)
+    return data
 
 
 def sources(spec, config: dict, seed: int, device, phase: Phase = None) -> tuple:
@@ -74,7 +91,7 @@ def train_together(spec, data, runs: list, progress: bool = False, per_sample_me
     (choose_engine; None: the compiled one, unproved, for a test's runs); `padded`: pad the batches as a CUDA graph
     needs them, on any device (None: on CUDA where a graph serves; dpgrid.testing.check_padded)."""
     device = data.x_train.device
-    models = [initial_model(spec, seed, device, checkpoint) for _, seed in runs]
+    models = [initial_model(spec, seed, device, checkpoint, data.statistics) for _, seed in runs]
     samplers, noise_sources = zip(*(sources(spec, config, seed, device, phase) for config, seed in runs))
     configs = [config for config, _ in runs]
     procedure = procedure_of(spec.plan.method)
@@ -175,7 +192,7 @@ def run_row(spec, config, seed, result, draw=None, n_threads=None, chosen_forms:
 def check_fit(spec, data, checkpoint: dict = None) -> None:
     """One forward pass and loss on two training examples: a model that does not fit the data (its input shape,
     its outputs against the targets) is refused in one line before anything is written."""
-    model = initial_model(spec, 0, data.x_train.device, checkpoint)
+    model = initial_model(spec, 0, data.x_train.device, checkpoint, data.statistics)
     try:
         with torch.no_grad():
             tasks.get(spec.dataset.task).loss(model(data.x_train[:2]), data.y_train[:2])
@@ -218,6 +235,7 @@ def train_grid(spec, out: Path, progress: bool, on_lock=None, follower=None, par
     follower = follower or Follower()
     data = data_mod.load(spec.dataset, spec.data_root, spec.train.device)
     check_loaded(spec, data.n_train)  # the plan's N is the data's, before an observer adds to them
+    data = prepared_inputs(spec, data, progress)
     if spec.validation == "test_half":  # one half of the public test set chooses, the other reports (an audit's
         data = data_mod.test_halves(data, spec.plan.dataset)  # canaries are drawn from the choosing half)
     data = spec.observer.training_data(data) if spec.observer is not None else data
@@ -322,7 +340,7 @@ def refuse_or_resume(out: Path, spec, found: str) -> None:
 def proved_engine(spec, data, checkpoint: dict = None) -> EngineChoice:
     """The engine the grid trains with, proved on its first batch of public examples (dpgrid.training.proof) before
     anything is written; the grid says it (`said`) under its plan's header."""
-    model = initial_model(spec, 0, data.x_train.device, checkpoint)
+    model = initial_model(spec, 0, data.x_train.device, checkpoint, data.statistics)
     could_stack = (spec.observer is None and spec.train.parallel_runs != "1"
                    and not why_not_stacked(model, spec.strategy_cls))
     setting = "func" if spec.train.engine == "func" else spec.train.engine_setting
@@ -340,8 +358,7 @@ def train_phase(spec, out: Path, data, phase: Phase, done: set, progress: bool, 
     the grid's tracker); how many it trained."""
     plan, work = spec.plan, phase.runs
     if phase.train_rows is not None:
-        data = data_mod.Data(data.x_train[phase.train_rows], data.y_train[phase.train_rows], data.x_test, data.y_test,
-                             data.task, data.files, data.x_report, data.y_report, data.train_files)
+        data = replace(data, x_train=data.x_train[phase.train_rows], y_train=data.y_train[phase.train_rows])
     todo = [(c, s) for c, s in work if (c["config_id"], s) not in done]
     ledger.check_untrained(out, spec, todo)
     total = len(work)
@@ -394,8 +411,8 @@ def stacking(spec, data, runs: int, engine: EngineChoice = None, checkpoint: dic
         return 1
     if procedure.releases_best_only:  # a group holds one candidate's runs at most: asked as if there were two
         runs = 2 * spec.plan.seeds    # candidates, so that neither the group nor the line depends on how many were drawn
-    size, why = group_size(spec.train.parallel_runs, initial_model(spec, 0, device, checkpoint), spec.strategy_cls, runs,
-                           spec.plan.batch_size, device, data.x_train[:1], side_by_side)
+    size, why = group_size(spec.train.parallel_runs, initial_model(spec, 0, device, checkpoint, data.statistics),
+                           spec.strategy_cls, runs, spec.plan.batch_size, device, data.x_train[:1], side_by_side)
     if engine is not None and not engine.stacks and size > 1:
         size, why = 1, "the stacked engine did not prove itself on the first batch (the per-sample engine line above)"
     size = procedure.group_limit(spec.plan.seeds, size)

@@ -15,6 +15,7 @@ subprocess (ru_maxrss above the set-up).
     python scripts/bench.py --trackers [--repeats 5] [--record]  # the default job with and without each tracker
     python scripts/bench.py --profile autoencoder online [--device cuda] [--json]  # where its extra time goes, by region
     python scripts/bench.py --device cuda --cuda-graphs --check benchmarks/steps_cuda_h100_captured.json  # a GPU record
+    python scripts/bench.py --scattering [--data-root DATA] [--record]  # the scattering features: time and memory
     PYTHONPATH=examples python scripts/bench.py --searchpath file://$PWD/examples/dpgrid_example/conf \
         --strategies fixed_threshold per_layer --no-opacus       # a plugin's strategies, from its config folder
 
@@ -765,7 +766,82 @@ def interleaved(steps: dict, repeats: int) -> dict:
     return {m: statistics.median(t) for m, t in times.items()}
 
 
+SCATTERING_RECORD = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "benchmarks", "scattering_cpu.json")
+FEATURES_SCRIPT = """
+import resource, sys, time
+from dpgrid.data.datasets import load_idx
+from dpgrid.data.features import with_features
+from dpgrid.models.scattering import Scattering2d
+data = load_idx(sys.argv[1], "MNIST")
+start = time.perf_counter()
+features, said = with_features(Scattering2d(2, 8, (28, 28)), data, "mnist")
+if sys.argv[2] == "read":
+    features.x_train.sum()  # every page of the features read, as an epoch of training reads them
+print(time.perf_counter() - start, resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024)
+"""
+
+
+def bench_scattering(data_root, repeats: int) -> dict:
+    """The scattering transform (J = 2, L = 8, 28 x 28) per 1,000 images, dpgrid's against kymatio's where it is
+    installed; with data_root, MNIST's 70,000 images' features computed and kept, then read back, each in a fresh
+    process: seconds and peak resident memory (the second reads every page of the training features, as an epoch of
+    training does; the pages are file-backed, the operating system's cache)."""
+    import tempfile
+
+    from dpgrid.data import features
+    from dpgrid.models.scattering import Scattering2d
+
+    x = (torch.rand(1000, 1, 28, 28) > 0.8).float() * torch.rand(1000, 1, 28, 28)
+    stage, found = Scattering2d(2, 8, (28, 28)), {"load_average": os.getloadavg()}
+
+    def ours():
+        with torch.no_grad():
+            for first in range(0, len(x), features.CHUNK):
+                stage(x[first:first + features.CHUNK])
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        ours()
+        times.append(time.perf_counter() - start)
+    found["dpgrid_s_per_1000"] = statistics.median(times)
+    try:
+        from kymatio.scattering2d.frontend.torch_frontend import ScatteringTorch2D
+
+        theirs, start = ScatteringTorch2D(J=2, shape=(28, 28), L=8), time.perf_counter()
+        with torch.no_grad():
+            theirs(x[:200])
+        found["kymatio_s_per_1000"] = 5 * (time.perf_counter() - start)
+    except ImportError:
+        found["kymatio_s_per_1000"] = None
+    if data_root:
+        with tempfile.TemporaryDirectory() as folder:
+            env = {**os.environ, "DPGRID_FEATURES": folder}
+            for what, touch in (("computed", "no"), ("read_back", "read")):  # computing, then a grid's reading
+                out = subprocess.run([sys.executable, "-c", FEATURES_SCRIPT, data_root, touch], env=env,
+                                     capture_output=True, text=True, check=True).stdout.split()
+                found[f"mnist_{what}_s"], found[f"mnist_{what}_peak_mb"] = float(out[0]), float(out[1])
+    return found
+
+
 def main():
+    if "--scattering" in sys.argv:
+        scattering = argparse.ArgumentParser(description="the scattering transform's and the features cache's time and "
+                                             "memory (dpgrid.models.scattering, dpgrid.data.features)")
+        scattering.add_argument("--scattering", action="store_true")
+        scattering.add_argument("--data-root", help="where MNIST/raw lies: also time its features, computed and read")
+        scattering.add_argument("--repeats", type=int, default=3)
+        scattering.add_argument("--record", nargs="?", const=SCATTERING_RECORD, default=None)
+        args = scattering.parse_args()
+        report = {"machine": {"cpu": cpu_name(), "cores": os.cpu_count(), "torch_threads": torch.get_num_threads(),
+                              "torch": torch.__version__}, "scattering": bench_scattering(args.data_root, args.repeats)}
+        print(json.dumps(report, indent=2))
+        if args.record:
+            said = ["DATA" if a == args.data_root else a for a in sys.argv[1:]]  # no path of this machine
+            report.update(commit=commit(), command="python scripts/bench.py " + " ".join(said),
+                          date=time.strftime("%Y-%m-%d"))
+            with open(args.record, "w") as f:
+                f.write(json.dumps(report, indent=2) + "\n")
+        return
     if "--searchpath" in sys.argv:  # before the strategies are listed: its folder adds to them
         os.environ["DPGRID_BENCH_SEARCHPATH"] = sys.argv[sys.argv.index("--searchpath") + 1]
     if "--device" in sys.argv:  # before anything is built; the memory subprocesses read it from the environment

@@ -96,15 +96,18 @@ def pytest_unconfigure(config):
 
 
 def pytest_configure(config):
-    """The noise searches' cache and the study's ledger in folders of this session (shared by its processes), not the
-    user's; and the CPU as every grid's default device: the tests that compare numbers (golden data, stacked against
-    one at a time, kill and resume) compare the CPU's, and the CUDA tests (tests/test_cuda.py) say train.device=cuda."""
+    """The noise searches' and the features' caches and the study's ledger in folders of this session (shared by its
+    processes), not the user's; and the CPU as every grid's default device: the tests that compare numbers (golden
+    data, stacked against one at a time, kill and resume) compare the CPU's, and the CUDA tests (tests/test_cuda.py) say train.device=cuda."""
     if "DPGRID_CACHE" not in os.environ:  # the first process of the session makes it, its workers inherit it
         MADE.append(tempfile.mkdtemp(prefix="dpgrid-noise-"))
         os.environ["DPGRID_CACHE"] = MADE[-1]
     if "DPGRID_TEST_LEDGER" not in os.environ:  # the study's ledger of every grid the tests train: the session's
         MADE.append(tempfile.mkdtemp(prefix="dpgrid-ledger-"))
         os.environ["DPGRID_TEST_LEDGER"] = os.environ["DPGRID_LEDGER"] = MADE[-1]
+    if "DPGRID_FEATURES" not in os.environ:  # a fixed stage's features (dpgrid.data.features): never the user's cache
+        MADE.append(tempfile.mkdtemp(prefix="dpgrid-features-"))
+        os.environ["DPGRID_FEATURES"] = MADE[-1]
     os.environ["DPGRID_DEVICE"] = "cpu"
     # one torch thread per test process (pytest-xdist starts one per core): more would contend for the same cores
     os.environ.setdefault("OMP_NUM_THREADS", "1")

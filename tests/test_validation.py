@@ -81,10 +81,18 @@ EXPECT = {
     "model.l2": (False, lambda v: 0 <= v <= F32, None),
     "strategy.axes.sigma": (False, positive, None),                        # set as [v]
     "strategy.xi": (False, lambda v: 0 <= v <= F32, None),
+    "model.J": (True, lambda v: isinstance(v, int) and v in (1, 2), None),  # 2^J divides 28
+    "model.L": (True, lambda v: isinstance(v, int) and 1 <= v <= 32, None),
+    "model.groups": (True, lambda v: isinstance(v, int) and v >= 1 and 81 % v == 0, None),  # of 81 channels
+    "model.norm_noise": (False, lambda v: 0.1 <= v <= 1e4, None),
+    "dataset.image": (True, whole(), "model.image"),                        # set as [v, 32, 32]: the model reads it
+    "dataset.load.mean": (False, lambda v: abs(v) <= F32, None),            # set as [v, 0.456, 0.406]
+    "dataset.load.std": (False, positive, None),                            # set as [v, 0.224, 0.225]
 }
 # keys set as a list: the value under test first, then these (e.g. grid.lr_range=[v,1.5])
 LIST_FORM = {"grid.lr_range": [1.5], "grid.clip_range": [2], "grid.quantiles": [], "dataset.epsilons": [],
-             "strategy.axes.sigma": []}
+             "strategy.axes.sigma": [], "dataset.image": [32, 32], "dataset.load.mean": [0.456, 0.406],
+             "dataset.load.std": [0.224, 0.225]}
 # where each key is tried: digits with online unless named here (mean and std are read only when standardizing);
 # test_every_numeric_key_has_an_expectation holds the table to the configs as composed
 WHERE = {"strategy.count_noise_divisor": ("digits", "fixed_quantile", []), "strategy.lr": ("digits", "adamwosm", []),
@@ -102,7 +110,10 @@ WHERE = {"strategy.count_noise_divisor": ("digits", "fixed_quantile", []), "stra
          **{key: ("ag_news_tokens", "online", []) for key in (
              "dataset.load.max_tokens", "dataset.load.vocabulary", "model.vocabulary", "model.max_tokens", "model.width",
              "model.depth", "model.heads", "model.mlp_ratio", "model.classes")},
-         **{f"model.{key}": ("fashion_mnist_classes", "online", []) for key in ("image", "channels", "patch")}}
+         **{f"model.{key}": ("fashion_mnist_classes", "online", []) for key in ("image", "channels", "patch")},
+         **{f"model.{key}": ("mnist", "online", ["model=scatternet_linear"]) for key in ("J", "L", "groups")},
+         "model.norm_noise": ("mnist", "online", ["model=scatternet_linear", "model.norm=data"]),
+         **{key: ("cifar10", "online", []) for key in ("dataset.image", "dataset.load.mean", "dataset.load.std")}}
 
 
 def leaves(node, prefix=""):

@@ -13,7 +13,7 @@ Black box (input canaries): m examples of the test split under a random wrong la
 the training data; the attacker sees the released model only, and scores a canary by minus its loss there.
 """
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 import torch
@@ -73,8 +73,7 @@ def with_input_canaries(audit, data: Data, classes: int) -> Data:
         return data
     x, y = input_canaries(audit, data, classes)
     included = torch.from_numpy(audit.included).to(x.device)
-    return Data(torch.cat([data.x_train, x[included]]), torch.cat([data.y_train, y[included]]), data.x_test,
-                data.y_test, data.task, data.files, data.x_report, data.y_report, data.train_files)
+    return replace(data, x_train=torch.cat([data.x_train, x[included]]), y_train=torch.cat([data.y_train, y[included]]))
 
 
 def gradient_canaries(audit, engine, runs: list, phase, model) -> "GradientCanaries | None":

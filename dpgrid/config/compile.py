@@ -157,12 +157,20 @@ def compile(cfg, n_train: int = None, plan: bool = True, before_plan=None) -> Gr
     from dpgrid.models.finetuning import prepare
     from dpgrid.models import build_model, count_parameters
     from dpgrid.plugins import check_arguments
+    from dpgrid.models.inputs import statistics_events
     from dpgrid.training.persample import engine_for
 
     check_arguments(own_keys(cfg.model), "model")
     check_arguments(cfg.dataset.load, "dataset.load", given_by_dpgrid=("root",))
     model = build_model(cfg.model)  # interpolated from one is named as the user set it
     prepare(model, start, f"model={spec.settings['model'].get('_target_')}")  # the checkpoint fits, the globs match
+    statistics = statistics_events(model)
+    if statistics:  # the model estimates statistics of the private data: its plan composes them with the runs
+        if spec.train.secure_rng:  # fresh noise at every start: a resumed grid would release them a second time
+            raise DpgridError("privacy.secure_rng=true with a model that estimates statistics of the private data "
+                              "(model.norm=data) is not served yet: a resumed grid would estimate them again with "
+                              "fresh noise, a second release; use model.norm=group")
+        privacy_plan = make_plan(spec, configs, n_train, 0, statistics)
     engine, fallback = engine_for(model, spec.train.engine)  # refused before anything is written
     relation = "equals" if spec.train.eval_every == privacy_plan.steps else "is more than"
     once = (f"train.eval_every={spec.train.eval_every} {relation} a run's T = {privacy_plan.steps} steps: each run "
@@ -186,7 +194,7 @@ def check_loaded(spec: GridSpec, n_train: int) -> None:
                           f"pass dataset.n_train={n_train} (or dataset.n_train=null to plan for the data's N)")
 
 
-def make_plan(spec: GridSpec, configs: list, n_train: int, model_parameters: int):
+def make_plan(spec: GridSpec, configs: list, n_train: int, model_parameters: int, statistics=()):
     from dpgrid.plugins import Reader
     from dpgrid.privacy import make_plan as plan_privacy
 
@@ -204,7 +212,7 @@ def make_plan(spec: GridSpec, configs: list, n_train: int, model_parameters: int
         dataset=dataset["name"], strategy=strategy["name"], k=int(spec.settings["grid"]["k"]),
         label=str(strategy.get("label") or cls.label or strategy["name"]), axes=list(strategy["grid"]),
         dataset_epsilons=[float(e) for e in dataset.get("epsilons") or [spec.privacy["epsilon"]]],
-        model_parameters=model_parameters, configurations=configs)
+        model_parameters=model_parameters, configurations=configs, statistics=statistics)
 
 
 def check_scale(n_configs: int, n_train: int, epochs: int, batch_size: int, seeds: int, seconds_per_step,

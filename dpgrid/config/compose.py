@@ -68,7 +68,7 @@ def no_default_to_override(error) -> bool:
 # of these; any other key would be read by nothing. A strategy's own problem constants are in its datasets' configs.
 DATASET_KEYS = ("name", "task", "load", "classes", "n_train", "batch_size", "epochs", "epsilons", "default_epsilon",
                 "delta", "accountant", "normalize", "mean", "std", "seconds_per_step", "stacked_seconds_per_step",
-                "features")
+                "features", "image")
 
 
 def refuse_unread_options(strategy, dataset, overrides: list) -> None:

@@ -40,6 +40,8 @@ class Data:
     # the names (keys of `files`) that hold the training split: the data's private identity (the study's ledger keys
     # a dataset by them, so that another test split or another copy of a public resource is the same data); None: all
     train_files: tuple = None
+    statistics: dict = field(default_factory=dict)  # {buffer name: tensor}: what the grid's models estimated of x_train
+                                                    # privately, once (dpgrid.models.inputs); every run starts with it
 
     @property
     def n_train(self) -> int:
@@ -49,7 +51,8 @@ class Data:
         """The same data with every floating-point tensor in float64 (labels stay integers)."""
         up = lambda t: t if t is None or not t.is_floating_point() else t.double()  # noqa: E731
         return Data(up(self.x_train), up(self.y_train), up(self.x_test), up(self.y_test), self.task, self.files,
-                    up(self.x_report), up(self.y_report), self.train_files)
+                    up(self.x_report), up(self.y_report), self.train_files,
+                    {key: up(value) for key, value in self.statistics.items()})
 
 
 VALIDATION = ("test", "test_half")  # data.validation: what chooses the best configuration and the default seed
@@ -82,7 +85,7 @@ def test_halves(data: Data, dataset_name: str) -> Data:
         raise DpgridError(f"data.validation=test_half: the test split of {dataset_name} holds {n} example(s), too few "
                           "to split in two halves; use data.validation=test")
     return Data(data.x_train, data.y_train, data.x_test[selection], data.y_test[selection], data.task, data.files,
-                data.x_test[report], data.y_test[report], data.train_files)
+                data.x_test[report], data.y_test[report], data.train_files, data.statistics)
 
 
 def load(dataset, root, device="cpu") -> Data:

@@ -92,6 +92,54 @@ def load_idx_split(folder: Path, split: str):
     return x, torch.from_numpy(labels.astype(np.int64))
 
 
+# --- CIFAR-10 (the python version, torchvision's layout) --------------------------------------------------
+
+CIFAR_FILES = {"train": [f"data_batch_{i}" for i in range(1, 6)], "test": ["test_batch"]}
+CIFAR_HOW = ("download it into data.root (torchvision.datasets.CIFAR10(root, download=True) unpacks "
+             "cifar-10-python.tar.gz there), or point data.root at a copy")
+
+
+def read_cifar_batch(path: Path) -> tuple:
+    """One pickled batch of the python version: (uint8 images (n, 3, 32, 32), int64 labels (n,))."""
+    import pickle
+
+    if not path.is_file():
+        raise _missing(path, CIFAR_HOW)
+    try:
+        with open(path, "rb") as f:
+            batch = pickle.load(f, encoding="bytes")
+        images, labels = np.asarray(batch[b"data"], dtype=np.uint8), np.asarray(batch[b"labels"], dtype=np.int64)
+    except Exception as e:  # a truncated or foreign file: whatever unpickling raises
+        raise DpgridError(f"unreadable CIFAR-10 batch {path} ({type(e).__name__}); re-download it") from None
+    if images.ndim != 2 or images.shape[1] != 3 * 32 * 32 or len(images) != len(labels) or not len(images):
+        raise DpgridError(f"unexpected CIFAR-10 batch {path}: images {images.shape}, labels {labels.shape}; expected "
+                          "(n, 3072) and (n,)")
+    if labels.min() < 0 or labels.max() >= 10:
+        raise DpgridError(f"CIFAR-10 batch {path}: labels outside 0..9")
+    return images.reshape(-1, 3, 32, 32), labels
+
+
+def load_cifar10(root, folder: str = "cifar-10-batches-py", mean=(0.485, 0.456, 0.406),
+                 std=(0.229, 0.224, 0.225)) -> Data:
+    """CIFAR-10's python version in torchvision's layout <root>/<folder>/{data_batch_1..5, test_batch}: pixels in
+    [0, 1], then each colour channel standardised with the published constants `mean` and `std` (ImageNet's, as
+    Tramèr & Boneh: statistics of other data, so nothing of CIFAR-10's training set is disclosed)."""
+    from dpgrid.plugins import Reader
+
+    read = Reader({"mean": list(mean), "std": list(std)}, "dataset.load.")
+    mean = read.numbers("mean", "(one per colour)", lambda v: True, length=3)
+    std = read.numbers("std", "> 0 (one per colour)", lambda v: v > 0, length=3)
+    raw = Path(root) / folder
+    splits = {}
+    for split, names in CIFAR_FILES.items():
+        parts = [read_cifar_batch(raw / name) for name in names]
+        x = torch.from_numpy(np.concatenate([p[0] for p in parts]).astype(np.float32) / 255.0)
+        x = (x - torch.tensor(mean).view(1, 3, 1, 1)) / torch.tensor(std).view(1, 3, 1, 1)
+        splits[split] = x.float(), torch.from_numpy(np.concatenate([p[1] for p in parts]))
+    files = {f"{folder}/{name}": raw / name for names in CIFAR_FILES.values() for name in names}
+    return Data(*splits["train"], *splits["test"], "classification", files)
+
+
 # --- AG News ---------------------------------------------------------------------------------------
 
 TOKEN = re.compile(r"\w+|[^\w\s]")  # words and single punctuation marks, as GloVe's vocabulary has them

@@ -122,6 +122,9 @@ class Plan:
     epsilon_with_seeds: float = None  # what tables publish (means over seeds): K x seeds runs with this nu
     selection: str = "composition"  # or the selection that released the best candidate only (privacy.selection)
     record: object = None     # what its accounting method records beside these (its Record: frozen), or None
+    # [[q, nu, count], ...]: the Gaussian mechanisms the model runs once on the private data before training (its
+    # private statistics, dpgrid.models.stages), composed into every epsilon above; [] for most models
+    statistics: list = field(default_factory=list)
     model_parameters: int = 0
     label: str = ""           # the strategy's name in tables and figures
     private: bool = True      # False for a non-private baseline
@@ -140,6 +143,8 @@ class Plan:
         d |= {key: value for key, value in record.items() if key not in RECORDED}  # a plugin method's own
         if not d["tuning"]:  # only a tuning on a subsample records it (the plans of other grids stay as they were)
             del d["tuning"]
+        if not d["statistics"]:  # only a model with private statistics has them (other plans stay as they were)
+            del d["statistics"]
         d.update(d.pop("per_query"))
         d.update(d.pop("problem"))  # plan.json has always held both among its top-level keys
         if self.selection not in ACCOUNTING:  # a plugin method: the class that planned it, for what reads it back
@@ -158,17 +163,19 @@ class Plan:
 PLAN_JSON = ("dataset", "strategy", "k", "n_configs", "n_train", "batch_size", "epochs", "steps", "sample_rate", "epsilon",
              "delta", "seeds", "account_seeds", "composed_runs", "noise_multiplier", "budget", "sampling", "accountant",
              "per_query", "problem", "epsilon_spent", "epsilon_grid", "epsilon_per_run", "epsilon_with_seeds", "liu_talwar",
-             "selection", "stopping", "selection_accountant", "epsilon_by_analysis", "schedule", "tuning",
+             "selection", "stopping", "selection_accountant", "epsilon_by_analysis", "schedule", "tuning", "statistics",
              "model_parameters", "label", "private", "adapts", "axes", "dataset_epsilons", "configurations")
 RECORDED = {"liu_talwar": {}, "stopping": {}, "selection_accountant": None, "epsilon_by_analysis": {}, "schedule": {},
             "tuning": {}}
 
 
 def make_plan(*, strategy_cls, options: dict, privacy: dict, problem: dict, n_train: int, batch_size: int,
-              epochs: int, seeds: int, sampling: str, selection=None, steps: int = None, **public) -> Plan:
+              epochs: int, seeds: int, sampling: str, selection=None, steps: int = None, statistics=(),
+              **public) -> Plan:
     """The grid's plan: its public figures, then the noise and what it spends from its accounting method.
     `privacy`: the privacy settings (epsilon, delta, accountant, budget, selection and its stopping rule);
     `selection`: the class of privacy.selection (None: the built-in that privacy["selection"] names);
+    `statistics`: the Gaussian mechanisms [(q, nu, count)] of the model's private statistics (Plan.statistics);
     `public`: the names and figures the plan records as given (dataset, strategy, label, k, axes, ...)."""
     if steps is None:
         steps = math.ceil(epochs * n_train / batch_size)
@@ -181,20 +188,34 @@ def make_plan(*, strategy_cls, options: dict, privacy: dict, problem: dict, n_tr
                 epsilon=float(privacy["epsilon"]), delta=float(privacy["delta"]), seeds=seeds,
                 account_seeds=bool(privacy["account_seeds"]), composed_runs=len(configs) * per_config,
                 noise_multiplier=0.0, budget=str(privacy["budget"]), accountant=str(privacy["accountant"]),
-                sampling=sampling)
+                sampling=sampling, statistics=[[float(q), float(nu), int(c)] for q, nu, c in statistics])
     if strategy_cls.private:
         chosen = ACCOUNTING[str(privacy["selection"])] if selection is None else selection  # privacy.selection's
         method = accounting_for(strategy_cls, chosen)
+        if plan.statistics and not method.composes_statistics:
+            raise DpgridError(f"the model estimates statistics of the private data before training (its data "
+                              f"normalisation), which {method.name} does not account; use privacy.selection=composition "
+                              "or random_stopping, or a normalisation without them (model.norm=group)")
         plan = replace(plan, method=method, selection=chosen.name,
                        **method().calibrate(plan, strategy_cls, options, privacy, problem))
         if plan.epsilon_spent is not None:
             check_spent(plan)
     else:  # a non-private baseline: no budget, no epsilon (its runs do not depend on them)
+        if plan.statistics:
+            raise DpgridError(f"strategy={public.get('strategy')} is not private, but the model estimates statistics of "
+                              "the private data with noise (its data normalisation); use model.norm=group or none")
         plan = replace(plan, epsilon=None, delta=None, budget="non-private", accountant=None)
     if plan.sampling == "shuffle":  # the noise is the Poisson plan's, but no analysis covers shuffled batches
         plan = replace(plan, epsilon_spent=None, epsilon_grid=None, epsilon_per_run=None, epsilon_with_seeds=None,
                        sampling=NOT_DP_SAMPLING)
     return plan
+
+
+def statistics_words(events) -> str:
+    """A model's private statistics (Plan.statistics) in words: "2 x the Gaussian mechanism of multiplier 8 on the
+    whole training set"."""
+    return ", ".join(f"{count} x the Gaussian mechanism of multiplier {nu:g} on " +
+                     ("the whole training set" if q == 1 else f"a Poisson sample of rate {q:g}") for q, nu, count in events)
 
 
 def check_spent(plan: Plan) -> None:
@@ -208,21 +229,25 @@ def alternatives(plan, eta: float, mean: float) -> dict:
     (None where unreachable): `dpgrid plan` prints them."""
     from dpgrid.privacy.random_stopping import COVERS, parameters, selection_epsilon
 
-    q, steps, seeds, k = plan.sample_rate, plan.steps, plan.seeds, plan.n_configs
+    q, steps, seeds, k, prior = plan.sample_rate, plan.steps, plan.seeds, plan.n_configs, plan.statistics
+    extra = {"prior": prior} if prior else {}  # a model's private statistics compose with every alternative
     found = {}
     for name, runs in ((f"composition, {k} runs (seeds not accounted)", k),
                        (f"composition, {k * seeds} runs (seeds accounted)", k * seeds)):
         try:
             found[name] = calibrate(plan.epsilon, q, runs * steps, plan.delta,  # the plan's own precision and
-                                    accountant=plan.accountant if plan.accountant in ACCOUNTANTS else "rdp")  # accountant
+                                    accountant=plan.accountant if plan.accountant in ACCOUNTANTS else "rdp", **extra)
         except DpgridError:
             found[name] = None
     for rule in COVERS["rdp"]:  # the Renyi analysis (the default); plan --compare adds the profile bound's
+        if prior and rule == "liu_talwar":  # its (epsilon, delta) theorem does not compose with the statistics here
+            continue
         stopping = parameters(rule, eta, mean, plan.delta)
-        spent = lambda nu: selection_epsilon(q, nu, seeds * steps, plan.delta, stopping)  # noqa: E731
+        spent = lambda nu: selection_epsilon(q, nu, seeds * steps, plan.delta, stopping, **extra)  # noqa: E731
         try:
             found[f"{rule}, mean {mean:g} candidates of {seeds} runs"] = smallest_noise(
-                spent, plan.epsilon, 1e-4, "", key=["random_stopping", q, seeds * steps, plan.delta, stopping])
+                spent, plan.epsilon, 1e-4, "", key=["random_stopping", q, seeds * steps, plan.delta, stopping]
+                + ([[list(e) for e in prior]] if prior else []))
         except DpgridError:
             found[f"{rule}, mean {mean:g} candidates of {seeds} runs"] = None
     return found

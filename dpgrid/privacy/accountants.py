@@ -37,11 +37,15 @@ def rdp_curve(sample_rate: float, noise_multiplier: float, orders=None):
     return lambda steps, delta: float(get_privacy_spent(orders=orders, rdp=one_step * steps, delta=delta)[0])
 
 
-def epsilon_curve(accountant: str, sample_rate: float, noise_multiplier: float):
+def epsilon_curve(accountant: str, sample_rate: float, noise_multiplier: float, prior=()):
     """epsilon_of(accountant, sample_rate, noise_multiplier, steps, delta) as a function of (steps, delta), each
-    asked once. For rdp the one-step RDP curve is computed once (rdp_curve)."""
+    asked once. For rdp the one-step RDP curve is computed once (rdp_curve). `prior`: mechanisms [(q, nu, count)]
+    composed with the steps (a model's private statistics, dpgrid.privacy.Plan.statistics)."""
     found = {}
-    if accountant == "rdp":
+    if prior:
+        compute = lambda steps, delta: composed_epsilon([*prior, (sample_rate, noise_multiplier, steps)], delta,  # noqa: E731
+                                                        accountant)
+    elif accountant == "rdp":
         compute = rdp_curve(sample_rate, noise_multiplier)
     else:
         compute = lambda steps, delta: epsilon_of(accountant, sample_rate, noise_multiplier, steps, delta)  # noqa: E731
@@ -78,8 +82,14 @@ def epsilon_of(accountant: str, sample_rate: float, noise_multiplier: float, ste
 
 
 def calibrate(epsilon: float, sample_rate: float, steps: int, delta: float, rtol: float = 1e-4,
-              accountant: str = "rdp") -> float:
-    """Smallest noise multiplier (to relative precision rtol) whose epsilon is at most the target."""
+              accountant: str = "rdp", prior=()) -> float:
+    """Smallest noise multiplier (to relative precision rtol) whose epsilon is at most the target; `prior`: mechanisms
+    [(q, nu, count)] that run before the steps and compose with them (a model's private statistics)."""
+    if prior:
+        return smallest_noise(lambda nu: composed_epsilon([*prior, (sample_rate, nu, steps)], delta, accountant),
+                              epsilon, rtol, f"for {steps} steps at sampling rate {sample_rate:.4g} and delta={delta}, "
+                              "after the model's private statistics", key=[accountant, sample_rate, steps, delta,
+                                                                          [list(e) for e in prior]])
     return smallest_noise(lambda nu: epsilon_of(accountant, sample_rate, nu, steps, delta), epsilon, rtol,
                           f"for {steps} steps at sampling rate {sample_rate:.4g} and delta={delta}",
                           key=[accountant, sample_rate, steps, delta])
@@ -234,9 +244,16 @@ def locate(excess, low: float, high: float, tolerance: float):
 
 def composed_epsilon(events, delta: float, accountant: str = "rdp") -> float:
     """epsilon at delta of several Poisson-subsampled Gaussian mechanisms composed, `events`: [(sample rate, noise
-    multiplier, steps), ...] (a model fine-tuned from a private checkpoint: the checkpoint's grid's steps and its own).
-    rdp: Opacus's curves added at every order, then converted; pld: dp-accounting's PLDs composed."""
+    multiplier, steps), ...] (a model fine-tuned from a private checkpoint: the checkpoint's grid's steps and its own;
+    a model's private statistics and the grid's steps). rdp: Opacus's curves added at every order, then converted;
+    pld: dp-accounting's PLDs composed; prv: Opacus's PRV accountant over the whole history."""
     events = [(float(q), float(nu), int(steps)) for q, nu, steps in events]
+    if accountant == "prv":
+        from opacus.accountants import PRVAccountant
+
+        prv = PRVAccountant()
+        prv.history = [(nu, q, steps) for q, nu, steps in events]
+        return float(prv.get_epsilon(delta=delta))
     if accountant == "pld":
         from dp_accounting import dp_event
         from dp_accounting.pld import pld_privacy_accountant

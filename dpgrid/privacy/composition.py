@@ -27,17 +27,22 @@ class Composition(AccountingMethod):
               "the means over seeds that tables publish, and the model chosen from them, are covered by the epsilon "
               "with seeds")
 
+    composes_statistics = True  # every epsilon below composes the model's private statistics (plan.statistics)
+
     @staticmethod
     def released_steps(plan):
-        """Every run of every configuration (epsilon_with_seeds): K x seeds runs of T steps at (q, nu)."""
+        """Every run of every configuration (epsilon_with_seeds): K x seeds runs of T steps at (q, nu), after the
+        model's private statistics where it has them."""
         if plan.noise_per_run or plan.sampling != "poisson":
             return None
-        return [[plan.sample_rate, plan.noise_multiplier, plan.n_configs * plan.seeds * plan.steps]]
+        return [*(list(e) for e in plan.statistics),
+                [plan.sample_rate, plan.noise_multiplier, plan.n_configs * plan.seeds * plan.steps]]
 
     def calibrate(self, plan, strategy_cls, options: dict, privacy: dict, problem: dict) -> dict:
         steps = budget_runs(plan) * plan.steps
         try:
-            nu = calibrate(plan.epsilon, plan.sample_rate, steps, plan.delta, accountant=plan.accountant)
+            nu = calibrate(plan.epsilon, plan.sample_rate, steps, plan.delta, accountant=plan.accountant,
+                           prior=plan.statistics)
         except DpgridError as e:  # RDP's and PRV's conversions have a floor that PLD's does not: say where it helps
             if plan.accountant == "pld" or not reachable(plan.epsilon, plan.sample_rate, steps, plan.delta, "pld"):
                 raise
@@ -48,9 +53,11 @@ class Composition(AccountingMethod):
         """The plan's fields for noise multiplier nu: its split among the strategy's queries and what it spends."""
         q, steps, accountant, delta = plan.sample_rate, plan.steps, plan.accountant, plan.delta
         per_config = plan.seeds if plan.account_seeds else 1  # runs of one configuration that are accounted
-        epsilon = epsilon_curve(accountant, q, nu)  # each (steps, delta) asked once; RDP's curve computed once
-        # shuffled batches: no analysis covers them, so no selection's cost is compared either (make_plan claims none)
-        cost = {} if plan.sampling == "shuffle" else liu_talwar_cost(
+        # each (steps, delta) asked once; RDP's curve computed once; the model's private statistics in every figure
+        epsilon = epsilon_curve(accountant, q, nu, plan.statistics)
+        # shuffled batches: no analysis covers them, so no selection's cost is compared either (make_plan claims none);
+        # nor beside private statistics, which the comparison's formula does not compose
+        cost = {} if plan.sampling == "shuffle" or plan.statistics else liu_talwar_cost(
             plan.epsilon, delta, plan.n_configs, q, per_config * steps, nu,
             epsilon if accountant == "rdp" else epsilon_curve("rdp", q, nu))
         return dict(noise_multiplier=nu, per_query=strategy_cls.split_noise(nu, options, plan.batch_size),

@@ -55,6 +55,10 @@ class AccountingMethod:
     covers = ""
     adjacency = ZERO_OUT  # the neighbouring datasets its epsilon is for (an Adjacency: the one relation dpgrid states)
     accounts_seeds = False  # True: its epsilon always composes a configuration's seeds (privacy.account_seeds or not)
+    # True: its calibration and every epsilon it records compose the plan's `statistics` (the Gaussian mechanisms a
+    # model runs once on the private data before training, dpgrid.models.stages.PrivateStatistics); a grid whose model
+    # has such statistics is refused under a method that does not say so
+    composes_statistics = False
     procedure = "dpgrid.results.procedure.Procedure"  # what a grid trains and releases under it (composition's)
     # hooks of earlier releases, refused where a plugin still defines them (dpgrid.plugins.check_hooks)
     _renamed_hooks = {"plan": "rename it `calibrate(self, plan, strategy_cls, options, privacy, problem)`, which "

@@ -26,7 +26,7 @@ from typing import Optional
 import numpy as np
 
 from dpgrid import DpgridError
-from dpgrid.privacy.accountants import rdp_epsilon, smallest_noise
+from dpgrid.privacy.accountants import composed_epsilon, rdp_epsilon, smallest_noise
 from dpgrid.privacy.composition import liu_talwar_parameters
 from dpgrid.privacy.method import AccountingMethod
 from dpgrid.privacy.stopping_laws import tnb_gamma
@@ -81,19 +81,30 @@ def selection_rdp(orders, rdp, stopping: dict) -> np.ndarray:
     return np.minimum.accumulate(out[::-1])[::-1]
 
 
-def selection_epsilon(sample_rate: float, noise_multiplier: float, steps: int, delta: float, stopping: dict) -> float:
-    """epsilon at delta of the whole selection; `steps` = one candidate's steps (seeds x T)."""
+def selection_epsilon(sample_rate: float, noise_multiplier: float, steps: int, delta: float, stopping: dict,
+                      prior=()) -> float:
+    """epsilon at delta of the whole selection; `steps` = one candidate's steps (seeds x T). `prior`: mechanisms
+    [(q, nu, count)] run once before the selection, whose output every candidate reads (a model's private
+    statistics): their RDP adds to the selection's at every order (adaptive composition)."""
     from opacus.accountants.analysis.rdp import get_privacy_spent
 
     candidate = candidate_rdp(sample_rate, noise_multiplier, steps)
     if stopping["rule"] == "liu_talwar":  # Theorem 3.4: eps_f = 3 eps_1 + 3 sqrt(2 delta_1)
+        if prior:
+            raise DpgridError("privacy.selection.stopping=liu_talwar gives (epsilon, delta) per candidate, which dpgrid "
+                              "does not compose with a model's private statistics; use truncated_negative_binomial or poisson")
         delta1 = stopping["candidate_delta"]
         return 3 * float(get_privacy_spent(orders=ORDERS, rdp=candidate, delta=delta1)[0]) + 3 * math.sqrt(2 * delta1)
-    return float(get_privacy_spent(orders=ORDERS, rdp=selection_rdp(ORDERS, candidate, stopping), delta=delta)[0])
+    rdp = selection_rdp(ORDERS, candidate, stopping) + sum(candidate_rdp(q, nu, count) for q, nu, count in prior)
+    return float(get_privacy_spent(orders=ORDERS, rdp=rdp, delta=delta)[0])
 
 
-def profile_epsilon(sample_rate: float, noise_multiplier: float, steps: int, delta: float, stopping: dict) -> float:
+def profile_epsilon(sample_rate: float, noise_multiplier: float, steps: int, delta: float, stopping: dict,
+                    prior=()) -> float:
     from dpgrid.privacy import selection_profiles
+    if prior:
+        raise DpgridError("privacy.selection.selection_accountant=profile bounds the selection's epsilon at one delta, "
+                          "which dpgrid does not compose with a model's private statistics; use selection_accountant=rdp")
     return selection_profiles.selection_epsilon(sample_rate, noise_multiplier, steps, delta, stopping)
 
 
@@ -106,21 +117,24 @@ MAX_MEAN = 1e6     # E[K] of a stopping rule: the draws' statistical tests reach
 MAX_ROUNDS = 2 ** 53  # the binomial's rounds m: every whole number up to here is exact in float64
 
 
-def epsilon_by_analysis(sample_rate: float, noise_multiplier: float, steps: int, delta: float, stopping: dict) -> dict:
-    """The selection's epsilon at this nu under each analysis that covers its rule (plan.json records both)."""
-    return {name: spent(sample_rate, noise_multiplier, steps, delta, stopping) for name, spent in ANALYSES.items()
-            if stopping["rule"] in COVERS[name]}
+def epsilon_by_analysis(sample_rate: float, noise_multiplier: float, steps: int, delta: float, stopping: dict,
+                        prior=()) -> dict:
+    """The selection's epsilon at this nu under each analysis that covers its rule (plan.json records both); with
+    `prior` (a model's private statistics), the Renyi analysis alone, which composes them."""
+    return {name: spent(sample_rate, noise_multiplier, steps, delta, stopping, prior) for name, spent in ANALYSES.items()
+            if stopping["rule"] in COVERS[name] and not (prior and name != "rdp")}
 
 
 def selection_noise(sample_rate: float, steps: int, epsilon: float, delta: float, stopping: dict,
-                    analysis: str = "rdp") -> float:
+                    analysis: str = "rdp", prior=()) -> float:
     """The smallest nu at which the selection spends (epsilon, delta) under `analysis` (ANALYSES); `steps` = one
-    candidate's (seeds x T)."""
-    spent = lambda nu: ANALYSES[analysis](sample_rate, nu, steps, delta, stopping)  # noqa: E731
+    candidate's (seeds x T); `prior` as in selection_epsilon."""
+    spent = lambda nu: ANALYSES[analysis](sample_rate, nu, steps, delta, stopping, prior)  # noqa: E731
     return smallest_noise(spent, epsilon, 1e-4, f"by {stopping['rule']} selection among {stopping['mean']:g} "
                           f"candidates (expected) of {steps} steps each",
                           key=["random_stopping", sample_rate, steps, delta, stopping] + ([] if analysis == "rdp"
-                                                                                           else [analysis]),
+                                                                                           else [analysis])
+                          + ([[list(e) for e in prior]] if prior else []),
                           remedy="raise privacy.epsilon above that, or expect fewer candidates or train fewer steps "
                                  "(privacy.selection.stopping_mean or grid.k, train.seeds, train.epochs or train.steps)")
 
@@ -151,6 +165,7 @@ class RandomStopping(AccountingMethod):
 
     name = "random_stopping"
     accounts_seeds = True  # a candidate is its seeds' runs composed
+    composes_statistics = True  # the Renyi analysis adds the model's private statistics (selection_epsilon's prior)
     accountants = ("rdp", "pld")
     covers = ("the chosen candidate's output: its configuration and score (selection.json) and its trained models and "
               "learning curves (model/); not the other candidates nor how many there were (runs.csv, curves.csv, "
@@ -167,14 +182,17 @@ class RandomStopping(AccountingMethod):
                               privacy.get("stopping_rounds"))
         steps = plan.seeds * plan.steps  # one candidate: its seeds' runs composed
         analysis = str(privacy.get("selection_accountant", "rdp"))
-        nu = selection_noise(plan.sample_rate, steps, plan.epsilon, plan.delta, stopping, analysis)
-        by_analysis = epsilon_by_analysis(plan.sample_rate, nu, steps, plan.delta, stopping)
+        prior = plan.statistics
+        nu = selection_noise(plan.sample_rate, steps, plan.epsilon, plan.delta, stopping, analysis, prior)
+        by_analysis = epsilon_by_analysis(plan.sample_rate, nu, steps, plan.delta, stopping, prior)
         epsilon = by_analysis[analysis]  # seeds accounted: the grid's, the published tables' and the budget's epsilon
+        per_run = (composed_epsilon([*prior, (plan.sample_rate, nu, steps)], plan.delta) if prior else
+                   rdp_epsilon(plan.sample_rate, nu, steps, plan.delta))
         return dict(account_seeds=True, composed_runs=plan.seeds,
                     record=self.Record(stopping, analysis, by_analysis), noise_multiplier=nu,
                     per_query=strategy_cls.split_noise(nu, options, plan.batch_size),
                     epsilon_spent=epsilon, epsilon_grid=epsilon, epsilon_with_seeds=epsilon,
-                    epsilon_per_run=rdp_epsilon(plan.sample_rate, nu, steps, plan.delta))
+                    epsilon_per_run=per_run)
 
 
 def check_stopping(read, covers: dict) -> None:

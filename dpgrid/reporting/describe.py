@@ -23,6 +23,8 @@ def print_plan(spec, compare: bool, start: float) -> None:
                                                  if plan.selection != plan.method.name else "")
           + (f"; neighbouring datasets: {plan.method.adjacency.words}" if plan.private else ""))
     print_expected_time(spec, procedure.expected_runs(plan, len(spec.to_train) * spec.train.seeds))
+    if plan.statistics:
+        print(f"  {statistics_line(plan)}")
     print("\n".join(procedure.describe(plan)))  # the budget, the noise, the configurations
     if plan.epsilon_spent is not None and not plan.noise_per_run:  # one noise for the grid: its alternatives
         for name, value in plan.per_query.items():
@@ -33,6 +35,14 @@ def print_plan(spec, compare: bool, start: float) -> None:
             print_selection_comparison(plan)
             seconds = time.perf_counter() - start  # the timing line covers the comparison too
     print(f"  (planned in {seconds:.2f} s)")
+
+
+def statistics_line(plan) -> str:
+    """What the model estimates of the private data before training, and that every epsilon composes it."""
+    from dpgrid.privacy import statistics_words
+
+    return (f"the model's private statistics (its data normalisation), once for the grid: "
+            f"{statistics_words(plan.statistics)}; every epsilon below composes them")
 
 
 def print_expected_time(spec, runs: int) -> None:
@@ -93,18 +103,19 @@ def print_comparison(plan) -> None:
     for accountant in ACCOUNTANTS:
         start = time.perf_counter()  # PLD and PRV calibrations take seconds to minutes: say what is running
         print(f"  ({accountant}: calibrating...)", file=sys.stderr, flush=True)
-        nus = [side_noise(plan, runs * plan.steps, accountant) for runs in (plan.composed_runs, per_config)]
+        prior = {"prior": plan.statistics} if plan.statistics else {}  # a model's private statistics compose too
+        nus = [side_noise(plan, runs * plan.steps, accountant, prior) for runs in (plan.composed_runs, per_config)]
         print(f"  {accountant:<11}{nus[0]:>13}{nus[1]:>13}   ({time.perf_counter() - start:.1f} s)", flush=True)
 
 
-def side_noise(plan, steps: int, accountant: str) -> str:
+def side_noise(plan, steps: int, accountant: str, prior: dict) -> str:
     """nu for the plan's (epsilon, delta) over `steps` under another accountant, as a comparison prints it:
     'unreachable' where that accountant cannot reach the target (a comparison, never a refusal of the grid)."""
     from dpgrid import DpgridError
     from dpgrid.privacy import calibrate
 
     try:
-        return f"{calibrate(plan.epsilon, plan.sample_rate, steps, plan.delta, accountant=accountant):.4f}"
+        return f"{calibrate(plan.epsilon, plan.sample_rate, steps, plan.delta, accountant=accountant, **prior):.4f}"
     except DpgridError:
         return "unreachable"
 
@@ -128,8 +139,11 @@ def print_selection_comparison(plan) -> None:
         print(f"  ({rule}: calibrating...)", file=sys.stderr, flush=True)
         for analysis in ("rdp", "profile"):
             try:
-                nus.append(f"{selection_noise(plan.sample_rate, steps, plan.epsilon, plan.delta, stopping, analysis):.4f}"
-                           if rule in COVERS[analysis] else "-")
+                served = rule in COVERS[analysis] and not (plan.statistics and analysis != "rdp")
+                prior = {"prior": plan.statistics} if plan.statistics else {}
+                nu = selection_noise(plan.sample_rate, steps, plan.epsilon, plan.delta, stopping, analysis,
+                                     **prior) if served else None
+                nus.append(f"{nu:.4f}" if served else "-")
             except DpgridError:
                 nus.append("unreachable")
         name = {"truncated_negative_binomial": f"truncated neg. binomial (eta {eta:g})",

@@ -98,7 +98,9 @@ def missing(dataset: str, root: str) -> str:
 def table(rows: pd.DataFrame) -> str:
     """The side-by-side table: the paper, the paper's setting (tuning not accounted), dpgrid tuning paid, the difference."""
     def shown(r):
-        return f"{r['mean']:.2f} ± {r['std']:.2f}" if r is not None else "–"
+        if r is None:
+            return "–"
+        return f"{r['mean']:.2f} ± {r['std']:.2f}" if int(r["seeds"]) > 1 else f"{r['mean']:.2f} (1 seed)"
 
     lines = ["| dataset | model | paper (Table 1) | paper's setting, tuning not accounted | dpgrid, tuning paid: "
              "composition | dpgrid, tuning paid: random stopping | difference (composition − paper's setting) |",
@@ -106,7 +108,8 @@ def table(rows: pd.DataFrame) -> str:
     for (dataset, model), group in rows.groupby(["dataset", "model"], sort=False):
         parts = {r.part: r for _, r in group.iterrows()}
         paper, comp, rs = parts.get("paper"), parts.get("composition"), parts.get("random_stopping")
-        diff = (f"{comp['mean'] - paper['mean']:+.2f} (±{math.hypot(comp['std'], paper['std']):.2f})"
+        diff = (f"{comp['mean'] - paper['mean']:+.2f}" + (f" (±{math.hypot(comp['std'], paper['std']):.2f})"
+                                                          if int(comp["seeds"]) > 1 else "")
                 if paper is not None and comp is not None else "–")
         lines.append(f"| {NAMES.get(dataset, dataset)} | {LABELS[model]} | {group.iloc[0]['paper']:.1f} | {shown(paper)} | "
                      f"{shown(comp)} | {shown(rs)} | {diff} |")
@@ -116,16 +119,21 @@ def table(rows: pd.DataFrame) -> str:
 def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--data-root", default="data", help="where MNIST/, FashionMNIST/ (and cifar-10-batches-py/) lie")
-    parser.add_argument("--datasets", nargs="+", default=["mnist", "fashion_mnist_classes"], choices=list(PROTOCOL.settings))
-    parser.add_argument("--models", nargs="+", default=list(LABELS), choices=list(LABELS))
-    parser.add_argument("--parts", nargs="+", default=list(PARTS), choices=PARTS)
-    parser.add_argument("--seeds", type=int, default=int(PROTOCOL.seeds))
+    parser.add_argument("--datasets", nargs="+", default=["mnist", "fashion_mnist_classes"], choices=list(PROTOCOL.settings),
+                        help="the datasets whose cells run (default: MNIST and FashionMNIST)")
+    parser.add_argument("--models", nargs="+", default=list(LABELS), choices=list(LABELS),
+                        help="the models whose cells run (default: all three)")
+    parser.add_argument("--parts", nargs="+", default=list(PARTS), choices=PARTS,
+                        help="the paper's setting, the grid composed, the grid by random stopping (default: all)")
+    parser.add_argument("--seeds", type=int, default=int(PROTOCOL.seeds),
+                        help="seeds per configuration (default 5, as the paper's spread needs)")
     parser.add_argument("--base-lrs", nargs="+", type=float, default=list(PROTOCOL.tuning.base_lrs),
                         help="the tuning grid's learning rates per 512 examples of batch (the authors' search)")
     parser.add_argument("--clips", nargs="+", type=float, default=list(PROTOCOL.tuning.clips),
                         help="the tuning grid's clipping thresholds")
-    parser.add_argument("--results", default="outputs/scatternet")
-    parser.add_argument("--out", default="docs/scatternet")
+    parser.add_argument("--results", default="outputs/scatternet",
+                        help="where each grid's run directory goes (a grid run again resumes there)")
+    parser.add_argument("--out", default="docs/scatternet", help="where table.csv and table.md are written")
     parser.add_argument("--set", nargs="*", default=[], help="more overrides for every grid, e.g. train.device=cuda")
     parser.add_argument("--quiet", action="store_true", help="no progress bars")
     args = parser.parse_args()

@@ -171,3 +171,18 @@ def test_a_tracker_publishes_the_report_halfs_score_under_test_half():
     published = best_of(summary)
     assert 88.5 in published.values() and 91.0 not in published.values(), \
         f"published {published}: the selection half's mean as the best score"
+
+
+def test_an_earlier_dpgrids_entry_is_read_not_called_damaged(tmp_path):
+    """A ledger written by the dpgrid before entries were named by their release (one per run directory) is composed
+    as it was written, not refused as damaged."""
+    ledger = tmp_path / "ledger"
+    spec = spec_of(ledger)
+    study.enter(spec, tmp_path / "grid", {})
+    (path,) = [p for folder in ledger.iterdir() for p in folder.glob(study.ENTRY)]
+    earlier = json.loads(path.read_text())
+    del earlier["release"]
+    path.write_text(json.dumps(earlier))
+    (found,) = entries(ledger)
+    assert found["epsilon"] == pytest.approx(spec.plan.epsilon_with_seeds)
+    assert composed(ledger, spec.plan.delta) == pytest.approx(spec.plan.epsilon_with_seeds, rel=0.02)

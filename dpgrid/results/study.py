@@ -129,6 +129,8 @@ def read_entries(folder: Path, damaged_too: bool = False) -> list:
     for path in sorted(Path(folder).glob(ENTRY)):
         try:
             entry = json.loads(path.read_text())
+            if isinstance(entry, dict) and "release" not in entry and "config_hash" in entry and "grid" in entry:
+                entry["release"] = [entry["config_hash"], entry["grid"]]  # an earlier dpgrid's entry: one per directory
             if not isinstance(entry, dict) or not isinstance(entry.get("release"), list):
                 raise ValueError("not an entry")
         except (OSError, ValueError):

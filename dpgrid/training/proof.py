@@ -57,6 +57,7 @@ from dpgrid.training.persample import LayerLayout, ModelLayout
 from dpgrid.training.rules import MethodChoice, rule_for
 
 RTOL = 1e-6  # module docstring
+TOLERANCE = {torch.float64: RTOL, torch.float32: 1e-4}  # the proof's, by the dtype it runs in (module docstring)
 PROOF_FORMS = "proof"  # a MethodChoice setting no rule offers: each rule's first form, untimed
 
 
@@ -82,7 +83,8 @@ def described(model: nn.Module, module: nn.Module) -> str:
 
 def observe(model: nn.Module, layers: list, x: torch.Tensor, seed: int = 0) -> dict:
     """{layer: [(input shape or None, output shape, whether its input or output changed in place later), per call]}
-    of one forward in the model's mode, its random draws seeded with `seed`."""
+    of one forward in the model's mode, with gradients enabled as training runs it (nothing backpropagated), its
+    random draws seeded with `seed`."""
     calls = {m: [] for m in layers}
 
     def record(module, inputs, output):
@@ -91,7 +93,7 @@ def observe(model: nn.Module, layers: list, x: torch.Tensor, seed: int = 0) -> d
 
     handles = [m.register_forward_hook(record) for m in layers]
     try:
-        with torch.no_grad(), seeded(seed, x.device):
+        with torch.enable_grad(), seeded(seed, x.device):
             model(x)
     finally:
         for handle in handles:
@@ -184,15 +186,16 @@ def exact(model: nn.Module, task: str, x: torch.Tensor, y: torch.Tensor):
     return materialised([torch.stack(column) for column in zip(*rows)], parameter_groups(model), x.device)
 
 
-def reference_copy(model: nn.Module, mode: str = "eval") -> nn.Module:
-    """A float64 copy of the model in `mode` (train or eval), its parameters' requires_grad as they are."""
-    twin = copy.deepcopy(model).double()
+def reference_copy(model: nn.Module, mode: str = "eval", dtype: torch.dtype = torch.float64) -> nn.Module:
+    """A copy of the model in `dtype` (float64, or float32 where float64 fails) in `mode` (train or eval), its
+    parameters' requires_grad as they are."""
+    twin = copy.deepcopy(model).to(dtype)
     twin.train(mode == "train")
     return twin
 
 
-def as_float64(x: torch.Tensor) -> torch.Tensor:
-    return x.double() if x.is_floating_point() else x
+def as_dtype(x: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    return x.to(dtype) if x.is_floating_point() else x
 
 
 PROOF_ROWS = 8  # the examples of the proof's batch whose exact per-sample gradients are computed
@@ -218,32 +221,37 @@ def in_batch(model: nn.Module, task: str, x: torch.Tensor, y: torch.Tensor, rows
     return materialised([torch.stack(column) for column in zip(*found)], parameter_groups(model), x.device)
 
 
-def prove(model: nn.Module, task: str, x: torch.Tensor, y: torch.Tensor, stacked_too: bool, size: int = 8) -> tuple:
+def prove(model: nn.Module, task: str, x: torch.Tensor, y: torch.Tensor, stacked_too: bool, size: int = 8,
+          dtype: torch.dtype = torch.float64) -> tuple:
     """(layout, disagreement, stacked disagreement, largest relative difference): the fast engine on the model (and the
     stacked engine where `stacked_too`) against per-sample autograd on public examples `x`, `y`, in train mode at
-    batch size `size` or the next that equals no dimension of the model (module docstring); a disagreement is '' or
-    one line naming the first layer that differs and why."""
+    batch size `size` or the next that equals no dimension of the model, on a copy in `dtype` (module docstring); a
+    disagreement is '' or one line naming the first layer that differs and why. What the model itself raises (and
+    running out of memory) is raised: choose_engine retries in float32, or names it."""
     from dpgrid.training.persample import FastEngine, parametrised_layers
 
-    twin = reference_copy(model, "train")
+    twin = reference_copy(model, "train", dtype)
     layers = parametrised_layers(twin)
-    xs, ys = as_float64(x), y
+    xs, ys = as_dtype(x, dtype), y
     layout = find_layout(twin, layers, xs, size)
     if layout.problem:
         return layout, layout.problem, "", math.nan
     size = layout.size  # the training size, or the next that equals no dimension of the model
     xb, yb = public_rows(xs, size), public_rows(ys, size)
     rows = proof_rows(size)
+    reference = in_batch(twin, task, xb, yb, rows, seed=1)
     try:
-        reference = in_batch(twin, task, xb, yb, rows, seed=1)
         engine = FastEngine(twin, task, MethodChoice(PROOF_FORMS), layout)
         with seeded(1, xb.device):
             fast = engine(xb, yb)
-        error, where = compare(fast, reference, len(layers), rows)
+        error, where = compare(fast, reference, len(layers), rows, TOLERANCE[dtype])
+    except torch.OutOfMemoryError:
+        raise
     except Exception as e:  # a rule or a model the engine cannot run: named, never trained on
         return layout, f"the fast engine fails on this model ({type(e).__name__}: {first_line(e)})", "", math.nan
-    disagreement = "" if error <= RTOL else why(twin, layers, where, task, xb, yb, layout, error, rows)
-    stacked = prove_stacked(model, task, xb[:PROOF_ROWS], yb[:PROOF_ROWS]) if stacked_too and not disagreement else ""
+    disagreement = "" if error <= TOLERANCE[dtype] else why(twin, layers, where, task, xb, yb, layout, error, rows)
+    stacked = prove_stacked(model, task, xb[:PROOF_ROWS], yb[:PROOF_ROWS], dtype) \
+        if stacked_too and not disagreement else ""
     return layout, disagreement, stacked, error
 
 
@@ -252,10 +260,10 @@ def first_line(error: Exception) -> str:
     return text.splitlines()[0] if text else "no message"
 
 
-def compare(engine, reference, layers: int, rows: torch.Tensor = None) -> tuple:
+def compare(engine, reference, layers: int, rows: torch.Tensor = None, tolerance: float = RTOL) -> tuple:
     """(the largest relative difference of norms, per-layer norms and two weighted sums, the first layer whose norms
-    differ or None), of the examples `rows` of the engine's batch (all of them where None: the reference's are
-    those)."""
+    differ by more than `tolerance` or None), of the examples `rows` of the engine's batch (all of them where None: the
+    reference's are those)."""
     rows = torch.arange(len(reference.norms)) if rows is None else rows
     picked = rows.to(engine.norms.device)
     norms, want = engine.norms.double()[picked], reference.norms.double()
@@ -276,7 +284,7 @@ def compare(engine, reference, layers: int, rows: torch.Tensor = None) -> tuple:
             raise ValueError(f"{len(got)} sums for {len(expected)} parameters")
         difference = math.sqrt(sum(float((g.double() - e.double()).pow(2).sum()) for g, e in zip(got, expected)))
         errors.append(difference / bound)
-    bad = (by_layer > RTOL).nonzero()
+    bad = (by_layer > tolerance).nonzero()
     return max(errors), (int(bad[0]) if len(bad) else None)
 
 
@@ -300,7 +308,8 @@ def why(model: nn.Module, layers: list, where, task: str, x, y, layout: ModelLay
     with seeded(1, x.device):
         sums = engine(x, y).weighted_sum(torch.ones(len(x), dtype=torch.float64, device=x.device))
     position = {id(p): i for i, p in enumerate(p for p in model.parameters() if p.requires_grad)}
-    outside = any(t is not None and not torch.allclose(sums[position[id(p)]].double(), t.double(), rtol=1e-6,
+    outside = any(t is not None and not torch.allclose(sums[position[id(p)]].double(), t.double(),
+                                                         rtol=TOLERANCE.get(p.dtype, RTOL),
                                                          atol=1e-9 * float(t.abs().max() or 1))
                   for p, t in zip(own, total))
     reason = ("its parameters also receive gradient outside its own call (a weight used elsewhere in the forward, "
@@ -310,33 +319,36 @@ def why(model: nn.Module, layers: list, where, task: str, x, y, layout: ModelLay
     return f"{what}: per-sample gradient norms differ from per-sample autograd's by {error:.1e} (relative): {reason}"
 
 
-def prove_stacked(model: nn.Module, task: str, x, y) -> str:
+def prove_stacked(model: nn.Module, task: str, x, y, dtype: torch.dtype = torch.float64) -> str:
     """'' when two stacked runs (this model and a perturbed copy; the second run's batch padded) give each run torch.func's
     norms and sums; else one line naming the first layer that differs."""
     from dpgrid.training.persample import parametrised_layers
     from dpgrid.training.stacked import StackedEngine, StackedModel
 
-    twins = [reference_copy(model) for _ in range(2)]
+    twins = [reference_copy(model, "eval", dtype) for _ in range(2)]
+    tolerance = TOLERANCE[dtype]
     generator = torch.Generator().manual_seed(0)
     for p in twins[1].parameters():
         p.data.add_(0.1 * torch.randn(p.shape, generator=generator, dtype=p.dtype).to(p.device))
     references = [copy.deepcopy(t) for t in twins]
     b = len(x)
-    mask = torch.ones((2, b), dtype=torch.float64, device=x.device)
+    mask = torch.ones((2, b), dtype=dtype, device=x.device)
     mask[1, b - 2:] = 0  # the second run's batch is two rows shorter: its padding must add nothing
     try:
         engine = StackedEngine(StackedModel(twins), task)
         stacked = engine(torch.stack([x, x]), torch.stack([y, y]), mask)
-        weights = torch.rand((2, 2, b), generator=generator, dtype=torch.float64).to(x.device) * mask
+        weights = torch.rand((2, 2, b), generator=generator, dtype=dtype).to(x.device) * mask
         sums = stacked.weighted_sums(*weights)
         norms = stacked.norms
+    except torch.OutOfMemoryError:
+        raise
     except Exception as e:
         return f"the stacked engine fails on this model ({type(e).__name__}: {first_line(e)})"
     for run, twin in enumerate(references):
         rows = b - 2 * run
         reference = exact(twin, task, x[:rows], y[:rows])
         want = reference.norms
-        if not torch.allclose(norms[run, :rows], want, rtol=RTOL, atol=1e-12 * float(want.max())):
+        if not torch.allclose(norms[run, :rows], want, rtol=tolerance, atol=1e-12 * float(want.max())):
             layer = parametrised_layers(twin)
             return f"the stacked engine's norms of run {run} differ from torch.func's ({len(layer)} layers)"
         for m, w in enumerate(weights):
@@ -344,7 +356,7 @@ def prove_stacked(model: nn.Module, task: str, x, y) -> str:
             got = [s[run] for s in sums[m]]
             bound = float((w[run, :rows].abs() * want).sum()) or 1.0
             difference = math.sqrt(sum(float((g - e).pow(2).sum()) for g, e in zip(got, expected)))
-            if difference / bound > RTOL:
+            if difference / bound > tolerance:
                 return f"the stacked engine's weighted sums of run {run} differ from torch.func's by {difference / bound:.1e}"
     return ""
 
@@ -362,17 +374,15 @@ def choose_engine(model: nn.Module, task: str, x: torch.Tensor, y: torch.Tensor,
     import warnings
 
     from dpgrid import DpgridError
-    from dpgrid.training.apart import mixing
 
-    mixed = mixing(model, x, sizes)
-    if mixed:
-        raise DpgridError(mixed)
-    apart = f"samples kept apart in train mode at batch sizes {' and '.join(str(n) for n in sizes)}"
+    proved, dtype, fallback = checked(model, task, x, y, setting, could_stack, sizes)
+    kind = dtype_name(dtype) + (f" (float64 failed: {fallback})" if fallback else "")
+    apart = f"samples kept apart in train mode at batch sizes {' and '.join(str(n) for n in sizes)}, {kind}"
     if setting == "func":
         check_func(model, task, x, y)
         return EngineChoice("func", stacks=could_stack, said=f"per-sample engine: torch.func (train.engine=func), the "
                                                               f"reference; {apart}")
-    layout, disagreement, stacked, error = prove(model, task, x, y, could_stack, max(sizes))
+    layout, disagreement, stacked, error = proved
     if disagreement:
         if setting == "fast":
             raise DpgridError(f"train.engine=fast: {disagreement}; train.engine=auto trains such a model on the exact "
@@ -390,7 +400,58 @@ def choose_engine(model: nn.Module, task: str, x: torch.Tensor, y: torch.Tensor,
     return EngineChoice("fast", layout, stacks=could_stack and not stacked, error=error,
                         said=f"per-sample engine: fast{', stacked' if could_stack and not stacked else ''}, proved "
                              f"against per-sample autograd on a batch of {layout.size} test examples in train mode, "
-                             f"float64 (largest relative difference {error:.1e}); {apart}")
+                             f"{dtype_name(dtype)} (largest relative difference {error:.1e}, tolerance "
+                             f"{TOLERANCE[dtype]:.0e}); {apart}")
+
+
+def checked(model: nn.Module, task: str, x: torch.Tensor, y: torch.Tensor, setting: str, could_stack: bool,
+            sizes: tuple) -> tuple:
+    """(prove's answer, None under train.engine=func; the dtype the checks ran in; why float64 failed, '' where it
+    did not): the samples-apart check (a DpgridError where the model mixes them) and the proof, on a float64 copy of
+    the model, or, where the model fails there (it casts its input with x.float(), allocates a float32 scratch tensor,
+    or float64 does not fit in memory at the largest size), on a float32 copy, the proof's tolerance 1e-4 (float32
+    rounding of two summation orders). Where that fails too: one line naming the model and the cause."""
+    from dpgrid import DpgridError
+    from dpgrid.training.apart import mixing
+
+    own = next((p.dtype for p in model.parameters() if p.is_floating_point()), torch.float32)
+    failures, out_of_memory, stage = [], False, ""
+    for dtype in (torch.float64, torch.float32) if own != torch.float64 else (torch.float64,):
+        stage = "the samples-apart check"
+        try:
+            mixed = mixing(model, x, sizes, dtype)
+            if mixed:
+                raise DpgridError(mixed)
+            stage = "the proof"
+            proved = None if setting == "func" else prove(model, task, x, y, could_stack, max(sizes), dtype)
+            return proved, dtype, "; ".join(failures)
+        except DpgridError:
+            raise
+        except Exception as e:  # noqa: BLE001 (what the model raises: retried in float32, else named in one line)
+            out_of_memory = isinstance(e, torch.OutOfMemoryError)
+            failures.append(f"{stage} in {dtype_name(dtype)}: {type(e).__name__}: {first_line(e)}")
+        free_memory(x.device)
+    if out_of_memory:
+        cure = "lower train.batch_size" + (", or use train.engine=func (which runs no proof)"
+                                           if stage == "the proof" else " (training's batches reach this size)")
+        raise DpgridError(f"model: {type(model).__name__} runs out of memory in {stage} before training, at batch size "
+                          f"{max(sizes)} (the largest a Poisson batch reaches, B + 7 standard deviations): "
+                          f"{'; '.join(failures)}; {cure}")
+    raise DpgridError(f"model: {type(model).__name__} fails in the checks before training ({'; '.join(failures)}); "
+                      "a model dpgrid trains must run in train mode, with gradients, in float64 or float32")
+
+
+def dtype_name(dtype: torch.dtype) -> str:
+    return str(dtype).removeprefix("torch.")
+
+
+def free_memory(device) -> None:
+    """What a failed check held returned to the device before the next try."""
+    import gc
+
+    gc.collect()
+    if torch.device(device).type == "cuda":
+        torch.cuda.empty_cache()
 
 
 def check_func(model: nn.Module, task: str, x: torch.Tensor, y: torch.Tensor, before: str = "") -> None:

@@ -26,7 +26,7 @@ from dpgrid.training.rules import MethodChoice
 from dpgrid.training.persample import make_engine, trainable
 from dpgrid.training.apart import check_sizes
 from dpgrid.training.graphs import capacity
-from dpgrid.training.proof import EngineChoice, choose_engine
+from dpgrid.training.choice import EngineChoice, choose_engine
 from dpgrid.results.procedure import Phase, procedure_of, seed_names
 from dpgrid.privacy.randomness import SecureRandom, derive_seed
 from dpgrid.results import ledger, seal, study

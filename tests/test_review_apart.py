@@ -11,7 +11,8 @@ from torch import nn
 
 from dpgrid import DpgridError
 from dpgrid.training.persample import make_engine
-from dpgrid.training.proof import choose_engine, seeded
+from dpgrid.training.choice import choose_engine
+from dpgrid.training.proof import seeded
 
 TRAINING_SIZES = (2, 71)  # B = 32 of N = 1437: B -+ 7 standard deviations (dpgrid.training.apart.check_sizes)
 

@@ -6,24 +6,29 @@ example's gradient is all it changes: a model that mixes the samples of a batch 
 statistics, an attention across the batch) moves every other example's gradient too, by as much as the batch allows,
 and no per-sample engine, fast or torch.func, can clip that (torch.func would train each example on a batch of one,
 another model). A module that updates a buffer from the batch (a running mean) keeps an un-noised statistic of the
-private data in the model, which the next steps read and the release carries. So, in the mode training runs the model
-(train mode) and at the batch sizes a Poisson batch takes (`check_sizes`: both ends, B -+ 7 standard deviations, the
-largest a CUDA-padded batch's capacity), on a float64 copy:
+private data in the model, which the next steps read and the release carries. So, as training runs the model (train
+mode, gradients enabled: a layer may mix samples only where autograd is on) and at the batch sizes a Poisson batch
+takes (`check_sizes`: both ends, B -+ 7 standard deviations, of every phase's expected batch; the largest a
+CUDA-padded batch's capacity), on a float64 copy (float32 where the model fails in float64: the proof's choose_engine):
 
-1. one forward of public examples, the model's buffers compared before and after;
+1. one forward of public examples, every tensor the modules keep compared before and after (buffers, persistent or
+   not, and tensor attributes: `kept_tensors`), and the eval-mode output on a fixed public batch (EVAL_ROWS examples)
+   before and after: a statistic kept where no tensor holds it (a Python number) shows there, as validation would read
+   it;
 2. two forwards of the same public examples, the second with its last example replaced by another, with the same
    random draws (dropout's masks are the same in both: torch's generators are seeded alike before each), and every
    other example's output compared, exactly (a model that keeps samples apart computes each row from its own input:
-   the other rows are the same numbers, bit for bit, in float64);
+   the other rows are the same numbers, bit for bit; a NaN equal to a NaN, as an example's own NaN is no mixing);
 3. where an output differs, the module where the mixing is seen, found by hooks on every module: the innermost whose
    call's output differs at another example while its inputs do not (its own forward mixes them). Which dimension of
    a tensor holds the samples is found as the fast engine's layout is, by a third forward one example larger.
 
-Only public examples (the test split) are read, so the outcome spends no privacy. Cost: four forwards without
-gradients per grid, two at each end (and, where they show mixing, three more with every module's call recorded, to
-locate it; scripts/bench.py's `proof` row measures it).
-A model whose forward mixes samples only at batch sizes strictly between the two ends (a window made to deceive) is not
-seen; any mixing at either end, in either mode dpgrid trains in, is.
+Only public examples (the test split) are read, so the outcome spends no privacy. Cost: for each size, two forwards
+with gradients enabled (nothing backpropagated) and two eval-mode forwards of EVAL_ROWS examples (and, where they show
+mixing, three more with every module's call recorded, to locate it; scripts/bench.py's `proof` row measures it).
+The check runs once, before training, on a copy: a model whose forward mixes samples only at batch sizes strictly
+between the ends (a window made to deceive), only after some steps (a counter), or only for some values of the data is
+not seen (docs/extending.md: such a model trains with train.engine=func); any mixing at an end, in train mode, is.
 """
 
 import copy

@@ -8,7 +8,7 @@ or on a sequence-first tensor puts something else where the samples were expecte
 layer (F.linear(x, layer.weight)) gets gradient the layer's rule never sees. So before a grid trains:
 
 Both run where training runs the model: in train mode (dropout on, its masks the same in every forward of a step of
-the proof: torch's generators are seeded alike before each), at the batch size training reaches (`size`: the largest a
+the proof: torch's generators are seeded alike before each), with gradients enabled, at the batch size training reaches (`size`: the largest a
 Poisson batch takes with overwhelming probability, a CUDA-padded batch's capacity), after dpgrid.training.apart has
 checked that the model keeps samples apart there and at the smallest such size:
 
@@ -33,13 +33,16 @@ checked that the model keeps samples apart there and at the smallest such size:
 
 When they disagree, the first parametrised layer (in model order) whose per-layer norms differ is named, with why
 where it can be told (its parameters also receive gradient outside their layer's call; its rule differs from
-torch.func for this use). The runner then trains on torch.func (train.engine=auto) or refuses (train.engine=fast).
+torch.func for this use). The grid then trains on torch.func (train.engine=auto) or is refused (train.engine=fast).
 The stacked engine (train.parallel_runs) is proved against the one-run exact gradients in eval mode, two runs of
 different initialisations, one padded: it serves Sequential models only, whose parametrised layers are dpgrid's rules
 and whose parameter-free modules are either known to act on each sample alone (dropout, activations; applied to the
 group's samples at once) or applied run by run at the one-run batch size the train-mode checks above covered
 (dpgrid.training.stacked.PER_SAMPLE). torch.func, where it trains, is run once on the first batch in train mode, so
 that a model it cannot differentiate per sample is refused before anything trains.
+
+Both run on a float64 copy of the model, or on a float32 copy where the model fails in float64, at tolerance
+TOLERANCE (dpgrid.training.choice, which runs them and chooses the engine).
 
 Only public examples are read, so the outcome (which engine trains) spends no privacy.
 """
@@ -48,7 +51,6 @@ import contextlib
 import copy
 import itertools
 import math
-from dataclasses import dataclass, field
 
 import torch
 from torch import nn
@@ -59,18 +61,6 @@ from dpgrid.training.rules import MethodChoice, rule_for
 RTOL = 1e-6  # module docstring
 TOLERANCE = {torch.float64: RTOL, torch.float32: 1e-4}  # the proof's, by the dtype it runs in (module docstring)
 PROOF_FORMS = "proof"  # a MethodChoice setting no rule offers: each rule's first form, untimed
-
-
-@dataclass(frozen=True)
-class EngineChoice:
-    """The per-sample engine a grid trains with, and what was proved: `name` fast or func; `stacks` whether runs may
-    train stacked (the stacked engine proved too); `error` the largest relative difference from torch.func measured
-    (nan where torch.func itself trains); `said` one line for the log."""
-    name: str
-    layout: ModelLayout = field(default_factory=ModelLayout)
-    stacks: bool = True
-    error: float = math.nan
-    said: str = ""
 
 
 def layer_names(model: nn.Module) -> dict:
@@ -359,116 +349,3 @@ def prove_stacked(model: nn.Module, task: str, x, y, dtype: torch.dtype = torch.
             if difference / bound > tolerance:
                 return f"the stacked engine's weighted sums of run {run} differ from torch.func's by {difference / bound:.1e}"
     return ""
-
-
-def choose_engine(model: nn.Module, task: str, x: torch.Tensor, y: torch.Tensor, setting: str, could_stack: bool,
-                  parallel_runs: str, sizes: tuple = (8,)) -> EngineChoice:
-    """The engine a grid trains with, proved on the public examples `x`, `y` at the batch sizes training takes
-    (`sizes`, dpgrid.training.apart.check_sizes; the proof runs at the largest). First, whatever the engine, the model
-    must keep samples apart there (dpgrid.training.apart: a DpgridError naming the module otherwise). `setting` is
-    train.engine (auto: the fast engine where the proof holds, else torch.func with a warning; fast: the fast engine or
-    a DpgridError naming the layer; func: torch.func, the reference, run once on the first batch); `could_stack`: the
-    grid's runs would train stacked (train.parallel_runs, a Sequential model, a stacking strategy), so the stacked
-    engine is proved too (where it is not proved: one run at a time, with a warning, or a DpgridError where
-    train.parallel_runs names a number)."""
-    import warnings
-
-    from dpgrid import DpgridError
-
-    proved, dtype, fallback = checked(model, task, x, y, setting, could_stack, sizes)
-    kind = dtype_name(dtype) + (f" (float64 failed: {fallback})" if fallback else "")
-    apart = f"samples kept apart in train mode at batch sizes {' and '.join(str(n) for n in sizes)}, {kind}"
-    if setting == "func":
-        check_func(model, task, x, y)
-        return EngineChoice("func", stacks=could_stack, said=f"per-sample engine: torch.func (train.engine=func), the "
-                                                              f"reference; {apart}")
-    layout, disagreement, stacked, error = proved
-    if disagreement:
-        if setting == "fast":
-            raise DpgridError(f"train.engine=fast: {disagreement}; train.engine=auto trains such a model on the exact "
-                              "torch.func engine")
-        check_func(model, task, x, y, f"the fast engine failed its proof ({disagreement}), and ")
-        warnings.warn(f"the fast engine steps aside: {disagreement}; training on the exact torch.func engine (slower, "
-                      "more memory; train.engine=auto)")
-        return EngineChoice("func", layout, stacks=False, said=f"per-sample engine: torch.func, the fast engine "
-                                                                f"failed its proof ({disagreement}); {apart}")
-    if stacked:
-        if parallel_runs != "auto":
-            raise DpgridError(f"train.parallel_runs={parallel_runs}: {stacked}; train.parallel_runs=1 trains one run "
-                              "at a time on the proved fast engine")
-        warnings.warn(f"runs train one at a time: {stacked} (train.parallel_runs=auto)")
-    return EngineChoice("fast", layout, stacks=could_stack and not stacked, error=error,
-                        said=f"per-sample engine: fast{', stacked' if could_stack and not stacked else ''}, proved "
-                             f"against per-sample autograd on a batch of {layout.size} test examples in train mode, "
-                             f"{dtype_name(dtype)} (largest relative difference {error:.1e}, tolerance "
-                             f"{TOLERANCE[dtype]:.0e}); {apart}")
-
-
-def checked(model: nn.Module, task: str, x: torch.Tensor, y: torch.Tensor, setting: str, could_stack: bool,
-            sizes: tuple) -> tuple:
-    """(prove's answer, None under train.engine=func; the dtype the checks ran in; why float64 failed, '' where it
-    did not): the samples-apart check (a DpgridError where the model mixes them) and the proof, on a float64 copy of
-    the model, or, where the model fails there (it casts its input with x.float(), allocates a float32 scratch tensor,
-    or float64 does not fit in memory at the largest size), on a float32 copy, the proof's tolerance 1e-4 (float32
-    rounding of two summation orders). Where that fails too: one line naming the model and the cause."""
-    from dpgrid import DpgridError
-    from dpgrid.training.apart import mixing
-
-    own = next((p.dtype for p in model.parameters() if p.is_floating_point()), torch.float32)
-    failures, out_of_memory, stage = [], False, ""
-    for dtype in (torch.float64, torch.float32) if own != torch.float64 else (torch.float64,):
-        stage = "the samples-apart check"
-        try:
-            mixed = mixing(model, x, sizes, dtype)
-            if mixed:
-                raise DpgridError(mixed)
-            stage = "the proof"
-            proved = None if setting == "func" else prove(model, task, x, y, could_stack, max(sizes), dtype)
-            return proved, dtype, "; ".join(failures)
-        except DpgridError:
-            raise
-        except Exception as e:  # noqa: BLE001 (what the model raises: retried in float32, else named in one line)
-            out_of_memory = isinstance(e, torch.OutOfMemoryError)
-            failures.append(f"{stage} in {dtype_name(dtype)}: {type(e).__name__}: {first_line(e)}")
-        free_memory(x.device)
-    if out_of_memory:
-        cure = "lower train.batch_size" + (", or use train.engine=func (which runs no proof)"
-                                           if stage == "the proof" else " (training's batches reach this size)")
-        raise DpgridError(f"model: {type(model).__name__} runs out of memory in {stage} before training, at batch size "
-                          f"{max(sizes)} (the largest a Poisson batch reaches, B + 7 standard deviations): "
-                          f"{'; '.join(failures)}; {cure}")
-    raise DpgridError(f"model: {type(model).__name__} fails in the checks before training ({'; '.join(failures)}); "
-                      "a model dpgrid trains must run in train mode, with gradients, in float64 or float32")
-
-
-def dtype_name(dtype: torch.dtype) -> str:
-    return str(dtype).removeprefix("torch.")
-
-
-def free_memory(device) -> None:
-    """What a failed check held returned to the device before the next try."""
-    import gc
-
-    gc.collect()
-    if torch.device(device).type == "cuda":
-        torch.cuda.empty_cache()
-
-
-def check_func(model: nn.Module, task: str, x: torch.Tensor, y: torch.Tensor, before: str = "") -> None:
-    """torch.func's engine run once on a few public examples in train mode, on a copy of the model: a DpgridError in
-    one line, before anything trains, where it cannot differentiate the model per sample."""
-    from dpgrid import DpgridError
-    from dpgrid.training.persample import FuncEngine
-
-    twin = copy.deepcopy(model)
-    twin.train()
-    rows = min(4, len(x))
-    try:
-        with seeded(0, x.device):
-            FuncEngine(twin, task)(x[:rows], y[:rows]).norms
-    except DpgridError:
-        raise
-    except Exception as e:
-        raise DpgridError(f"model: {before}torch.func cannot differentiate it per sample ({type(e).__name__}: "
-                          f"{first_line(e)}); a model trained privately needs per-sample gradients of each example's "
-                          "own loss") from None

@@ -9,7 +9,7 @@ another model). A module that updates a buffer from the batch (a running mean) k
 private data in the model, which the next steps read and the release carries. So, as training runs the model (train
 mode, gradients enabled: a layer may mix samples only where autograd is on) and at the batch sizes a Poisson batch
 takes (`check_sizes`: both ends, B -+ 7 standard deviations, of every phase's expected batch; the largest a
-CUDA-padded batch's capacity), on a float64 copy (float32 where the model fails in float64: the proof's choose_engine):
+CUDA-padded batch's capacity), on a float64 copy (float32 where the model fails in float64: dpgrid.training.choice):
 
 1. one forward of public examples, every tensor the modules keep compared before and after (buffers, persistent or
    not, and tensor attributes: `kept_tensors`), and the eval-mode output on a fixed public batch (EVAL_ROWS examples)
@@ -117,7 +117,7 @@ def kept_tensors(model: nn.Module) -> dict:
     and their tensor attributes (a statistic kept outside the state dict is kept all the same)."""
     found = {}
     for prefix, module in model.named_modules():
-        for name, value in [*module._buffers.items(), *vars(module).items()]:
+        for name, value in [*module.named_buffers(recurse=False), *vars(module).items()]:
             if torch.is_tensor(value) and not isinstance(value, nn.Parameter):
                 found[f"{prefix}.{name}" if prefix else name] = value
     return found
@@ -132,11 +132,11 @@ def restore(model: nn.Module, state: tuple) -> None:
     """The model as snapshot found it: its state dict loaded, its kept tensors copied back (in place where the tensor
     is the same size, so that modules sharing one still do; a tensor the forward added removed)."""
     params, kept = state
-    model.load_state_dict(params)
-    now = kept_tensors(model)
-    for key in now.keys() - kept.keys():
+    for key in kept_tensors(model).keys() - kept.keys():
         module_name, _, name = key.rpartition(".")
         delattr(model.get_submodule(module_name), name)
+    model.load_state_dict(params)
+    now = kept_tensors(model)
     for key, value in kept.items():
         module_name, _, name = key.rpartition(".")
         current = now.get(key)
@@ -258,7 +258,7 @@ def mixing(model: nn.Module, x: torch.Tensor, sizes: tuple, dtype: torch.dtype =
         if kept:
             module_name, _, name = kept.rpartition(".")
             module = twin.get_submodule(module_name)
-            what = "buffer" if name in module._buffers else "attribute"
+            what = "buffer" if name in dict(module.named_buffers(recurse=False)) else "attribute"
             return (f"model: {type(module).__name__} '{names[module]}' updates its {what} '{name}' from the batch in "
                     "training: an un-noised statistic of the private data, which later steps read and the release "
                     "carries, and which no per-sample engine (torch.func neither) clips; use a module without batch "

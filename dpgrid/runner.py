@@ -26,7 +26,7 @@ from dpgrid.training.rules import MethodChoice
 from dpgrid.training.persample import make_engine, trainable
 from dpgrid.training.apart import check_sizes
 from dpgrid.training.graphs import capacity
-from dpgrid.training.proof import EngineChoice, choose_engine
+from dpgrid.training.choice import EngineChoice, choose_engine
 from dpgrid.results.procedure import Phase, procedure_of, seed_names
 from dpgrid.privacy.randomness import SecureRandom, derive_seed
 from dpgrid.models.inputs import front_stage, prepared, statistics_modules, with_statistics
@@ -346,8 +346,13 @@ def proved_engine(spec, data, checkpoint: dict = None) -> EngineChoice:
     setting = "func" if spec.train.engine == "func" else spec.train.engine_setting
     plan = spec.plan
     padded = data.x_train.device.type == "cuda"  # where a batch may be padded to its capacity (dpgrid.training.graphs)
-    sizes = check_sizes(plan.batch_size, plan.sample_rate, plan.n_train,
-                        (lambda size: capacity(size, plan.batch_size)) if padded else None)
+    sizes = set()
+    for batch_size in procedure_of(plan.method).batch_sizes(plan):
+        # a phase's batch holds each of the N examples with probability q B_phase / B (a tuning set's q1, then q)
+        rate = plan.sample_rate * batch_size / plan.batch_size
+        sizes.update(check_sizes(batch_size, rate, plan.n_train,
+                                 (lambda size, b=batch_size: capacity(size, b)) if padded else None))
+    sizes = tuple(sorted(sizes))
     return choose_engine(model, data.task, data.x_test, data.y_test, setting, could_stack, spec.train.parallel_runs,
                          sizes)
 

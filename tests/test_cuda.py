@@ -150,7 +150,7 @@ def test_the_engines_prove_themselves_on_cuda(model):
     import warnings
 
     from dpgrid.models import build_model
-    from dpgrid.training.proof import choose_engine
+    from dpgrid.training.choice import choose_engine
 
     device = torch.device("cuda")
     if model == "mlp":

@@ -1,6 +1,7 @@
 """An adversarial read of issue 73 (the proof covers what training runs): models a careless user could write that mix
 samples, or whose check ends in a traceback, or that train in another mode than the one checked. Each test states what
-should hold and fails on the current code (xfail, strict: a fix makes it pass, and then the mark must go)."""
+should hold; the one still marked xfail (strict) is a limit the documentation states: a check before training cannot
+see behaviour that changes with the step count."""
 
 import copy
 
@@ -10,7 +11,8 @@ from torch import nn
 
 from dpgrid import DpgridError
 from dpgrid.training.persample import make_engine
-from dpgrid.training.proof import choose_engine, seeded
+from dpgrid.training.choice import choose_engine
+from dpgrid.training.proof import seeded
 
 TRAINING_SIZES = (2, 71)  # B = 32 of N = 1437: B -+ 7 standard deviations (dpgrid.training.apart.check_sizes)
 
@@ -85,16 +87,15 @@ def test_the_probe_tells_a_model_that_keeps_samples_apart_from_one_that_mixes():
     assert others_move_in_training(WarmUpCenter(warm_up=0).double(), checked=False)
 
 
-@pytest.mark.xfail(strict=True, reason="review of issue 73: mixing that starts after the first steps trains fast, "
-                                       "unseen (the checks run once, before training, on copies)")
+@pytest.mark.xfail(strict=True, reason="a documented limit (docs/extending.md, docs/guarantees.md): the checks run "
+                                       "before training, so behaviour that changes with the step count is not seen; "
+                                       "such a model must train with train.engine=func")
 def test_a_model_that_starts_mixing_after_its_first_steps_never_trains_with_mixed_gradients():
     model = WarmUpCenter().double()
     assert not others_move_in_training(model, warm_up=6), \
         "after 6 steps, one example of a batch moves the other examples' per-sample gradients on the chosen engine"
 
 
-@pytest.mark.xfail(strict=True, reason="review of issue 73: the train-mode check runs under torch.no_grad, training "
-                                       "does not")
 def test_a_model_that_mixes_only_where_gradients_are_taken_is_refused():
     assert not others_move_in_training(CentredUnderAutograd().double()), \
         "one example of a batch moves the other examples' per-sample gradients on the chosen engine"
@@ -132,8 +133,6 @@ class NonPersistentStatistic(nn.Module):
         return self.head(torch.relu(h - self.running_mean))
 
 
-@pytest.mark.xfail(strict=True, reason="review of issue 73: only the state dict's buffers are compared, so a batch "
-                                       "statistic kept elsewhere in the model is not seen")
 @pytest.mark.parametrize("build", [PlainAttributeStatistic, NonPersistentStatistic])
 def test_a_batch_statistic_kept_outside_the_state_dict_is_refused(build):
     """Validation (eval mode, on the public test set) then reads an un-noised statistic of the private batches, and
@@ -191,8 +190,6 @@ class Float32Scratch(nn.Module):
         return self.head(scratch.index_add(0, torch.arange(len(x) * 4, device=x.device), h).view(len(x), 32))
 
 
-@pytest.mark.xfail(strict=True, reason="review of issue 73: the check runs a float64 copy under no_grad with no "
-                                       "guard: a model that runs in training ends the grid in a traceback")
 @pytest.mark.parametrize("build", [CastsItsInput, HookInTraining, Float32Scratch])
 def test_the_train_mode_check_ends_in_one_line_never_a_traceback(build):
     """Each model trains as it is (its float32 forward and backward work); the check must accept it or refuse it in
@@ -220,8 +217,6 @@ class OwnNorm(nn.Module):
         return self.fc(x / x.norm(dim=1, keepdim=True))
 
 
-@pytest.mark.xfail(strict=True, reason="review of issue 73: torch.equal is False for equal NaNs, so a NaN in one "
-                                       "example's own row is taken for mixing")
 def test_a_nan_in_one_examples_own_row_is_not_called_mixing():
     public, labels = digits(40, seed=1)
     public[3] = 0  # a blank public example
@@ -231,8 +226,6 @@ def test_a_nan_in_one_examples_own_row_is_not_called_mixing():
         assert "mixes them" not in str(refused), f"a model that keeps samples apart is refused: {refused}"
 
 
-@pytest.mark.xfail(strict=True, reason="review of issue 73: the sizes checked are the plan's B's, not a tuning "
-                                       "phase's (q1 B)")
 def test_the_checked_sizes_cover_a_subsample_tuning_phases_batches(monkeypatch):
     """privacy.selection=subsample_tuning trains its tuning phase on Poisson batches of about q1 B examples; the
     train-mode check (and the proof, at the largest size) must see the sizes it trains at."""
@@ -273,8 +266,6 @@ def eval_mode_mlp():
     return nn.Sequential(nn.Linear(64, 32), nn.ReLU(), ModeProbe(), nn.Linear(32, 10)).eval()
 
 
-@pytest.mark.xfail(strict=True, reason="review of issue 73: the training loop never calls model.train(): a model "
-                                       "built in eval mode trains in eval mode until its first validation")
 def test_training_runs_the_model_in_the_mode_the_checks_proved(tmp_path):
     """The checks and the proof run the model in train mode; training must too, from its first step (here T = 12 <
     train.eval_every: every step)."""
@@ -308,8 +299,6 @@ class OutOfMemoryAbove(nn.Module):
         return self.fc(x)
 
 
-@pytest.mark.xfail(strict=True, reason="review of issue 73: the checks and the proof (find_layout) run outside any "
-                                       "guard: running out of memory there is a traceback")
 def test_checks_that_do_not_fit_in_memory_end_in_one_line():
     public, labels = digits(40, seed=1)
     try:

@@ -43,8 +43,8 @@ def test_no_strategy_is_named_outside_its_own_module():
 LONG_MODULES = {
     "dpgrid/training/persample.py": "the two per-sample engines (torch.func's and the fast one) and the choice between "
                                     "them: one contract, PerSampleGrads, served two ways",
-    "dpgrid/training/proof.py": "the fast engine's proof on the first batch: where the samples are, the exact reference, "
-                                "the comparison and the choice it leads to",
+    "dpgrid/training/proof.py": "the fast engine's proof on the first batch: where the samples are, the exact reference "
+                                "and the comparison (the choice it leads to: dpgrid.training.choice)",
     "dpgrid/runner.py": "one grid's training, from the loaded data to the committed rows",
     "dpgrid/commands/cli.py": "the command line: each command's arguments, and every refusal turned into its one line and exit "
                      "code",

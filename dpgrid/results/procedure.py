@@ -48,6 +48,11 @@ class Procedure:
         may read the rows of an earlier one. Here one phase: every configuration's seeds that this command trains."""
         yield Phase([(c, s) for c in to_train for s in range(spec.plan.seeds)])
 
+    def batch_sizes(self, plan) -> tuple:
+        """The expected batch size of each phase's steps, the divisor of its noisy sums (Phase.batch_size): the
+        train-mode checks and the proof run at every size these reach (dpgrid.training.apart.check_sizes)."""
+        return (plan.batch_size,)
+
     def every_run(self, plan, work: list) -> set:
         """(config_id, seed) of every run of the whole grid, whatever grid.only trains: what must have finished
         before its model is released (`work`: the runs of this command's phases)."""

@@ -180,6 +180,10 @@ class SubsampleTuningProcedure(RandomStoppingProcedure):
                     fields={"phase": "final", **({"candidate": -1} if random_stopping else {})},
                     streams=("final", base))  # its seeds follow the candidates', its noise does not
 
+    def batch_sizes(self, plan) -> tuple:
+        tuning = plan.record.tuning
+        return (tuning["tuning"]["batch_size"], tuning["final"]["batch_size"])
+
     def run_fields(self, plan, seed: int, draw) -> dict:
         return dict(candidate=seed // plan.seeds, draw=draw) if plan.record.tuning["search"] == "random_stopping" else {}
 

@@ -6,24 +6,29 @@ example's gradient is all it changes: a model that mixes the samples of a batch 
 statistics, an attention across the batch) moves every other example's gradient too, by as much as the batch allows,
 and no per-sample engine, fast or torch.func, can clip that (torch.func would train each example on a batch of one,
 another model). A module that updates a buffer from the batch (a running mean) keeps an un-noised statistic of the
-private data in the model, which the next steps read and the release carries. So, in the mode training runs the model
-(train mode) and at the batch sizes a Poisson batch takes (`check_sizes`: both ends, B -+ 7 standard deviations, the
-largest a CUDA-padded batch's capacity), on a float64 copy:
+private data in the model, which the next steps read and the release carries. So, as training runs the model (train
+mode, gradients enabled: a layer may mix samples only where autograd is on) and at the batch sizes a Poisson batch
+takes (`check_sizes`: both ends, B -+ 7 standard deviations, of every phase's expected batch; the largest a
+CUDA-padded batch's capacity), on a float64 copy (float32 where the model fails in float64: dpgrid.training.choice):
 
-1. one forward of public examples, the model's buffers compared before and after;
+1. one forward of public examples, every tensor the modules keep compared before and after (buffers, persistent or
+   not, and tensor attributes: `kept_tensors`), and the eval-mode output on a fixed public batch (EVAL_ROWS examples)
+   before and after: a statistic kept where no tensor holds it (a Python number) shows there, as validation would read
+   it;
 2. two forwards of the same public examples, the second with its last example replaced by another, with the same
    random draws (dropout's masks are the same in both: torch's generators are seeded alike before each), and every
    other example's output compared, exactly (a model that keeps samples apart computes each row from its own input:
-   the other rows are the same numbers, bit for bit, in float64);
+   the other rows are the same numbers, bit for bit; a NaN equal to a NaN, as an example's own NaN is no mixing);
 3. where an output differs, the module where the mixing is seen, found by hooks on every module: the innermost whose
    call's output differs at another example while its inputs do not (its own forward mixes them). Which dimension of
    a tensor holds the samples is found as the fast engine's layout is, by a third forward one example larger.
 
-Only public examples (the test split) are read, so the outcome spends no privacy. Cost: four forwards without
-gradients per grid, two at each end (and, where they show mixing, three more with every module's call recorded, to
-locate it; scripts/bench.py's `proof` row measures it).
-A model whose forward mixes samples only at batch sizes strictly between the two ends (a window made to deceive) is not
-seen; any mixing at either end, in either mode dpgrid trains in, is.
+Only public examples (the test split) are read, so the outcome spends no privacy. Cost: for each size, two forwards
+with gradients enabled (nothing backpropagated) and two eval-mode forwards of EVAL_ROWS examples (and, where they show
+mixing, three more with every module's call recorded, to locate it; scripts/bench.py's `proof` row measures it).
+The check runs once, before training, on a copy: a model whose forward mixes samples only at batch sizes strictly
+between the ends (a window made to deceive), only after some steps (a counter), or only for some values of the data is
+not seen (docs/extending.md: such a model trains with train.engine=func); any mixing at an end, in train mode, is.
 """
 
 import copy
@@ -71,10 +76,13 @@ def tensors_of(value) -> tuple:
     return ()
 
 
-def recorded_forward(model: nn.Module, x: torch.Tensor, seed: int, state: dict, record: bool = True) -> tuple:
-    """(the model's output, [Call of every module call], empty unless `record`): one forward without gradients from the
-    buffers `state`, its random draws seeded with `seed` (on the CPU and on x's CUDA device). Recording keeps a copy of
-    every module's inputs and outputs: only asked for where the outputs showed mixing."""
+def recorded_forward(model: nn.Module, x: torch.Tensor, seed: int, state: tuple = None, record: bool = False,
+                     grad: bool = True) -> tuple:
+    """(the model's output tensors, [Call of every module call], empty unless `record`): one forward, from `state`
+    (snapshot; None: as the model is), its random draws seeded with `seed` (on the CPU and on x's CUDA device), with
+    gradients enabled as training runs it (`grad`; a layer may mix samples only where autograd is on) though nothing is
+    backpropagated, and every tensor returned detached. Recording keeps a copy of every module's inputs and outputs:
+    only asked for where the outputs showed mixing."""
     calls, open_calls, counter = [], {}, [0]
 
     def before(module, inputs):
@@ -92,10 +100,11 @@ def recorded_forward(model: nn.Module, x: torch.Tensor, seed: int, state: dict, 
                                                     m.register_forward_hook(after))] if record else []
     devices = [x.device] if x.device.type == "cuda" else []
     try:
-        model.load_state_dict(state)
-        with torch.random.fork_rng(devices=devices), torch.no_grad():
+        if state is not None:
+            restore(model, state)
+        with torch.random.fork_rng(devices=devices), torch.set_grad_enabled(grad):
             torch.manual_seed(seed)
-            out = model(x)
+            out = tuple(t.detach() for t in tensors_of(model(x)))
     finally:
         for handle in handles:
             handle.remove()
@@ -103,14 +112,59 @@ def recorded_forward(model: nn.Module, x: torch.Tensor, seed: int, state: dict, 
     return out, calls
 
 
-def buffer_changes(model: nn.Module, before: dict) -> str:
-    """The first buffer a forward changed, 'module.buffer' ('' where none)."""
-    for name, value in model.state_dict().items():
-        if name in before and not any(name == p for p, _ in model.named_parameters()):
-            old = before[name]
-            if old.shape != value.shape or not torch.equal(old, value):
-                return name
+def kept_tensors(model: nn.Module) -> dict:
+    """{'module.name': tensor} of every tensor the modules keep but their parameters: their buffers, persistent or not,
+    and their tensor attributes (a statistic kept outside the state dict is kept all the same)."""
+    found = {}
+    for prefix, module in model.named_modules():
+        for name, value in [*module.named_buffers(recurse=False), *vars(module).items()]:
+            if torch.is_tensor(value) and not isinstance(value, nn.Parameter):
+                found[f"{prefix}.{name}" if prefix else name] = value
+    return found
+
+
+def snapshot(model: nn.Module) -> tuple:
+    """(the state dict, the kept tensors), copied: what restore puts back."""
+    return (copy.deepcopy(model.state_dict()), {k: v.detach().clone() for k, v in kept_tensors(model).items()})
+
+
+def restore(model: nn.Module, state: tuple) -> None:
+    """The model as snapshot found it: its state dict loaded, its kept tensors copied back (in place where the tensor
+    is the same size, so that modules sharing one still do; a tensor the forward added removed)."""
+    params, kept = state
+    for key in kept_tensors(model).keys() - kept.keys():
+        module_name, _, name = key.rpartition(".")
+        delattr(model.get_submodule(module_name), name)
+    model.load_state_dict(params)
+    now = kept_tensors(model)
+    for key, value in kept.items():
+        module_name, _, name = key.rpartition(".")
+        current = now.get(key)
+        if current is not None and current.shape == value.shape and current.dtype == value.dtype:
+            with torch.no_grad():
+                current.copy_(value)
+        else:
+            setattr(model.get_submodule(module_name), name, value.clone())
+
+
+def kept_changes(model: nn.Module, state: tuple) -> str:
+    """The first kept tensor a forward changed, added or removed, 'module.name' ('' where none)."""
+    before, now = state[1], kept_tensors(model)
+    for key in sorted(before.keys() | now.keys()):
+        if key not in before or key not in now or not same(before[key], now[key]):
+            return key
     return ""
+
+
+def same(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """Whether a and b hold the same numbers, bit for bit, a NaN equal to a NaN where both hold one (torch.equal
+    alone calls them different: a NaN in one example's own row is no mixing)."""
+    if a.shape != b.shape or a.dtype != b.dtype:
+        return False
+    if not (a.is_floating_point() or a.is_complex()):
+        return torch.equal(a, b)
+    nan_a, nan_b = a.isnan(), b.isnan()
+    return torch.equal(nan_a, nan_b) and torch.equal(a.masked_fill(nan_a, 0), b.masked_fill(nan_b, 0))
 
 
 def differs_beside(a: torch.Tensor, b: torch.Tensor, dim, row: int) -> bool:
@@ -119,10 +173,10 @@ def differs_beside(a: torch.Tensor, b: torch.Tensor, dim, row: int) -> bool:
     if a.shape != b.shape:
         return True
     if dim is None:
-        return not torch.equal(a, b)
+        return not same(a, b)
     keep = [i for i in range(a.shape[dim]) if i != row]
     index = torch.tensor(keep, device=a.device)
-    return not torch.equal(a.index_select(dim, index), b.index_select(dim, index))
+    return not same(a.index_select(dim, index), b.index_select(dim, index))
 
 
 def sample_dim(small: torch.Tensor, large: torch.Tensor, b: int):
@@ -140,7 +194,7 @@ def sample_dim(small: torch.Tensor, large: torch.Tensor, b: int):
 def replacement(x: torch.Tensor, row: int) -> torch.Tensor:
     """x with example `row` replaced by the first other public example that differs from it."""
     for other in range(len(x)):
-        if not torch.equal(x[other], x[row]):
+        if not same(x[other], x[row]):
             changed = x.clone()
             changed[row] = x[other]
             return changed
@@ -159,7 +213,7 @@ def where_mixed(model: nn.Module, x: torch.Tensor, changed: torch.Tensor, calls:
                 seed: int, state: dict) -> str:
     """The innermost module whose call's output differs at another example while its inputs do not, in words."""
     b, row = len(x), len(x) - 1
-    _, larger = recorded_forward(model, public_batch(torch.cat([x, x[:1]]), b + 1), seed, state)
+    _, larger = recorded_forward(model, public_batch(torch.cat([x, x[:1]]), b + 1), seed, state, record=True)
     names = {m: name or "the model" for name, m in model.named_modules()}
     if len(larger) != len(calls) or len(changed_calls) != len(calls) or \
             any(c.module is not d.module for c, d in zip(calls, larger)):
@@ -185,36 +239,56 @@ def where_mixed(model: nn.Module, x: torch.Tensor, changed: torch.Tensor, calls:
     return f"{type(module).__name__} '{names[module]}' mixes them{own}"
 
 
-def mixing(model: nn.Module, x: torch.Tensor, sizes: tuple) -> str:
+EVAL_ROWS = 8  # the fixed public batch whose eval-mode outputs must not change with a training forward
+
+
+def mixing(model: nn.Module, x: torch.Tensor, sizes: tuple, dtype: torch.dtype = torch.float64) -> str:
     """'' where the model keeps samples apart in train mode at every size of `sizes`; else one line naming the module
-    (module docstring). `x`: public examples."""
-    twin = copy.deepcopy(model).double()
-    twin.train()
-    x = x.double() if x.is_floating_point() else x
-    state = copy.deepcopy(twin.state_dict())
+    (module docstring). `x`: public examples; `dtype`: the copy's (float64, or the model's own where float64 fails)."""
+    twin = copy.deepcopy(model).to(dtype)
+    x = x.to(dtype) if x.is_floating_point() else x
+    state = snapshot(twin)
     names = {m: name or "the model" for name, m in twin.named_modules()}
+    probe = public_batch(x, EVAL_ROWS)
+    in_eval = evaluated(twin, probe, state)  # leaves the copy in train mode, as training runs it
     for seed, size in enumerate(sizes):
         batch = public_batch(x, size)
-        out, _ = recorded_forward(twin, batch, seed, state, record=False)
-        changed_buffer = buffer_changes(twin, state)
-        if changed_buffer:
-            module_name, _, buffer = changed_buffer.rpartition(".")
-            module = twin.get_submodule(module_name) if module_name else twin
-            return (f"model: {type(module).__name__} '{names[module]}' updates its buffer '{buffer}' from the batch in "
+        out, _ = recorded_forward(twin, batch, seed, state)
+        kept = kept_changes(twin, state)
+        if kept:
+            module_name, _, name = kept.rpartition(".")
+            module = twin.get_submodule(module_name)
+            what = "buffer" if name in dict(module.named_buffers(recurse=False)) else "attribute"
+            return (f"model: {type(module).__name__} '{names[module]}' updates its {what} '{name}' from the batch in "
                     "training: an un-noised statistic of the private data, which later steps read and the release "
                     "carries, and which no per-sample engine (torch.func neither) clips; use a module without batch "
                     "statistics (GroupNorm or LayerNorm for BatchNorm)")
+        after = evaluated(twin, probe)
+        if len(after) != len(in_eval) or not all(same(a, b) for a, b in zip(after, in_eval)):
+            return ("model: a training forward changes what it computes in eval mode (a statistic of the batch kept "
+                    "where no buffer or tensor attribute holds it): validation on the public test set would read an "
+                    "un-noised statistic of the private data, and its scores are released; keep no state of the "
+                    "batches (GroupNorm or LayerNorm for BatchNorm)")
         changed = replacement(batch, size - 1)
-        other, _ = recorded_forward(twin, changed, seed, state, record=False)
-        outputs = tensors_of(out), tensors_of(other)
-        if not outputs[0] or any(t.shape[:1] != (size,) for t in outputs[0]):
+        other, _ = recorded_forward(twin, changed, seed, state)
+        if not out or any(t.shape[:1] != (size,) for t in out):
             continue  # an output without the batch first: the loss refuses it (the model does not fit its data)
-        if any(differs_beside(s, t, 0, size - 1) for s, t in zip(*outputs)):
+        if any(differs_beside(s, t, 0, size - 1) for s, t in zip(out, other)):
             del out, other  # the two forwards again, every module's call recorded, to find where
-            calls, changed_calls = (recorded_forward(twin, b, seed, state)[1] for b in (batch, changed))
+            calls, changed_calls = (recorded_forward(twin, b, seed, state, record=True)[1] for b in (batch, changed))
             where = where_mixed(twin, batch, changed, calls, changed_calls, seed, state)
             return (f"model: changing one example of a batch of {size} changes the others' outputs in training: {where}; "
                     "DP-SGD's clipping bounds one example's own gradient only, and no per-sample engine (torch.func "
                     "neither: it would train each example on a batch of one) can clip what it moves in the others; "
                     "keep the samples apart (GroupNorm or LayerNorm for BatchNorm)")
     return ""
+
+
+def evaluated(model: nn.Module, x: torch.Tensor, state: tuple = None) -> tuple:
+    """The model's eval-mode output tensors on `x`, without gradients, as validation runs it (from `state` where
+    given; as the model is otherwise); the model back in train mode after."""
+    model.eval()
+    try:
+        return recorded_forward(model, x, 0, state, grad=False)[0]
+    finally:
+        model.train()

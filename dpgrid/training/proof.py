@@ -8,7 +8,7 @@ or on a sequence-first tensor puts something else where the samples were expecte
 layer (F.linear(x, layer.weight)) gets gradient the layer's rule never sees. So before a grid trains:
 
 Both run where training runs the model: in train mode (dropout on, its masks the same in every forward of a step of
-the proof: torch's generators are seeded alike before each), at the batch size training reaches (`size`: the largest a
+the proof: torch's generators are seeded alike before each), with gradients enabled, at the batch size training reaches (`size`: the largest a
 Poisson batch takes with overwhelming probability, a CUDA-padded batch's capacity), after dpgrid.training.apart has
 checked that the model keeps samples apart there and at the smallest such size:
 
@@ -33,13 +33,16 @@ checked that the model keeps samples apart there and at the smallest such size:
 
 When they disagree, the first parametrised layer (in model order) whose per-layer norms differ is named, with why
 where it can be told (its parameters also receive gradient outside their layer's call; its rule differs from
-torch.func for this use). The runner then trains on torch.func (train.engine=auto) or refuses (train.engine=fast).
+torch.func for this use). The grid then trains on torch.func (train.engine=auto) or is refused (train.engine=fast).
 The stacked engine (train.parallel_runs) is proved against the one-run exact gradients in eval mode, two runs of
 different initialisations, one padded: it serves Sequential models only, whose parametrised layers are dpgrid's rules
 and whose parameter-free modules are either known to act on each sample alone (dropout, activations; applied to the
 group's samples at once) or applied run by run at the one-run batch size the train-mode checks above covered
 (dpgrid.training.stacked.PER_SAMPLE). torch.func, where it trains, is run once on the first batch in train mode, so
 that a model it cannot differentiate per sample is refused before anything trains.
+
+Both run on a float64 copy of the model, or on a float32 copy where the model fails in float64, at tolerance
+TOLERANCE (dpgrid.training.choice, which runs them and chooses the engine).
 
 Only public examples are read, so the outcome (which engine trains) spends no privacy.
 """
@@ -48,7 +51,6 @@ import contextlib
 import copy
 import itertools
 import math
-from dataclasses import dataclass, field
 
 import torch
 from torch import nn
@@ -57,19 +59,8 @@ from dpgrid.training.persample import LayerLayout, ModelLayout
 from dpgrid.training.rules import MethodChoice, rule_for
 
 RTOL = 1e-6  # module docstring
+TOLERANCE = {torch.float64: RTOL, torch.float32: 1e-4}  # the proof's, by the dtype it runs in (module docstring)
 PROOF_FORMS = "proof"  # a MethodChoice setting no rule offers: each rule's first form, untimed
-
-
-@dataclass(frozen=True)
-class EngineChoice:
-    """The per-sample engine a grid trains with, and what was proved: `name` fast or func; `stacks` whether runs may
-    train stacked (the stacked engine proved too); `error` the largest relative difference from torch.func measured
-    (nan where torch.func itself trains); `said` one line for the log."""
-    name: str
-    layout: ModelLayout = field(default_factory=ModelLayout)
-    stacks: bool = True
-    error: float = math.nan
-    said: str = ""
 
 
 def layer_names(model: nn.Module) -> dict:
@@ -82,7 +73,8 @@ def described(model: nn.Module, module: nn.Module) -> str:
 
 def observe(model: nn.Module, layers: list, x: torch.Tensor, seed: int = 0) -> dict:
     """{layer: [(input shape or None, output shape, whether its input or output changed in place later), per call]}
-    of one forward in the model's mode, its random draws seeded with `seed`."""
+    of one forward in the model's mode, with gradients enabled as training runs it (nothing backpropagated), its
+    random draws seeded with `seed`."""
     calls = {m: [] for m in layers}
 
     def record(module, inputs, output):
@@ -91,7 +83,7 @@ def observe(model: nn.Module, layers: list, x: torch.Tensor, seed: int = 0) -> d
 
     handles = [m.register_forward_hook(record) for m in layers]
     try:
-        with torch.no_grad(), seeded(seed, x.device):
+        with torch.enable_grad(), seeded(seed, x.device):
             model(x)
     finally:
         for handle in handles:
@@ -184,15 +176,16 @@ def exact(model: nn.Module, task: str, x: torch.Tensor, y: torch.Tensor):
     return materialised([torch.stack(column) for column in zip(*rows)], parameter_groups(model), x.device)
 
 
-def reference_copy(model: nn.Module, mode: str = "eval") -> nn.Module:
-    """A float64 copy of the model in `mode` (train or eval), its parameters' requires_grad as they are."""
-    twin = copy.deepcopy(model).double()
+def reference_copy(model: nn.Module, mode: str = "eval", dtype: torch.dtype = torch.float64) -> nn.Module:
+    """A copy of the model in `dtype` (float64, or float32 where float64 fails) in `mode` (train or eval), its
+    parameters' requires_grad as they are."""
+    twin = copy.deepcopy(model).to(dtype)
     twin.train(mode == "train")
     return twin
 
 
-def as_float64(x: torch.Tensor) -> torch.Tensor:
-    return x.double() if x.is_floating_point() else x
+def as_dtype(x: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    return x.to(dtype) if x.is_floating_point() else x
 
 
 PROOF_ROWS = 8  # the examples of the proof's batch whose exact per-sample gradients are computed
@@ -218,32 +211,37 @@ def in_batch(model: nn.Module, task: str, x: torch.Tensor, y: torch.Tensor, rows
     return materialised([torch.stack(column) for column in zip(*found)], parameter_groups(model), x.device)
 
 
-def prove(model: nn.Module, task: str, x: torch.Tensor, y: torch.Tensor, stacked_too: bool, size: int = 8) -> tuple:
+def prove(model: nn.Module, task: str, x: torch.Tensor, y: torch.Tensor, stacked_too: bool, size: int = 8,
+          dtype: torch.dtype = torch.float64) -> tuple:
     """(layout, disagreement, stacked disagreement, largest relative difference): the fast engine on the model (and the
     stacked engine where `stacked_too`) against per-sample autograd on public examples `x`, `y`, in train mode at
-    batch size `size` or the next that equals no dimension of the model (module docstring); a disagreement is '' or
-    one line naming the first layer that differs and why."""
+    batch size `size` or the next that equals no dimension of the model, on a copy in `dtype` (module docstring); a
+    disagreement is '' or one line naming the first layer that differs and why. What the model itself raises (and
+    running out of memory) is raised: choose_engine retries in float32, or names it."""
     from dpgrid.training.persample import FastEngine, parametrised_layers
 
-    twin = reference_copy(model, "train")
+    twin = reference_copy(model, "train", dtype)
     layers = parametrised_layers(twin)
-    xs, ys = as_float64(x), y
+    xs, ys = as_dtype(x, dtype), y
     layout = find_layout(twin, layers, xs, size)
     if layout.problem:
         return layout, layout.problem, "", math.nan
     size = layout.size  # the training size, or the next that equals no dimension of the model
     xb, yb = public_rows(xs, size), public_rows(ys, size)
     rows = proof_rows(size)
+    reference = in_batch(twin, task, xb, yb, rows, seed=1)
     try:
-        reference = in_batch(twin, task, xb, yb, rows, seed=1)
         engine = FastEngine(twin, task, MethodChoice(PROOF_FORMS), layout)
         with seeded(1, xb.device):
             fast = engine(xb, yb)
-        error, where = compare(fast, reference, len(layers), rows)
+        error, where = compare(fast, reference, len(layers), rows, TOLERANCE[dtype])
+    except torch.OutOfMemoryError:
+        raise
     except Exception as e:  # a rule or a model the engine cannot run: named, never trained on
         return layout, f"the fast engine fails on this model ({type(e).__name__}: {first_line(e)})", "", math.nan
-    disagreement = "" if error <= RTOL else why(twin, layers, where, task, xb, yb, layout, error, rows)
-    stacked = prove_stacked(model, task, xb[:PROOF_ROWS], yb[:PROOF_ROWS]) if stacked_too and not disagreement else ""
+    disagreement = "" if error <= TOLERANCE[dtype] else why(twin, layers, where, task, xb, yb, layout, error, rows)
+    stacked = prove_stacked(model, task, xb[:PROOF_ROWS], yb[:PROOF_ROWS], dtype) \
+        if stacked_too and not disagreement else ""
     return layout, disagreement, stacked, error
 
 
@@ -252,10 +250,10 @@ def first_line(error: Exception) -> str:
     return text.splitlines()[0] if text else "no message"
 
 
-def compare(engine, reference, layers: int, rows: torch.Tensor = None) -> tuple:
+def compare(engine, reference, layers: int, rows: torch.Tensor = None, tolerance: float = RTOL) -> tuple:
     """(the largest relative difference of norms, per-layer norms and two weighted sums, the first layer whose norms
-    differ or None), of the examples `rows` of the engine's batch (all of them where None: the reference's are
-    those)."""
+    differ by more than `tolerance` or None), of the examples `rows` of the engine's batch (all of them where None: the
+    reference's are those)."""
     rows = torch.arange(len(reference.norms)) if rows is None else rows
     picked = rows.to(engine.norms.device)
     norms, want = engine.norms.double()[picked], reference.norms.double()
@@ -276,7 +274,7 @@ def compare(engine, reference, layers: int, rows: torch.Tensor = None) -> tuple:
             raise ValueError(f"{len(got)} sums for {len(expected)} parameters")
         difference = math.sqrt(sum(float((g.double() - e.double()).pow(2).sum()) for g, e in zip(got, expected)))
         errors.append(difference / bound)
-    bad = (by_layer > RTOL).nonzero()
+    bad = (by_layer > tolerance).nonzero()
     return max(errors), (int(bad[0]) if len(bad) else None)
 
 
@@ -300,7 +298,8 @@ def why(model: nn.Module, layers: list, where, task: str, x, y, layout: ModelLay
     with seeded(1, x.device):
         sums = engine(x, y).weighted_sum(torch.ones(len(x), dtype=torch.float64, device=x.device))
     position = {id(p): i for i, p in enumerate(p for p in model.parameters() if p.requires_grad)}
-    outside = any(t is not None and not torch.allclose(sums[position[id(p)]].double(), t.double(), rtol=1e-6,
+    outside = any(t is not None and not torch.allclose(sums[position[id(p)]].double(), t.double(),
+                                                         rtol=TOLERANCE.get(p.dtype, RTOL),
                                                          atol=1e-9 * float(t.abs().max() or 1))
                   for p, t in zip(own, total))
     reason = ("its parameters also receive gradient outside its own call (a weight used elsewhere in the forward, "
@@ -310,33 +309,36 @@ def why(model: nn.Module, layers: list, where, task: str, x, y, layout: ModelLay
     return f"{what}: per-sample gradient norms differ from per-sample autograd's by {error:.1e} (relative): {reason}"
 
 
-def prove_stacked(model: nn.Module, task: str, x, y) -> str:
+def prove_stacked(model: nn.Module, task: str, x, y, dtype: torch.dtype = torch.float64) -> str:
     """'' when two stacked runs (this model and a perturbed copy; the second run's batch padded) give each run torch.func's
     norms and sums; else one line naming the first layer that differs."""
     from dpgrid.training.persample import parametrised_layers
     from dpgrid.training.stacked import StackedEngine, StackedModel
 
-    twins = [reference_copy(model) for _ in range(2)]
+    twins = [reference_copy(model, "eval", dtype) for _ in range(2)]
+    tolerance = TOLERANCE[dtype]
     generator = torch.Generator().manual_seed(0)
     for p in twins[1].parameters():
         p.data.add_(0.1 * torch.randn(p.shape, generator=generator, dtype=p.dtype).to(p.device))
     references = [copy.deepcopy(t) for t in twins]
     b = len(x)
-    mask = torch.ones((2, b), dtype=torch.float64, device=x.device)
+    mask = torch.ones((2, b), dtype=dtype, device=x.device)
     mask[1, b - 2:] = 0  # the second run's batch is two rows shorter: its padding must add nothing
     try:
         engine = StackedEngine(StackedModel(twins), task)
         stacked = engine(torch.stack([x, x]), torch.stack([y, y]), mask)
-        weights = torch.rand((2, 2, b), generator=generator, dtype=torch.float64).to(x.device) * mask
+        weights = torch.rand((2, 2, b), generator=generator, dtype=dtype).to(x.device) * mask
         sums = stacked.weighted_sums(*weights)
         norms = stacked.norms
+    except torch.OutOfMemoryError:
+        raise
     except Exception as e:
         return f"the stacked engine fails on this model ({type(e).__name__}: {first_line(e)})"
     for run, twin in enumerate(references):
         rows = b - 2 * run
         reference = exact(twin, task, x[:rows], y[:rows])
         want = reference.norms
-        if not torch.allclose(norms[run, :rows], want, rtol=RTOL, atol=1e-12 * float(want.max())):
+        if not torch.allclose(norms[run, :rows], want, rtol=tolerance, atol=1e-12 * float(want.max())):
             layer = parametrised_layers(twin)
             return f"the stacked engine's norms of run {run} differ from torch.func's ({len(layer)} layers)"
         for m, w in enumerate(weights):
@@ -344,70 +346,6 @@ def prove_stacked(model: nn.Module, task: str, x, y) -> str:
             got = [s[run] for s in sums[m]]
             bound = float((w[run, :rows].abs() * want).sum()) or 1.0
             difference = math.sqrt(sum(float((g - e).pow(2).sum()) for g, e in zip(got, expected)))
-            if difference / bound > RTOL:
+            if difference / bound > tolerance:
                 return f"the stacked engine's weighted sums of run {run} differ from torch.func's by {difference / bound:.1e}"
     return ""
-
-
-def choose_engine(model: nn.Module, task: str, x: torch.Tensor, y: torch.Tensor, setting: str, could_stack: bool,
-                  parallel_runs: str, sizes: tuple = (8,)) -> EngineChoice:
-    """The engine a grid trains with, proved on the public examples `x`, `y` at the batch sizes training takes
-    (`sizes`, dpgrid.training.apart.check_sizes; the proof runs at the largest). First, whatever the engine, the model
-    must keep samples apart there (dpgrid.training.apart: a DpgridError naming the module otherwise). `setting` is
-    train.engine (auto: the fast engine where the proof holds, else torch.func with a warning; fast: the fast engine or
-    a DpgridError naming the layer; func: torch.func, the reference, run once on the first batch); `could_stack`: the
-    grid's runs would train stacked (train.parallel_runs, a Sequential model, a stacking strategy), so the stacked
-    engine is proved too (where it is not proved: one run at a time, with a warning, or a DpgridError where
-    train.parallel_runs names a number)."""
-    import warnings
-
-    from dpgrid import DpgridError
-    from dpgrid.training.apart import mixing
-
-    mixed = mixing(model, x, sizes)
-    if mixed:
-        raise DpgridError(mixed)
-    apart = f"samples kept apart in train mode at batch sizes {' and '.join(str(n) for n in sizes)}"
-    if setting == "func":
-        check_func(model, task, x, y)
-        return EngineChoice("func", stacks=could_stack, said=f"per-sample engine: torch.func (train.engine=func), the "
-                                                              f"reference; {apart}")
-    layout, disagreement, stacked, error = prove(model, task, x, y, could_stack, max(sizes))
-    if disagreement:
-        if setting == "fast":
-            raise DpgridError(f"train.engine=fast: {disagreement}; train.engine=auto trains such a model on the exact "
-                              "torch.func engine")
-        check_func(model, task, x, y, f"the fast engine failed its proof ({disagreement}), and ")
-        warnings.warn(f"the fast engine steps aside: {disagreement}; training on the exact torch.func engine (slower, "
-                      "more memory; train.engine=auto)")
-        return EngineChoice("func", layout, stacks=False, said=f"per-sample engine: torch.func, the fast engine "
-                                                                f"failed its proof ({disagreement}); {apart}")
-    if stacked:
-        if parallel_runs != "auto":
-            raise DpgridError(f"train.parallel_runs={parallel_runs}: {stacked}; train.parallel_runs=1 trains one run "
-                              "at a time on the proved fast engine")
-        warnings.warn(f"runs train one at a time: {stacked} (train.parallel_runs=auto)")
-    return EngineChoice("fast", layout, stacks=could_stack and not stacked, error=error,
-                        said=f"per-sample engine: fast{', stacked' if could_stack and not stacked else ''}, proved "
-                             f"against per-sample autograd on a batch of {layout.size} test examples in train mode, "
-                             f"float64 (largest relative difference {error:.1e}); {apart}")
-
-
-def check_func(model: nn.Module, task: str, x: torch.Tensor, y: torch.Tensor, before: str = "") -> None:
-    """torch.func's engine run once on a few public examples in train mode, on a copy of the model: a DpgridError in
-    one line, before anything trains, where it cannot differentiate the model per sample."""
-    from dpgrid import DpgridError
-    from dpgrid.training.persample import FuncEngine
-
-    twin = copy.deepcopy(model)
-    twin.train()
-    rows = min(4, len(x))
-    try:
-        with seeded(0, x.device):
-            FuncEngine(twin, task)(x[:rows], y[:rows]).norms
-    except DpgridError:
-        raise
-    except Exception as e:
-        raise DpgridError(f"model: {before}torch.func cannot differentiate it per sample ({type(e).__name__}: "
-                          f"{first_line(e)}); a model trained privately needs per-sample gradients of each example's "
-                          "own loss") from None

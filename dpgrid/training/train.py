@@ -82,6 +82,8 @@ def train_runs(models: list, engine, strategy, data, steps: int, sample_rate: fl
     ends). Each run's seconds are its share of the group's time. On CUDA the steps are padded and replayed as CUDA
     graphs where that serves (`cuda_graphs`, dpgrid.training.graphs); `padded` forces padding on or off."""
     results = [RunResult() for _ in models]
+    for model in models:  # the mode the checks and the proof ran it in, whatever mode it was built or loaded in
+        model.train()
     start = time.perf_counter()
     samplers = [batches(data.n_train, sample_rate, strategy.batch_size, sampling, g) for g in sample_generators]
     pad, captured, _ = how_steps_run(data.x_train.device, engine, strategy, sampling, watcher, cuda_graphs, padded)

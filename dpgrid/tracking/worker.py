@@ -8,6 +8,7 @@ leaves the grid's run FAILED here. Ctrl-C and SIGTERM reach the whole process gr
 ends its runs as the command tells it, or as its input ends.
 """
 
+import os
 import pickle
 import signal
 import sys
@@ -103,6 +104,9 @@ def main() -> None:
         logger.handle(message)
     pickle.dump(logger.close(), sys.stdout.buffer)
     sys.stdout.flush()
+    # Every write is done by now (each tracker call commits or closes its own); the interpreter's teardown of the
+    # tracker's library (MLflow, SQLAlchemy: about a second) would only make the grid's command wait.
+    os._exit(0)
 
 
 if __name__ == "__main__":

@@ -474,7 +474,9 @@ def test_one_meaning_per_name():
 
 # The command line's own modules: they turn a refusal into its line and exit code (signals: the handler of the
 # command's first moment, before cli installs its own)
-COMMAND_LINE = {"dpgrid/commands/cli.py", "dpgrid/__main__.py", "dpgrid/commands/signals.py"}
+# the command line, and the tracker's worker (`python -m dpgrid.tracking.worker`: a process of its own, whose main()
+# only its own process runs)
+COMMAND_LINE = {"dpgrid/commands/cli.py", "dpgrid/__main__.py", "dpgrid/commands/signals.py", "dpgrid/tracking/worker.py"}
 
 
 def test_library_code_never_exits():

@@ -78,3 +78,17 @@ class EnvironmentFault(DpgridError):
     The same command, once the fault is gone, resumes where the grid stopped."""
 
     exit_code = 1
+
+
+def cache_folder(variable: str, kind: str):
+    """Where dpgrid keeps what it can compute again (`kind`: noise, features, ...): the path in the environment
+    variable `variable`, None where it says off, else $XDG_CACHE_HOME/dpgrid/<kind> (~/.cache/dpgrid/<kind>)."""
+    import os
+    from pathlib import Path
+
+    setting = os.environ.get(variable)
+    if setting == "off":
+        return None
+    if setting:
+        return Path(setting)
+    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "dpgrid" / kind

@@ -34,19 +34,11 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from dpgrid import cache_folder
 from dpgrid.data import Data
 
 CHUNK = 128  # images per step of the transform on a CPU: bounds its working memory (the scattering's second order holds
              # 85 MB); 16 times more on a GPU, whose steps are bound by their launches
-
-
-def cache_folder():
-    setting = os.environ.get("DPGRID_FEATURES")
-    if setting == "off":
-        return None
-    if setting:
-        return Path(setting)
-    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "dpgrid" / "features"
 
 
 def digest(stage, data: Data) -> str:
@@ -63,7 +55,7 @@ def with_features(stage, data: Data, name: str, progress: bool = False) -> tuple
     words, or '' where the features were read back). Targets stay as they are."""
     device = data.x_train.device
     stage = stage.to(device)
-    folder = cache_folder()
+    folder = cache_folder("DPGRID_FEATURES", "features")
     started = time.perf_counter()
     if folder is None:
         train, test = (transform(stage, x, None, progress, f"{name} {split}") for split, x in

@@ -11,7 +11,7 @@ import math
 import os
 import sys
 
-from dpgrid import DpgridError
+from dpgrid import DpgridError, cache_folder
 
 MAX_NOISE_MULTIPLIER = 1e4  # beyond this the target epsilon is treated as unreachable
 RDP_ORDERS_EXTRA = [80, 96, 128, 256, 512]  # beyond Opacus's defaults: they matter for small epsilon or many steps
@@ -161,13 +161,13 @@ def replayed(estimate: float, rtol: float):
 
 class NoiseCache:
     """The answers of earlier searches, one small file each under DPGRID_CACHE (default
-    $XDG_CACHE_HOME/dpgrid or ~/.cache/dpgrid; "off": none), keyed by what the search accounts (accountant,
+    $XDG_CACHE_HOME/dpgrid/noise or ~/.cache/dpgrid/noise; "off": none), keyed by what the search accounts (accountant,
     q, T, delta, the libraries' versions), its target and precision. Only an estimate: smallest_noise
     evaluates the answer again before using it, so a stale, edited or damaged entry costs time, never privacy."""
 
     def __init__(self, key, epsilon: float, rtol: float):
         self.path = None
-        folder = cache_folder()
+        folder = cache_folder("DPGRID_CACHE", "noise")
         if key is not None and folder is not None:
             import hashlib
             import json
@@ -192,17 +192,6 @@ class NoiseCache:
             os.replace(partial, self.path)
         except OSError:  # a read-only or full home: the search is just not remembered
             pass
-
-
-def cache_folder():
-    from pathlib import Path
-
-    setting = os.environ.get("DPGRID_CACHE")
-    if setting == "off":
-        return None
-    if setting:
-        return Path(setting)
-    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "dpgrid" / "noise"
 
 
 def library_versions() -> list:

@@ -11,8 +11,12 @@ For every (dataset, model) cell of scripts/reproduce_scatternet.yaml, three grid
 - paper: the paper's setting, tuning not accounted, as in the paper: one configuration (its learning rate, clip 0.1,
   batch size, epochs, normalisation, momentum 0.9), (epsilon, delta) = (3, 1e-5) for each seed's run;
 - composition: dpgrid, tuning paid: a grid over the learning rate (the authors' own search at that batch size) and
-  the clip, its K runs composed within the same (3, 1e-5); the released configuration's seeds;
-- random_stopping: the same grid, a random-stopping selection within (3, 1e-5) (truncated negative binomial, E[K] = K).
+  the clip, its K runs composed within the same (3, 1e-5), chosen on the selection half of the test set and scored on
+  its report half (data.validation=test_half). Each seed is one repetition of the whole tuned experiment: its K runs,
+  the configuration its own selection-half scores choose, that run's report-half accuracy;
+- random_stopping: the same grid, a random-stopping selection within (3, 1e-5) (truncated negative binomial, E[K] = K),
+  chosen and scored on the halves too; each repetition a selection of its own (privacy.selection.stopping_seed), one
+  seed per candidate, its chosen candidate's report-half accuracy.
 
 Writes into --out (default docs/scatternet): table.csv (every cell, every part: each seed's final test accuracy, the
 noise multiplier, what chose it, seconds) and table.md (the paper, the paper's setting, dpgrid tuning paid and the
@@ -37,7 +41,7 @@ LABELS = {"tanh_cnn": "end-to-end CNN", "scatternet_linear": "ScatterNet + linea
 NAMES = {"mnist": "MNIST", "fashion_mnist_classes": "FashionMNIST", "cifar10": "CIFAR-10"}
 
 
-def overrides(dataset: str, model: str, part: str, seeds: int, args) -> list:
+def overrides(dataset: str, model: str, part: str, seeds: int, args, repetition: int = 0) -> list:
     """The command line of one grid."""
     s = PROTOCOL.settings[dataset][model]
     clip = float(PROTOCOL.clip)
@@ -48,39 +52,74 @@ def overrides(dataset: str, model: str, part: str, seeds: int, args) -> list:
         clips = list(args.clips)
     steps_per_epoch = math.ceil({"cifar10": 50000}.get(dataset, 60000) / s.batch_size)
     norm = [f"model.{key}={s[key]}" for key in ("norm", "groups", "norm_noise") if key in s]
-    selection = list(PROTOCOL.tuning.selections[part]) if part != "paper" else []
+    tuned = [] if part == "paper" else ["data.validation=test_half"]
+    if part == "random_stopping":  # one seed per candidate: a selection's seeds are paid for, each repetition its own
+        tuned += [*PROTOCOL.tuning.selections[part], f"privacy.selection.stopping_seed={repetition}"]
+        seeds = 1
     return [f"dataset={dataset}", f"model={model}", "strategy=fixed_threshold", "protocol=paper",
             f"+strategy.axes.lr=[{','.join(f'{v:g}' for v in lrs)}]", f"+strategy.axes.clip=[{','.join(f'{v:g}' for v in clips)}]",
             f"train.batch_size={s.batch_size}", f"train.epochs={s.epochs}", f"train.seeds={seeds}",
             f"train.eval_every={steps_per_epoch}", f"privacy.epsilon={PROTOCOL.epsilon}", f"privacy.delta={PROTOCOL.delta}",
-            f"data.root={args.data_root}", *norm, *selection, *args.set]
+            f"data.root={args.data_root}", *norm, *tuned, *args.set]
 
 
-def released(out: Path, result) -> dict:
+def released(out: Path) -> dict:
     """What the grid released: its configuration and each released seed's final test accuracy (model.json)."""
     record = json.loads((out / "model" / "model.json").read_text())
     return {"configuration": record["configuration"], "values": [m["test_value"] for m in record["models"]],
             "covered_by": record["covered_by"]["epsilon"]}
 
 
+def repetitions(runs: pd.DataFrame) -> pd.DataFrame:
+    """Each seed of a composed grid as one repetition of the tuned experiment: among that seed's K runs, the one whose
+    selection-half score (best_value) is best, diverged runs last; its configuration and report-half score."""
+    chosen = (runs.assign(_diverged=runs.diverged.astype(bool), _score=-runs.best_value.astype(float))
+              .sort_values(["seed", "_diverged", "_score"], kind="stable").groupby("seed").head(1))
+    return chosen[["seed", "config_id", "lr", "clip", "best_value", "report_value"]].reset_index(drop=True)
+
+
+def grid(dataset: str, model: str, part: str, args, out: Path, repetition: int = 0):
+    return dpgrid.run_grid(dpgrid.compose(overrides(dataset, model, part, args.seeds, args, repetition)), out,
+                           progress=not args.quiet)
+
+
 def cell(dataset: str, model: str, part: str, args) -> dict:
     out = Path(args.results) / dataset / model / part
     started = time.perf_counter()
-    result = dpgrid.run_grid(dpgrid.compose(overrides(dataset, model, part, args.seeds, args)), out,
-                             progress=not args.quiet)
+    if part == "paper":
+        result = grid(dataset, model, part, args, out)
+        chosen = released(out)
+        covered = chosen["covered_by"]
+        values, lrs, clips = chosen["values"], [chosen["configuration"].get("lr")], [chosen["configuration"].get("clip")]
+        runs_seconds = float(result.runs.seconds.sum())
+    elif part == "composition":
+        result = grid(dataset, model, part, args, out)
+        covered = result.plan["epsilon_grid"]  # a repetition publishes one seed's choice: its K runs composed
+        chosen = repetitions(result.runs)
+        values, lrs, clips = chosen["report_value"].tolist(), chosen["lr"].tolist(), chosen["clip"].tolist()
+        runs_seconds = float(result.runs.seconds.sum())
+    else:
+        values, lrs, clips, runs_seconds = [], [], [], 0.0
+        for r in range(args.seeds if args.repetitions is None else args.repetitions):
+            result = grid(dataset, model, part, args, out / f"repetition{r}", r)
+            chosen = released(out / f"repetition{r}")
+            covered = max(covered, chosen["covered_by"]) if r else chosen["covered_by"]
+            values.append(json.loads((out / f"repetition{r}" / "model" / "model.json").read_text())["score"]["value"])
+            lrs.append(chosen["configuration"].get("lr"))
+            clips.append(chosen["configuration"].get("clip"))
+            runs_seconds += float(result.runs.seconds.sum())
     seconds = time.perf_counter() - started
-    chosen = released(out, result)
-    values = chosen["values"]
     plan = result.plan
     return {"dataset": dataset, "model": model, "part": part, "mean": float(pd.Series(values).mean()),
             "std": float(pd.Series(values).std(ddof=0)), "seeds": len(values),
-            "values": " ".join(f"{v:.2f}" for v in values), "lr": chosen["configuration"].get("lr"),
-            "clip": chosen["configuration"].get("clip"), "configurations": plan["n_configs"],
+            "values": " ".join(f"{v:.2f}" for v in values), "lr": " ".join(f"{v:g}" for v in lrs),
+            "clip": " ".join(f"{v:g}" for v in clips), "configurations": plan["n_configs"],
             "grid_lrs": " ".join(f"{v:g}" for v in sorted({c["lr"] for c in plan["configurations"]})),
             "grid_clips": " ".join(f"{v:g}" for v in sorted({c["clip"] for c in plan["configurations"]})),
             "noise_multiplier": plan["noise_multiplier"], "paper_nu": PROTOCOL.settings[dataset][model].paper_nu,
-            "statistics": json.dumps(plan.get("statistics") or []), "epsilon_covered": chosen["covered_by"],
-            "seconds": round(seconds, 1), "runs_seconds": round(float(result.runs.seconds.sum()), 1),
+            "statistics": json.dumps(plan.get("statistics") or []), "epsilon_covered": covered,
+            "scored_on": "test" if part == "paper" else "report half of test",
+            "seconds": round(seconds, 1), "runs_seconds": round(runs_seconds, 1),
             "paper": float(PROTOCOL.paper[dataset][model])}
 
 
@@ -127,6 +166,8 @@ def main():
                         help="the paper's setting, the grid composed, the grid by random stopping (default: all)")
     parser.add_argument("--seeds", type=int, default=int(PROTOCOL.seeds),
                         help="seeds per configuration (default 5, as the paper's spread needs)")
+    parser.add_argument("--repetitions", type=int, default=None,
+                        help="random stopping's repetitions, each a selection of its own (default: --seeds)")
     parser.add_argument("--base-lrs", nargs="+", type=float, default=list(PROTOCOL.tuning.base_lrs),
                         help="the tuning grid's learning rates per 512 examples of batch (the authors' search)")
     parser.add_argument("--clips", nargs="+", type=float, default=list(PROTOCOL.tuning.clips),

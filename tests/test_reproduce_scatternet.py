@@ -46,7 +46,7 @@ def test_the_tuned_parts_choose_on_one_half_and_random_stopping_pays_one_seed_pe
     assert stopping[-1] == "train.threads=1"  # the user's overrides come last, so they win
 
 
-@pytest.mark.slow  # two tiny grids and two selections on 60 generated images (about 20 s)
+@pytest.mark.slow  # a tiny grid, two selections and the report half scored again, on 60 generated images
 def test_the_tuned_cells_report_each_repetition_and_read_back_what_each_grid_released(script, tmp_path, monkeypatch):
     monkeypatch.setenv("DPGRID_LEDGER", str(tmp_path / "ledger"))
     make_idx_root(tmp_path, "MNIST", n_train=60, n_test=20)
@@ -72,3 +72,8 @@ def test_the_tuned_cells_report_each_repetition_and_read_back_what_each_grid_rel
         scores.append(f"{released['score']['value']:.2f}")
     assert table.loc["random_stopping", "values"].split() == scores
     assert "| MNIST | ScatterNet + linear |" in (tmp_path / "out" / "table.md").read_text()
+    # the paper's setting is scored on the report half through load_model: on a grid that chose on the selection half,
+    # that gives back what its own training measured on the report half (each released model's test_value)
+    out = tmp_path / "results" / "mnist" / "scatternet_linear" / "composition"
+    measured = [m["test_value"] for m in json.loads((out / "model" / "model.json").read_text())["models"]]
+    assert script.report_half(out, "mnist", str(tmp_path)) == pytest.approx(measured, abs=1e-6)

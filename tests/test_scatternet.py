@@ -189,7 +189,6 @@ def test_a_model_with_a_data_normalisation_plans_its_statistics():
 
 
 REFUSED = [({"privacy/selection": "subsample_tuning"}, "subsample_tuning does not account"),
-           ({"privacy.secure_rng": True}, "a second release"),
            ({"strategy": "nodp", "grid.k": 2}, "is not private"),
            ({"privacy/selection": "random_stopping", "privacy.selection.stopping": "liu_talwar"}, "liu_talwar"),
            ({"privacy/selection": "random_stopping", "privacy.selection.selection_accountant": "profile",

@@ -166,10 +166,6 @@ def compile(cfg, n_train: int = None, plan: bool = True, before_plan=None) -> Gr
     prepare(model, start, f"model={spec.settings['model'].get('_target_')}")  # the checkpoint fits, the globs match
     statistics = statistics_events(model)
     if statistics:  # the model estimates statistics of the private data: its plan composes them with the runs
-        if spec.train.secure_rng:  # fresh noise at every start: a resumed grid would release them a second time
-            raise DpgridError("privacy.secure_rng=true with a model that estimates statistics of the private data "
-                              "(model.norm=data) is not served yet: a resumed grid would estimate them again with "
-                              "fresh noise, a second release; use model.norm=group")
         privacy_plan = make_plan(spec, configs, n_train, 0, statistics)
     engine, fallback = engine_for(model, spec.train.engine)  # refused before anything is written
     relation = "equals" if spec.train.eval_every == privacy_plan.steps else "is more than"

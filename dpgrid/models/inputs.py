@@ -38,6 +38,12 @@ def statistics_modules(model: nn.Module) -> list:
     if not isinstance(model, nn.Sequential) or any("." in name for name, _ in found):
         raise DpgridError(f"model: {type(found[0][1]).__name__} ({found[0][0]}) estimates statistics of the private "
                           "data; dpgrid serves such a layer as a layer of an nn.Sequential model only")
+    for name, m in found:  # estimated once per grid: through layers that train, they would describe no run's model
+        trained = next((n for n, _ in model[:int(name)].named_parameters()), None)
+        if trained is not None:
+            raise DpgridError(f"model: {type(m).__name__} (layer {name}) estimates statistics of the private data once "
+                              f"per grid, but follows a layer with parameters ({trained}); serve it after fixed, "
+                              "parameter-free layers only (a FixedFeatures stage)")
     return [(int(name), name, m) for name, m in found]
 
 

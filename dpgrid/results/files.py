@@ -217,12 +217,13 @@ def check_writable(folder) -> None:
 
 LEDGER = "ledger.json"  # a secure grid's count of committed runs (dpgrid.results.ledger)
 DIGESTS = "digests.json"  # the result files' digests (dpgrid.results.seal)
+STATISTICS = "statistics.json"  # a secure grid's one estimate of its model's statistics (dpgrid.runner)
 FOLDERS_IN_A_RUN = (".hydra", "model", "weights")
 FILES_IN_A_RUN = (".lock", "cli.log", "config.yaml", "plan.json", "runs.csv", "curves.csv", "summary.csv",
-                  "selection.json", "candidates.json", "tuning_set.json", LEDGER, DIGESTS)
+                  "selection.json", "candidates.json", "tuning_set.json", STATISTICS, LEDGER, DIGESTS)
 # everything a grid's runs and release are made of: what overwrite=true deletes to start afresh
-RELEASE_FILES = ("runs.csv", "curves.csv", "summary.csv", "selection.json", "candidates.json", "tuning_set.json", LEDGER,
-                 DIGESTS)
+RELEASE_FILES = ("runs.csv", "curves.csv", "summary.csv", "selection.json", "candidates.json", "tuning_set.json",
+                 STATISTICS, LEDGER, DIGESTS)
 RELEASE_FOLDERS = ("model", "weights")
 
 

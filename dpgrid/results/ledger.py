@@ -1,10 +1,10 @@
 """A secure grid's ledger (ledger.json, private): what it has committed, drawn and released, so that nothing is
 trained or drawn twice.
 
-A secure grid (privacy.secure_rng=true) draws its batches, noise and draws (a selection's candidates, a tuning set)
-from the operating system: a run trained again gets other noise, so its output is a second release on the same data,
-which spends epsilon again. A seeded grid's runs trained again are the same runs (their noise follows from public
-names), so it repairs damage by retraining; a secure grid must not. Its ledger is written before anything else of
+A secure grid (privacy.secure_rng=true) draws its batches, noise and draws (a selection's candidates, a tuning set,
+the statistics its model estimates) from the operating system: a run trained again gets other noise, so its output
+is a second release on the same data, which spends epsilon again. A seeded grid's runs trained again are the same
+runs (their noise follows from public names), so it repairs damage by retraining; a secure grid must not. Its ledger is written before anything else of
 the grid (so that a directory whose ledger is gone is known to have held one), and rewritten (write-then-rename) at
 every commit, draw and release:
 
@@ -25,13 +25,14 @@ import warnings
 from pathlib import Path
 
 from dpgrid import DpgridError
-from dpgrid.results.files import DIGESTS, LEDGER, delete_release, environment, read_json, write_json
+from dpgrid.results.files import DIGESTS, LEDGER, STATISTICS, delete_release, environment, read_json, write_json
 from dpgrid.results.procedure import procedure_of
 from dpgrid.results.runs import Lost, finished_runs, unreadable_header
 
 NEW_RELEASE = "a new release on the same data, which spends a new (epsilon, delta) on top of the earlier one's"
 RELEASED = ("selection.json", "model")  # what a grid writes once it has ended (summary.csv is rewritten at every end)
-DRAW_FILES = ("candidates.json", "tuning_set.json")  # a selection's draws, made once before its runs train
+# the draws made once before the runs train: a selection's, and the statistics a model estimates of the data
+DRAW_FILES = ("candidates.json", "tuning_set.json", STATISTICS)
 # what else an earlier command of a grid leaves: a secure grid whose ledger is gone beside any of them lost its record
 LEFTOVERS = ("config.yaml", "cli.log", ".hydra", DIGESTS, "curves.csv", "summary.csv", "weights", "audit")
 

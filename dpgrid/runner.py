@@ -18,8 +18,8 @@ from dpgrid import DpgridError, data as data_mod
 from dpgrid.data import tasks
 from dpgrid.config import check_loaded
 from dpgrid.results.curves import append_curves
-from dpgrid.results.files import (STATISTICS, check_writable, environment, locked, outermost_missing, read_frame,
-                                  read_json, remove_created, write_csv, write_json)
+from dpgrid.results.files import (check_writable, environment, locked, outermost_missing, read_frame, read_json,
+                                  remove_created, write_csv)
 from dpgrid.models.finetuning import read_checkpoint
 from dpgrid.models import build_model, default_dtype, starting_model
 from dpgrid.training.rules import MethodChoice
@@ -57,7 +57,7 @@ def prepared_inputs(spec, data, progress: bool = False):
     per dataset and kept, and the statistics the model estimates privately, once per grid. Seeded: with noise named as
     the runs' noise is, so every start of the grid (a resume, a job of a split grid) draws the same and they are
     released once. Secure (privacy.secure_rng): with the operating system's noise; the grid then trains with the
-    estimate it recorded first (statistics.json, `recorded_statistics`), never a second one."""
+    estimate it recorded first (statistics.json: dpgrid.results.ledger.recorded_statistics), never a second one."""
     model = build_model(spec.model)  # its structure: the stage and the statistics' modules
     if front_stage(model) is None and not statistics_modules(model):
         return data
@@ -69,27 +69,6 @@ def prepared_inputs(spec, data, progress: bool = False):
     data, said = prepared(spec, data, model, noise_source, progress)
     for line in said:
         say(line)
-    return data
-
-
-def recorded_statistics(out: Path, spec, data):
-    """A secure grid's statistics as it first estimated them: read from statistics.json (its ledger holds the file's
-    checksum, checked before), or this command's estimate written there before anything trains with it. A seeded
-    grid's, or a model's without statistics: `data` as it is."""
-    if not (spec.train.secure_rng and data.statistics):
-        return data
-    path = out / STATISTICS
-    if path.exists():
-        found = read_json(path, "")
-        try:
-            statistics = {name: torch.tensor(found[name], dtype=value.dtype, device=value.device)
-                          for name, value in data.statistics.items()}
-            assert all(statistics[n].shape == v.shape for n, v in data.statistics.items()) and len(found) == len(statistics)
-        except (KeyError, TypeError, ValueError, AssertionError):
-            raise DpgridError(f"{path} does not hold this grid's statistics ({', '.join(sorted(data.statistics))}); "
-                              "restore it, or pass overwrite=true to start a new release (it spends a new epsilon)") from None
-        return replace(data, statistics=statistics)
-    write_json(path, {name: value.tolist() for name, value in data.statistics.items()})
     return data
 
 
@@ -287,7 +266,7 @@ def train_grid(spec, out: Path, progress: bool, on_lock=None, follower=None, par
         if on_lock:
             on_lock(out)
         write_header(out, spec, record)
-    data = recorded_statistics(out, spec, data)  # checked against its ledger above: a secure grid's one estimate
+    data = ledger.recorded_statistics(out, spec, data)  # checked against its ledger above: a secure grid's one estimate
     procedure = procedure_of(plan.method)
     # A selection's console and cli.log say nothing that depends on the candidates: not their number
     # (a bar's total, a line per run) nor their scores. Those stay in the private files.

@@ -222,8 +222,7 @@ FOLDERS_IN_A_RUN = (".hydra", "model", "weights")
 FILES_IN_A_RUN = (".lock", "cli.log", "config.yaml", "plan.json", "runs.csv", "curves.csv", "summary.csv",
                   "selection.json", "candidates.json", "tuning_set.json", STATISTICS, LEDGER, DIGESTS)
 # everything a grid's runs and release are made of: what overwrite=true deletes to start afresh
-RELEASE_FILES = ("runs.csv", "curves.csv", "summary.csv", "selection.json", "candidates.json", "tuning_set.json",
-                 STATISTICS, LEDGER, DIGESTS)
+RELEASE_FILES = FILES_IN_A_RUN[4:]  # runs.csv onwards
 RELEASE_FOLDERS = ("model", "weights")
 
 

@@ -256,3 +256,29 @@ def committed_runs(out: Path, spec) -> set:
     except Lost as lost:
         start_over(out, spec, str(lost))
         return found(repair=True)
+
+
+def recorded_statistics(out: Path, spec, data):
+    """A secure grid's statistics as it first estimated them: read from statistics.json (its ledger holds the file's
+    checksum, checked before), or this command's estimate written there before anything trains with it. A seeded
+    grid's, or a model's without statistics: `data` as it is."""
+    if not (spec.train.secure_rng and data.statistics):
+        return data
+    import torch
+    from dataclasses import replace
+
+    path = Path(out) / STATISTICS
+    if path.exists():
+        found = read_json(path, "")
+        try:
+            statistics = {name: torch.tensor(found[name], dtype=value.dtype, device=value.device)
+                          for name, value in data.statistics.items()}
+            fits = len(found) == len(statistics) and all(statistics[n].shape == v.shape for n, v in data.statistics.items())
+        except (KeyError, TypeError, ValueError):
+            fits = False
+        if not fits:
+            raise DpgridError(f"{path} does not hold this grid's statistics ({', '.join(sorted(data.statistics))}); "
+                              "restore it, or pass overwrite=true to start a new release (it spends a new epsilon)")
+        return replace(data, statistics=statistics)
+    write_json(path, {name: value.tolist() for name, value in data.statistics.items()})
+    return data

@@ -65,9 +65,12 @@ def overrides(dataset: str, model: str, part: str, seeds: int, args, repetition:
 
 
 def released(out: Path) -> dict:
-    """What the grid released: its configuration and each released seed's final test accuracy (model.json)."""
+    """What the grid released (model.json): its configuration, each released seed's final test accuracy, its score
+    (the mean over the released seeds of what chose it; on the report half under data.validation=test_half) and the
+    epsilon that covers it."""
     record = json.loads((out / "model" / "model.json").read_text())
     return {"configuration": record["configuration"], "values": [m["test_value"] for m in record["models"]],
+            "seeds": [m["seed"] for m in record["models"]], "score": record["score"]["value"],
             "covered_by": record["covered_by"]["epsilon"]}
 
 
@@ -80,15 +83,12 @@ def report_half(out: Path, dataset: str, data_root: str) -> list:
     from dpgrid.models.inputs import front_stage
     from dpgrid.training.train import evaluate
 
+    models = [dpgrid.load_model(out, seed) for seed in released(out)["seeds"]]
     data = load(dpgrid.compose([f"dataset={dataset}"]).dataset, data_root)
-    values = []
-    for entry in json.loads((out / "model" / "model.json").read_text())["models"]:
-        model = dpgrid.load_model(out, entry["seed"])
-        if front_stage(model) is not None and values == []:
-            data = with_features(front_stage(model), data, dataset)[0]  # the same key as the grid's: read back
-        halves = test_halves(data, dataset)
-        values.append(evaluate(model, halves.x_report.to(torch.float32), halves.y_report, data.task)[0])
-    return values
+    if front_stage(models[0]) is not None:
+        data = with_features(front_stage(models[0]), data, dataset)[0]  # the same key as the grid's: read back
+    halves = test_halves(data, dataset)
+    return [evaluate(model, halves.x_report.to(torch.float32), halves.y_report, data.task)[0] for model in models]
 
 
 def repetitions(runs: pd.DataFrame) -> pd.DataFrame:
@@ -122,16 +122,14 @@ def cell(dataset: str, model: str, part: str, args) -> dict:
         reported = values
         runs_seconds = float(result.runs.seconds.sum())
     else:
-        values, lrs, clips, runs_seconds = [], [], [], 0.0
+        selections, runs_seconds = [], 0.0
         for r in range(args.seeds if args.repetitions is None else args.repetitions):
             result = grid(dataset, model, part, args, out / f"repetition{r}", r)
-            chosen = released(out / f"repetition{r}")
-            covered = max(covered, chosen["covered_by"]) if r else chosen["covered_by"]
-            values.append(json.loads((out / f"repetition{r}" / "model" / "model.json").read_text())["score"]["value"])
-            lrs.append(chosen["configuration"].get("lr"))
-            clips.append(chosen["configuration"].get("clip"))
+            selections.append(released(out / f"repetition{r}"))
             runs_seconds += float(result.runs.seconds.sum())
-        reported = values
+        values = reported = [chosen["score"] for chosen in selections]  # one seed: its report-half score
+        lrs, clips = ([chosen["configuration"].get(axis) for chosen in selections] for axis in ("lr", "clip"))
+        covered = max(chosen["covered_by"] for chosen in selections)
     seconds = time.perf_counter() - started
     plan = result.plan
     return {"dataset": dataset, "model": model, "part": part, "mean": float(pd.Series(values).mean()),

@@ -74,6 +74,16 @@ def shared_data():
     return SHARED_DATA
 
 
+def script_module(path: Path, name: str):
+    """A file that is not part of the package (a script, a recorder), imported as module `name`."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location(name, path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
 def fast_layer_runs(cases, *fast):
     """A parametrised matrix whose cases in `fast` run in the fast layer and the rest carry the `slow` marker: the
     fast layer checks the property once (a check after every edit), the slow layer across the whole matrix. The
@@ -82,7 +92,7 @@ def fast_layer_runs(cases, *fast):
                                                    marks=pytest.mark.slow) for case in cases]
 
 
-__all__ = ["load_cfg", "OmegaConf", "strategy_class", "fast_layer_runs"]
+__all__ = ["load_cfg", "OmegaConf", "strategy_class", "fast_layer_runs", "script_module"]
 
 
 MADE = []  # the temporary folders this process made for the session, removed as it ends

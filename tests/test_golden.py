@@ -8,7 +8,6 @@ to the algorithm moves: the perturbation tests below change one thing each and s
 Integers, flags and names compare exactly; timing columns are not compared; columns added later are
 allowed (only the recorded ones must match)."""
 
-import importlib.util
 from pathlib import Path
 
 import numpy as np
@@ -19,6 +18,7 @@ import torch
 from dpgrid.strategies.base import Strategy, flat_like, standard_normal
 
 from .command import dpgrid
+from .conftest import script_module
 
 GOLDEN = Path(__file__).resolve().parent / "golden"
 TIMING = ("seconds", "eval_seconds")
@@ -29,10 +29,7 @@ pytestmark = pytest.mark.slow  # trains every built-in strategy's golden grid (a
 
 
 def recorder():
-    spec = importlib.util.spec_from_file_location("record", GOLDEN / "record.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return script_module(GOLDEN / "record.py", "record")
 
 
 def in_this_process(*args):

@@ -1,6 +1,5 @@
 """scripts/reproduce.py --paper-cells: the paper's best configuration of each cell, found in dpgrid's grid."""
 
-import importlib.util
 import shlex
 from pathlib import Path
 
@@ -8,6 +7,7 @@ import pandas as pd
 import pytest
 
 from .command import dpgrid
+from .conftest import script_module
 from .test_data import make_idx_root
 
 SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "reproduce.py"
@@ -15,10 +15,7 @@ SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "reproduce.py"
 
 @pytest.fixture(scope="module")
 def reproduce():
-    spec = importlib.util.spec_from_file_location("reproduce", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return script_module(SCRIPT, "reproduce")
 
 
 def test_each_paper_cell_trains_the_configuration_the_paper_reports(reproduce):

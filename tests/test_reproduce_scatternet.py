@@ -1,7 +1,6 @@
 """scripts/reproduce_scatternet.py: the tuned parts repeat the whole tuned experiment, and score it on data it did not
 choose with (the report half of the test set)."""
 
-import importlib.util
 import json
 import sys
 from pathlib import Path
@@ -9,6 +8,7 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
+from .conftest import script_module
 from .test_data import make_idx_root
 
 SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "reproduce_scatternet.py"
@@ -16,10 +16,7 @@ SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "reproduce_scatternet
 
 @pytest.fixture(scope="module")
 def script():
-    spec = importlib.util.spec_from_file_location("reproduce_scatternet", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return script_module(SCRIPT, "reproduce_scatternet")
 
 
 def test_a_repetition_takes_the_run_its_own_seed_chose_on_the_selection_half(script):

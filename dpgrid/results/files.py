@@ -217,12 +217,12 @@ def check_writable(folder) -> None:
 
 LEDGER = "ledger.json"  # a secure grid's count of committed runs (dpgrid.results.ledger)
 DIGESTS = "digests.json"  # the result files' digests (dpgrid.results.seal)
-STATISTICS = "statistics.json"  # a secure grid's one estimate of its model's statistics (dpgrid.runner)
+STATISTICS = "statistics.json"  # a secure grid's one estimate of its model's statistics (dpgrid.results.ledger)
 FOLDERS_IN_A_RUN = (".hydra", "model", "weights")
 FILES_IN_A_RUN = (".lock", "cli.log", "config.yaml", "plan.json", "runs.csv", "curves.csv", "summary.csv",
                   "selection.json", "candidates.json", "tuning_set.json", STATISTICS, LEDGER, DIGESTS)
 # everything a grid's runs and release are made of: what overwrite=true deletes to start afresh
-RELEASE_FILES = FILES_IN_A_RUN[4:]  # runs.csv onwards
+RELEASE_FILES = tuple(name for name in FILES_IN_A_RUN if name not in (".lock", "cli.log", "config.yaml", "plan.json"))
 RELEASE_FOLDERS = ("model", "weights")
 
 

@@ -4,9 +4,9 @@ trained or drawn twice.
 A secure grid (privacy.secure_rng=true) draws its batches, noise and draws (a selection's candidates, a tuning set,
 the statistics its model estimates) from the operating system: a run trained again gets other noise, so its output
 is a second release on the same data, which spends epsilon again. A seeded grid's runs trained again are the same
-runs (their noise follows from public names), so it repairs damage by retraining; a secure grid must not. Its ledger is written before anything else of
-the grid (so that a directory whose ledger is gone is known to have held one), and rewritten (write-then-rename) at
-every commit, draw and release:
+runs (their noise follows from public names), so it repairs damage by retraining; a secure grid must not. Its ledger
+is written before anything else of the grid (so that a directory whose ledger is gone is known to have held one), and
+rewritten (write-then-rename) at every commit, draw and release:
 
     {"committed": runs committed, "files": {draw file: its SHA-256 when drawn}, "released": whether the grid ended,
      "release": {released file: its SHA-256} once it has released (selection.json, model/model.json, summary.csv)}

@@ -5,6 +5,7 @@ import json
 import math
 import os
 import pickle
+import shutil
 import subprocess
 import sys
 import time
@@ -271,6 +272,31 @@ def test_a_changed_data_file_is_computed_afresh_and_its_old_features_dropped(tmp
     off, said = cache.with_features(stage, data, "tiny")
     assert "not kept" in said and len(entries(tmp_path / "features")) == kept
     torch.testing.assert_close(off.x_train, first.x_train)
+
+
+def test_an_entry_being_opened_is_not_dropped_and_a_dropped_one_is_computed_again(tmp_path, monkeypatch):
+    """Another data file's features drop the old entry, but not while a process holds it to open its maps; a process
+    that finds its entry gone computes it again."""
+    import fcntl
+
+    monkeypatch.setenv("DPGRID_FEATURES", str(tmp_path / "features"))
+    stage, data = Scattering2d(2, 8, (28, 28)), tiny()
+    first, _ = cache.with_features(stage, data, "tiny")
+    (old,) = entries(tmp_path / "features")
+    changed = Data(data.x_train.clone(), data.y_train, data.x_test, data.y_test, data.task)
+    changed.x_train[0, 0, 5, 5] += 0.5
+    with open(old / ".lock") as reader:
+        fcntl.flock(reader, fcntl.LOCK_SH)  # what read_back holds while it opens train.npy and test.npy
+        cache.with_features(stage, changed, "tiny")
+        assert (old / "meta.json").exists() and len(entries(tmp_path / "features")) == 2
+    cache.with_features(stage, changed, "tiny")  # read back: it computes nothing, so it drops nothing
+    assert old.exists()
+    shutil.rmtree(old)  # as another process's drop_stale leaves it
+    assert cache.read_back(old) is None
+    again, said = cache.with_features(stage, data, "tiny")
+    assert said.startswith("features: tiny's scattering2d computed")
+    assert entries(tmp_path / "features") == [old]  # the same key again; the changed data's entry dropped in turn
+    torch.testing.assert_close(again.x_train, first.x_train)
 
 
 @pytest.mark.slow

@@ -14,6 +14,7 @@ Where: DPGRID_FEATURES, else $XDG_CACHE_HOME/dpgrid/features (~/.cache/dpgrid/fe
 While computing, each split is written chunk by chunk into <split>.npy.part, and <split>.rows (how many rows are in it)
 is replaced after each chunk is flushed: a process killed, kill -9 included, leaves at most one chunk to do again, and
 the next one resumes there. Two processes that need the same entry take turns (a lock file); the second finds it done.
+A process opening an entry holds it shared, and drop_stale removes only what nobody holds.
 
 The features are the private training data, transformed: the folder is made readable by its owner only, and nothing
 of it (its path, its key, the data's digest) is written into a run directory, a plan or a release. "off" keeps
@@ -64,7 +65,7 @@ def with_features(stage, data: Data, name: str, progress: bool = False) -> tuple
     else:
         entry = folder / digest(stage, data)[:32]
         computed = False
-        if not (entry / "meta.json").exists():
+        while (maps := read_back(entry)) is None:  # again where another process's drop_stale removed it meanwhile
             with locked(entry):
                 if not (entry / "meta.json").exists():  # another process may have finished it while this one waited
                     for split, x in (("train", data.x_train), ("test", data.x_test)):
@@ -73,10 +74,10 @@ def with_features(stage, data: Data, name: str, progress: bool = False) -> tuple
                                                                    "made": time.strftime("%Y-%m-%d %H:%M:%S")}))
                     drop_stale(folder, entry, name, stage.identity())
                     computed = True
-        train, test = (torch.from_numpy(np.load(entry / f"{split}.npy", mmap_mode="c")) for split in ("train", "test"))
+        train, test = maps
         said = (f"features: {name}'s {stage.identity()['stage']} computed in {time.perf_counter() - started:.1f} s and "
-                f"kept for the next grids ({(entry / 'train.npy').stat().st_size + (entry / 'test.npy').stat().st_size:,}"
-                " bytes, private: DPGRID_FEATURES says where)") if computed else ""
+                f"kept for the next grids ({train.nbytes + test.nbytes:,} bytes, private: DPGRID_FEATURES says "
+                "where)") if computed else ""
     features = replace(data, x_train=train.to(device), x_test=test.to(device))
     return features, said
 
@@ -150,6 +151,22 @@ def write_private(path: Path, text: str) -> None:
         f.flush()
         os.fsync(f.fileno())
     os.replace(tmp, path)
+
+
+def read_back(entry: Path) -> tuple | None:
+    """(train, test) as memory maps of a finished entry, or None. The entry is held shared while its files are opened,
+    so drop_stale (which needs it exclusively) cannot remove one between the two; once open, a map outlives the
+    file's removal."""
+    import fcntl
+
+    try:
+        with open(entry / ".lock", "r") as handle:  # "r": a removed entry is not made again here
+            fcntl.flock(handle, fcntl.LOCK_SH)
+            if not (entry / "meta.json").exists():
+                return None
+            return tuple(torch.from_numpy(np.load(entry / f"{split}.npy", mmap_mode="c")) for split in ("train", "test"))
+    except FileNotFoundError:
+        return None
 
 
 @contextlib.contextmanager

@@ -5,7 +5,6 @@ import json
 import math
 import os
 import pickle
-import shutil
 import subprocess
 import sys
 import time
@@ -274,29 +273,57 @@ def test_a_changed_data_file_is_computed_afresh_and_its_old_features_dropped(tmp
     torch.testing.assert_close(off.x_train, first.x_train)
 
 
-def test_an_entry_being_opened_is_not_dropped_and_a_dropped_one_is_computed_again(tmp_path, monkeypatch):
-    """Another data file's features drop the old entry, but not while a process holds it to open its maps; a process
-    that finds its entry gone computes it again."""
+def test_an_entry_being_opened_is_not_dropped_between_its_two_maps(tmp_path, monkeypatch):
+    """Another data file's computation drops the old entry, but not while a process opens its maps: drop_stale is
+    called, as another process would, between the opening of train.npy and test.npy."""
+    monkeypatch.setenv("DPGRID_FEATURES", str(tmp_path / "features"))
+    stage, data = Scattering2d(2, 8, (28, 28)), tiny()
+    first, _ = cache.with_features(stage, data, "tiny")
+    (entry,) = entries(tmp_path / "features")
+    original, dropped = np.load, []
+
+    def load_then_drop(path, *args, **kwargs):
+        array = original(path, *args, **kwargs)
+        if Path(path).name == "train.npy" and not dropped:
+            dropped.append(True)
+            cache.drop_stale(tmp_path / "features", tmp_path / "features" / "another", "tiny", stage.identity())
+        return array
+
+    monkeypatch.setattr(cache.np, "load", load_then_drop)
+    again, said = cache.with_features(stage, data, "tiny")
+    assert dropped and said == "" and (entry / "meta.json").exists()
+    torch.testing.assert_close(again.x_test, first.x_test)
+    monkeypatch.setattr(cache.np, "load", original)
+    cache.drop_stale(tmp_path / "features", tmp_path / "features" / "another", "tiny", stage.identity())
+    assert entries(tmp_path / "features") == []  # held by nobody, it is dropped, moved away first and then removed
+
+
+def test_an_entry_dropped_or_half_removed_is_computed_again(tmp_path, monkeypatch):
     import fcntl
 
     monkeypatch.setenv("DPGRID_FEATURES", str(tmp_path / "features"))
     stage, data = Scattering2d(2, 8, (28, 28)), tiny()
     first, _ = cache.with_features(stage, data, "tiny")
-    (old,) = entries(tmp_path / "features")
-    changed = Data(data.x_train.clone(), data.y_train, data.x_test, data.y_test, data.task)
-    changed.x_train[0, 0, 5, 5] += 0.5
-    with open(old / ".lock") as reader:
-        fcntl.flock(reader, fcntl.LOCK_SH)  # what read_back holds while it opens train.npy and test.npy
-        cache.with_features(stage, changed, "tiny")
-        assert (old / "meta.json").exists() and len(entries(tmp_path / "features")) == 2
-    cache.with_features(stage, changed, "tiny")  # read back: it computes nothing, so it drops nothing
-    assert old.exists()
-    shutil.rmtree(old)  # as another process's drop_stale leaves it
-    assert cache.read_back(old) is None
+    (entry,) = entries(tmp_path / "features")
+    waiting = open(entry / ".lock")  # a process about to take the entry shared, when another drops it
+    cache.drop_stale(tmp_path / "features", tmp_path / "features" / "another", "tiny", stage.identity())
+    fcntl.flock(waiting, fcntl.LOCK_SH)
+    assert not cache.holds(waiting, entry / ".lock")  # it holds the dropped entry's file, not the key's
+    waiting.close()
+    assert cache.read_back(entry) is None
     again, said = cache.with_features(stage, data, "tiny")
     assert said.startswith("features: tiny's scattering2d computed")
-    assert entries(tmp_path / "features") == [old]  # the same key again; the changed data's entry dropped in turn
     torch.testing.assert_close(again.x_train, first.x_train)
+    (entry / "train.npy").unlink()  # meta.json without its arrays (a removal killed half-way)
+    assert cache.read_back(entry) is None
+    third, said = cache.with_features(stage, data, "tiny")
+    assert said.startswith("features: tiny's scattering2d computed") and cache.finished(entry)
+    torch.testing.assert_close(third.x_train, first.x_train)
+    moved = tmp_path / "features" / ".dropped-x-1"
+    moved.mkdir()
+    (moved / "train.npy").write_bytes(b"0")  # a moved entry whose removal a kill interrupted
+    cache.drop_stale(tmp_path / "features", entry, "tiny", stage.identity())
+    assert not moved.exists() and cache.finished(entry)
 
 
 @pytest.mark.slow

@@ -65,15 +65,19 @@ def with_features(stage, data: Data, name: str, progress: bool = False) -> tuple
     else:
         entry = folder / digest(stage, data)[:32]
         computed = False
-        while (maps := read_back(entry)) is None:  # again where another process's drop_stale removed it meanwhile
+        maps = read_back(entry)
+        if maps is None:
             with locked(entry):
-                if not (entry / "meta.json").exists():  # another process may have finished it while this one waited
+                if not finished(entry):  # another process may have finished it while this one waited
+                    with contextlib.suppress(FileNotFoundError):
+                        (entry / "meta.json").unlink()  # without its arrays it vouches for nothing
                     for split, x in (("train", data.x_train), ("test", data.x_test)):
                         split_file(stage, x, entry, split, progress, f"{name} {split}")
                     write_private(entry / "meta.json", json.dumps({"dataset": name, "stage": stage.identity(),
                                                                    "made": time.strftime("%Y-%m-%d %H:%M:%S")}))
                     drop_stale(folder, entry, name, stage.identity())
                     computed = True
+                maps = memory_maps(entry)  # opened while held: nothing drops the entry in between
         train, test = maps
         said = (f"features: {name}'s {stage.identity()['stage']} computed in {time.perf_counter() - started:.1f} s and "
                 f"kept for the next grids ({train.nbytes + test.nbytes:,} bytes, private: DPGRID_FEATURES says "
@@ -153,20 +157,37 @@ def write_private(path: Path, text: str) -> None:
     os.replace(tmp, path)
 
 
+def finished(entry: Path) -> bool:
+    return all((entry / name).exists() for name in ("meta.json", "train.npy", "test.npy"))
+
+
+def memory_maps(entry: Path) -> tuple:
+    return tuple(torch.from_numpy(np.load(entry / f"{split}.npy", mmap_mode="c")) for split in ("train", "test"))
+
+
 def read_back(entry: Path) -> tuple | None:
     """(train, test) as memory maps of a finished entry, or None. The entry is held shared while its files are opened,
     so drop_stale (which needs it exclusively) cannot remove one between the two; once open, a map outlives the
     file's removal."""
     import fcntl
 
+    path = entry / ".lock"
     try:
-        with open(entry / ".lock", "r") as handle:  # "r": a removed entry is not made again here
-            fcntl.flock(handle, fcntl.LOCK_SH)
-            if not (entry / "meta.json").exists():
-                return None
-            return tuple(torch.from_numpy(np.load(entry / f"{split}.npy", mmap_mode="c")) for split in ("train", "test"))
+        handle = open(path, "r")  # "r": an entry that is not there is not made here
     except FileNotFoundError:
         return None
+    with handle:
+        fcntl.flock(handle, fcntl.LOCK_SH)
+        return memory_maps(entry) if holds(handle, path) and finished(entry) else None
+
+
+def holds(handle, path: Path) -> bool:
+    """Whether the lock taken through `handle` is on the entry's lock file still: drop_stale moves an entry away
+    before removing it, so the file a process waited on may no longer be the entry's."""
+    try:
+        return os.stat(path).st_ino == os.fstat(handle.fileno()).st_ino
+    except FileNotFoundError:
+        return False
 
 
 @contextlib.contextmanager
@@ -175,29 +196,48 @@ def locked(entry: Path):
     import fcntl
 
     entry.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
-    entry.mkdir(exist_ok=True, mode=0o700)
-    with open(entry / ".lock", "a+") as handle:
+    while True:
+        entry.mkdir(exist_ok=True, mode=0o700)
+        handle = open(entry / ".lock", "a+")
         fcntl.flock(handle, fcntl.LOCK_EX)
+        if holds(handle, entry / ".lock"):
+            break
+        handle.close()  # dropped while this process waited: the entry is made again
+    with handle:
         yield
 
 
 def drop_stale(folder: Path, keep: Path, name: str, identity: dict) -> None:
     """Remove the finished entries of the same dataset and stage made from other data (a data file changed since):
-    they would never be read again. An entry another process is computing is left alone."""
+    they would never be read again. An entry another process holds (computing or opening it) is left alone. One
+    dropped is first moved out of its key's way (.dropped-*), so no process finds half of it there; a removal that a
+    kill interrupted is finished by the next call."""
     import fcntl
 
     for other in folder.iterdir():
+        if other.name.startswith(".dropped-"):
+            shutil.rmtree(other, ignore_errors=True)
+            continue
         if other == keep or not (other / "meta.json").exists():
             continue
         try:
             meta = json.loads((other / "meta.json").read_text())
-        except (OSError, ValueError):
+            handle = open(other / ".lock", "r")
+        except (OSError, ValueError):  # removed meanwhile, or not readable: not this call's to drop
             continue
         if meta.get("dataset") != name or meta.get("stage") != identity:
+            handle.close()
             continue
-        with open(other / ".lock", "a+") as handle:
+        with handle:
             try:
                 fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
             except BlockingIOError:
                 continue
-            shutil.rmtree(other, ignore_errors=True)
+            if not holds(handle, other / ".lock"):
+                continue
+            moved = folder / f".dropped-{other.name}-{os.getpid()}"
+            try:
+                os.rename(other, moved)
+            except OSError:
+                continue
+        shutil.rmtree(moved, ignore_errors=True)

@@ -305,11 +305,17 @@ def test_an_entry_dropped_or_half_removed_is_computed_again(tmp_path, monkeypatc
     stage, data = Scattering2d(2, 8, (28, 28)), tiny()
     first, _ = cache.with_features(stage, data, "tiny")
     (entry,) = entries(tmp_path / "features")
-    waiting = open(entry / ".lock")  # a process about to take the entry shared, when another drops it
-    cache.drop_stale(tmp_path / "features", tmp_path / "features" / "another", "tiny", stage.identity())
-    fcntl.flock(waiting, fcntl.LOCK_SH)
-    assert not cache.holds(waiting, entry / ".lock")  # it holds the dropped entry's file, not the key's
-    waiting.close()
+    real_flock, moved_while_waiting = fcntl.flock, []
+
+    def dropped_while_waiting(handle, operation):  # another process drops the entry while this one waits for it
+        if operation == fcntl.LOCK_EX and not moved_while_waiting:
+            moved_while_waiting.append(entry.rename(tmp_path / "features" / ".dropped-by-another"))
+        return real_flock(handle, operation)
+
+    monkeypatch.setattr(fcntl, "flock", dropped_while_waiting)
+    with cache.locked(entry):  # the lock it waited on is the moved entry's: it takes the key's, made again
+        assert moved_while_waiting and (entry / ".lock").exists() and not cache.finished(entry)
+    monkeypatch.setattr(fcntl, "flock", real_flock)
     assert cache.read_back(entry) is None
     again, said = cache.with_features(stage, data, "tiny")
     assert said.startswith("features: tiny's scattering2d computed")

@@ -198,7 +198,10 @@ def locked(entry: Path):
     entry.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
     while True:
         entry.mkdir(exist_ok=True, mode=0o700)
-        handle = open(entry / ".lock", "a+")
+        try:
+            handle = open(entry / ".lock", "a+")
+        except FileNotFoundError:  # moved away between the two lines: made again
+            continue
         fcntl.flock(handle, fcntl.LOCK_EX)
         if holds(handle, entry / ".lock"):
             break
@@ -222,16 +225,18 @@ def drop_stale(folder: Path, keep: Path, name: str, identity: dict) -> None:
             continue
         try:
             meta = json.loads((other / "meta.json").read_text())
-            handle = open(other / ".lock", "r")
         except (OSError, ValueError):  # removed meanwhile, or not readable: not this call's to drop
             continue
         if meta.get("dataset") != name or meta.get("stage") != identity:
-            handle.close()
+            continue
+        try:  # read-write, as an exclusive lock over NFS needs; made where a killed removal took it
+            handle = os.fdopen(os.open(other / ".lock", os.O_RDWR | os.O_CREAT, 0o600), "r+")
+        except OSError:
             continue
         with handle:
             try:
                 fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            except BlockingIOError:
+            except OSError:  # BlockingIOError: held by another process
                 continue
             if not holds(handle, other / ".lock"):
                 continue

@@ -69,8 +69,6 @@ def with_features(stage, data: Data, name: str, progress: bool = False) -> tuple
         if maps is None:
             with locked(entry):
                 if not finished(entry):  # another process may have finished it while this one waited
-                    with contextlib.suppress(FileNotFoundError):
-                        (entry / "meta.json").unlink()  # without its arrays it vouches for nothing
                     for split, x in (("train", data.x_train), ("test", data.x_test)):
                         split_file(stage, x, entry, split, progress, f"{name} {split}")
                     write_private(entry / "meta.json", json.dumps({"dataset": name, "stage": stage.identity(),

@@ -233,7 +233,7 @@ def test_the_cache_resumes_where_a_killed_computation_stopped(tmp_path, monkeypa
     with pytest.raises(KeyboardInterrupt):
         cache.with_features(Failing(2, 8, (28, 28)), data, "tiny")
     (entry,) = entries(tmp_path / "features")
-    assert (entry / "train.rows").read_text() == "16" and not (entry / "meta.json").exists()
+    assert (entry / "train.rows").read_text() == "16" and not cache.finished(entry)
     assert oct((entry / "train.npy.part").stat().st_mode)[-3:] == "600" and oct(entry.stat().st_mode)[-3:] == "700"
     Failing.calls = 10 ** 6
     computed, original = [], cache.transform
@@ -264,6 +264,17 @@ def test_a_changed_data_file_is_computed_afresh_and_its_old_features_dropped(tmp
     (new,) = entries(tmp_path / "features")
     assert new != old and said and not torch.equal(first.x_train[7], second.x_train[7])
     torch.testing.assert_close(second.x_train[8:], first.x_train[8:])
+    Failing.calls = 2  # a third data file, its computation killed after one chunk: a partial entry, labelled
+    monkeypatch.setattr(cache, "CHUNK", 8)
+    third = Data(data.x_train.clone() + 0.25, data.y_train, data.x_test, data.y_test, data.task)
+    with pytest.raises(KeyboardInterrupt):
+        cache.with_features(Failing(2, 8, (28, 28)), third, "tiny")
+    (partial,) = set(entries(tmp_path / "features")) - {new}
+    assert (partial / "train.npy.part").exists() and not cache.finished(partial)
+    cache.with_features(stage, data, "tiny")  # the first file again: both entries of other data are dropped
+    assert entries(tmp_path / "features") == [old]
+    cache.with_features(stage, changed, "tiny")
+    assert entries(tmp_path / "features") == [new]
     other, _ = cache.with_features(Scattering2d(2, 6, (28, 28)), data, "tiny")  # another setting: another entry
     assert other.x_train.shape[1] == 1 + 12 + 36 and len(entries(tmp_path / "features")) == 2
     monkeypatch.setenv("DPGRID_FEATURES", "off")
@@ -350,7 +361,7 @@ def test_the_cache_survives_kill_9(tmp_path):
     proc.kill()
     proc.wait()
     written = int(rows[0].read_text())
-    assert 0 < written < 3000 and not list((tmp_path / "features").glob("*/meta.json"))
+    assert 0 < written < 3000 and not list((tmp_path / "features").glob("*/train.npy"))
     subprocess.run([sys.executable, "-c", script, str(root)], env=env, check=True)
     from dpgrid.data.datasets import load_idx
 

@@ -69,10 +69,11 @@ def with_features(stage, data: Data, name: str, progress: bool = False) -> tuple
         if maps is None:
             with locked(entry):
                 if not finished(entry):  # another process may have finished it while this one waited
-                    for split, x in (("train", data.x_train), ("test", data.x_test)):
-                        split_file(stage, x, entry, split, progress, f"{name} {split}")
+                    # labelled before computing, so that drop_stale also knows a computation a kill interrupted
                     write_private(entry / "meta.json", json.dumps({"dataset": name, "stage": stage.identity(),
                                                                    "made": time.strftime("%Y-%m-%d %H:%M:%S")}))
+                    for split, x in (("train", data.x_train), ("test", data.x_test)):
+                        split_file(stage, x, entry, split, progress, f"{name} {split}")
                     drop_stale(folder, entry, name, stage.identity())
                     computed = True
                 maps = memory_maps(entry)  # opened while held: nothing drops the entry in between
@@ -156,6 +157,7 @@ def write_private(path: Path, text: str) -> None:
 
 
 def finished(entry: Path) -> bool:
+    """Both arrays are there (each is renamed into place whole) under the entry's label."""
     return all((entry / name).exists() for name in ("meta.json", "train.npy", "test.npy"))
 
 
@@ -209,8 +211,8 @@ def locked(entry: Path):
 
 
 def drop_stale(folder: Path, keep: Path, name: str, identity: dict) -> None:
-    """Remove the finished entries of the same dataset and stage made from other data (a data file changed since):
-    they would never be read again. An entry another process holds (computing or opening it) is left alone. One
+    """Remove the entries of the same dataset and stage made from other data (a data file changed since), finished or
+    left half-computed by a kill: they would never be read again. An entry another process holds (computing or opening it) is left alone. One
     dropped is first moved out of its key's way (.dropped-*), so no process finds half of it there; a removal that a
     kill interrupted is finished by the next call."""
     import fcntl

@@ -233,7 +233,7 @@ def test_the_cache_resumes_where_a_killed_computation_stopped(tmp_path, monkeypa
     with pytest.raises(KeyboardInterrupt):
         cache.with_features(Failing(2, 8, (28, 28)), data, "tiny")
     (entry,) = entries(tmp_path / "features")
-    assert (entry / "train.rows").read_text() == "16" and not cache.finished(entry)
+    assert (entry / "train.rows").read_text() == "16" and (entry / "meta.json").exists() and not cache.finished(entry)
     assert oct((entry / "train.npy.part").stat().st_mode)[-3:] == "600" and oct(entry.stat().st_mode)[-3:] == "700"
     Failing.calls = 10 ** 6
     computed, original = [], cache.transform
@@ -362,6 +362,7 @@ def test_the_cache_survives_kill_9(tmp_path):
     proc.wait()
     written = int(rows[0].read_text())
     assert 0 < written < 3000 and not list((tmp_path / "features").glob("*/train.npy"))
+    assert list((tmp_path / "features").glob("*/meta.json"))  # labelled before computing
     subprocess.run([sys.executable, "-c", script, str(root)], env=env, check=True)
     from dpgrid.data.datasets import load_idx
 

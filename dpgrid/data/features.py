@@ -9,7 +9,8 @@ Where: DPGRID_FEATURES, else $XDG_CACHE_HOME/dpgrid/features (~/.cache/dpgrid/fe
     train.npy, test.npy   float32 in NumPy's format, read back as memory maps: their pages are the operating system's
                           file cache, shared by the processes of one machine; a process holds at most the file
     meta.json             the dataset's name and the stage's identity (to drop the entries of the same dataset and stage
-                          made from other data), written last: an entry without it is not finished
+                          made from other data), written first, so that a computation a kill interrupted is
+                          known too; an entry is finished when both arrays are there
 
 While computing, each split is written chunk by chunk into <split>.npy.part, and <split>.rows (how many rows are in it)
 is replaced after each chunk is flushed: a process killed, kill -9 included, leaves at most one chunk to do again, and
@@ -211,10 +212,10 @@ def locked(entry: Path):
 
 
 def drop_stale(folder: Path, keep: Path, name: str, identity: dict) -> None:
-    """Remove the entries of the same dataset and stage made from other data (a data file changed since), finished or
-    left half-computed by a kill: they would never be read again. An entry another process holds (computing or opening it) is left alone. One
-    dropped is first moved out of its key's way (.dropped-*), so no process finds half of it there; a removal that a
-    kill interrupted is finished by the next call."""
+    """Remove the entries of the same dataset and stage made from other data (a data file changed since), finished
+    or left half-computed by a kill: they would never be read again. An entry another process holds (computing or
+    opening it) is left alone. One dropped is first moved out of its key's way (.dropped-*), so no process finds half
+    of it there; a removal that a kill interrupted is finished by the next call."""
     import fcntl
 
     for other in folder.iterdir():

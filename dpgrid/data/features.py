@@ -39,8 +39,8 @@ import torch
 from dpgrid import cache_folder
 from dpgrid.data import Data
 
-CHUNK = 128  # images per step of the transform on a CPU: bounds its working memory (the scattering's second order holds
-             # 85 MB); 16 times more on a GPU, whose steps are bound by their launches
+CHUNK = 128  # images per step of the transform on a CPU: bounds its working memory (the scattering's coefficients of one
+             # scale, 11 MB); 16 times more on a GPU, whose steps are bound by their launches
 
 
 def digest(stage, data: Data) -> str:

@@ -135,3 +135,18 @@ def test_the_clip_schedule_of_extending_md_is_the_examples_code():
     start = doc.index("```python\nclass ClipDecay")
     block = doc[start + len("```python\n"):doc.index("```", start + 3)]
     assert block.strip() in (ROOT / "examples" / "dpgrid_example" / "clip_decay.py").read_text()
+
+
+def test_the_scattering_figures_are_the_committed_record():
+    """docs/scatternet.md quotes benchmarks/scattering_cpu.json (time per 1,000 images, MNIST's features computed and
+    read back): a new record changes the figures, or this fails."""
+    import json
+
+    record = json.loads((ROOT / "benchmarks" / "scattering_cpu.json").read_text())["scattering"]
+    text = " ".join((ROOT / "docs" / "scatternet.md").read_text().split())
+    assert (f"{record['dpgrid_s_per_1000']:.2f} s per 1,000 images against kymatio's "
+            f"{record['kymatio_s_per_1000']:.2f} s") in text
+    assert (f"took {record['mnist_computed_s']:.0f} s to compute and keep (peak resident memory "
+            f"{record['mnist_computed_peak_mb']:,.0f} MB)") in text
+    assert (f"{record['mnist_read_back_s']:.2f} s to open and read back whole in a fresh process (peak "
+            f"{record['mnist_read_back_peak_mb']:,.0f} MB") in text

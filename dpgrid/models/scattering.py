@@ -157,11 +157,11 @@ class Scattering2d(FixedFeatures):
             first[j1] = torch.fft.fft2(U)
             out.append(low_pass(first[j1], j1))  # S1 for (j1, theta1), theta1 = 0..L-1
         for j1 in range(J - 1):  # S2 for (j1, theta1), then (j2, theta2) with j2 > j1: kymatio's order
+            psi = {j2: getattr(self, f"psi{j2}_{j1}").to(real) for j2 in range(j1 + 1, J)}  # at resolution 2^-j1
             for theta1 in range(L):  # one theta1 at a time: L times less memory than all at once, and faster on a CPU
                 paths = []
                 for j2 in range(j1 + 1, J):  # (n, L, h, w): theta2
-                    psi = getattr(self, f"psi{j2}_{j1}").to(real)
-                    U = torch.fft.ifft2(subsample(first[j1][:, theta1].unsqueeze(1) * psi, 2 ** (j2 - j1))).abs()
+                    U = torch.fft.ifft2(subsample(first[j1][:, theta1].unsqueeze(1) * psi[j2], 2 ** (j2 - j1))).abs()
                     paths.append(low_pass(torch.fft.fft2(U), j2))
                 out.append(torch.cat(paths, dim=1))
         return torch.cat(out, dim=1)
